@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Stop every local Kafka node started by start.sh (SIGTERM, then SIGKILL after 30 s).
+#   ops/kafka/stop.sh [--wipe]   # --wipe also deletes the data (topics) of every node
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+for pidf in "$KAFKA_HOME_DIR"/node-*/pid; do
+  [ -f "$pidf" ] || continue
+  pid=$(cat "$pidf")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    echo "stop.sh: stopped pid $pid" >&2
+  fi
+  rm -f "$pidf"
+done
+if [ "${1:-}" = "--wipe" ]; then rm -rf "$KAFKA_HOME_DIR"; echo "stop.sh: wiped $KAFKA_HOME_DIR" >&2; fi
+exit 0

@@ -1,0 +1,98 @@
+"""The codec interface: a stateful encoder on the trainer, a stateless decode that every replica runs.
+
+An encoder turns gradients into per-block payload maps. Lossy encoders keep an error-feedback residual
+e: they compress c = g + e and keep e <- c - decode(payload), computed from the *decoded* values, so
+what compression drops now is sent later (sum of decoded == sum of true gradients - final residual).
+"""
+from dataclasses import dataclass
+
+import msgpack
+import torch
+
+from hilo.schemas import fields as F
+from hilo.schemas.errors import ConfigError, MalformedMessage
+from hilo.schemas.records import Manifest
+
+BLOCK_OVERHEAD = 32   # bytes of msgpack framing per present block (keys, ints), reserved in budgets
+HEADER_RESERVE = 1024  # bytes of message header (run, digests, hparams, meta) + zstd framing, reserved in budgets
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes one update message may take: absolute, or a fraction of the bf16 adapter."""
+
+    fraction: float | None = 0.016   # of the bf16 adapter size (the paper's 1.6%)
+    bytes: int | None = None         # overrides `fraction` when set
+
+    def __post_init__(self):
+        if self.bytes is None and (self.fraction is None or not 0 < self.fraction <= 4):
+            raise ConfigError(f"Budget.fraction must be in (0, 4], got {self.fraction!r}")
+        if self.bytes is not None and self.bytes <= HEADER_RESERVE:
+            raise ConfigError(f"Budget.bytes must exceed the {HEADER_RESERVE}-byte header reserve, got {self.bytes}")
+
+    def message_bytes(self, manifest: Manifest) -> int:
+        """The whole message's byte budget for this adapter."""
+        return self.bytes if self.bytes is not None else int(self.fraction * manifest.adapter_bytes())
+
+    def payload_bytes(self, manifest: Manifest) -> int:
+        """What the per-block payloads may use: the message budget less the header and zstd reserve."""
+        total = self.message_bytes(manifest)
+        return int(total * 0.998) - HEADER_RESERVE  # zstd may expand incompressible data by ~0.1%
+
+
+class Encoder:
+    """Trainer-side state and `encode`. Subclasses set `name` and implement `compress`."""
+
+    name = ""
+    lossy = True
+
+    def __init__(self, manifest: Manifest, budget: Budget = Budget()):
+        # Configuration
+        self.manifest = manifest
+        self.budget = budget
+        # State (trainer only; never on the wire)
+        self.residual = [torch.zeros(b.shape) for b in manifest.blocks] if self.lossy else None
+
+    def params(self) -> dict:
+        """Codec parameters that travel in the message (decode may need them)."""
+        return {}
+
+    def compress(self, grads: list) -> list:
+        """Per-block payload maps for the error-corrected gradients `grads`."""
+        raise NotImplementedError
+
+    def encode(self, grads: list) -> tuple:
+        """(payload blocks, codec params, decoded grads); updates the residual from the decoded values."""
+        from . import decode  # the registry; late import avoids a cycle
+        grads = [g.detach().to(torch.float32) for g in grads]
+        corrected = [torch.add(g, e) for g, e in zip(grads, self.residual)] if self.lossy else grads
+        blocks = self.compress(corrected)
+        params = self.params()
+        decoded = decode(self.name, self.manifest, params, blocks, f"{self.name} encoder self-check")
+        if self.lossy:
+            self.residual = [torch.sub(c, d) for c, d in zip(corrected, decoded)]
+        return blocks, params, decoded
+
+
+def payload_size(blocks: list) -> int:
+    """Exact msgpack size of a payload list (what the budget is charged for)."""
+    return len(msgpack.packb(blocks, use_bin_type=True))
+
+
+def block_entries(manifest: Manifest, blocks: list, what: str, require_all: bool) -> list:
+    """Validate the block list: maps with unique, ascending, in-range "i". Returns [(index, map)]."""
+    out, last = [], -1
+    for pos, entry in enumerate(blocks):
+        i = F.get_int(entry, "i", f"{what} blocks[{pos}]", 0, len(manifest.blocks) - 1)
+        if i <= last:
+            raise MalformedMessage(f"{what}: blocks[{pos}] index {i} is not ascending (previous {last})")
+        last = i
+        out.append((i, entry))
+    if require_all and len(out) != len(manifest.blocks):
+        raise MalformedMessage(f"{what}: {len(out)} blocks, manifest has {len(manifest.blocks)} (this codec sends all)")
+    return out
+
+
+def block_what(what: str, manifest: Manifest, i: int) -> str:
+    """Error prefix naming a block: "offset 9 (update v3), block 12 'model.layers.1.mlp.up_proj.lora_B'"."""
+    return f"{what}, block {i} '{manifest.blocks[i].key}'"

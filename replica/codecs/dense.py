@@ -1,0 +1,31 @@
+"""dense: the fp32 gradient itself. Lossless, so the trajectory equals uncompressed training ("full sync")."""
+from hilo.schemas import fields as F
+from hilo.schemas.arrays import from_bytes, to_bytes
+
+from .base import Encoder, block_entries, block_what
+
+
+class DenseEncoder(Encoder):
+    """Every block as raw fp32: {"i", "g": bin (m*n*4)}."""
+
+    name = "dense"
+    lossy = False
+
+    def compress(self, grads):
+        """Send everything; no residual."""
+        return [{"i": i, "g": to_bytes(g, "float32")} for i, g in enumerate(grads)]
+
+
+def decode(manifest, params, blocks, what, limits):
+    """One fp32 tensor per block, straight from the bytes."""
+    out = [None] * len(manifest.blocks)
+    for i, entry in block_entries(manifest, blocks, what, require_all=True):
+        bw = block_what(what, manifest, i)
+        out[i] = from_bytes(F.req(entry, "g", bw), "float32", manifest.blocks[i].shape, f"{bw} field 'g'", limits)
+    return out
+
+
+def max_payload_bytes(manifest):
+    """Upper bound on the payload this codec can legitimately produce for `manifest`."""
+    return 4 * manifest.numel
+

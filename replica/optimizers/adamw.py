@@ -1,0 +1,39 @@
+"""AdamW (decoupled weight decay), torch.optim.AdamW semantics, bias corrections from running products."""
+import math
+
+import torch
+
+from .base import INF, Optimizer, f32
+
+
+class AdamW(Optimizer):
+    """m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;  p = p*(1-lr*wd) - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)."""
+
+    name = "adamw"
+    slots = ("exp_avg", "exp_avg_sq")
+    hparams = {"lr": (1e-3, 0.0, INF), "beta1": (0.9, 0.0, 1.0), "beta2": (0.999, 0.0, 1.0),
+               "eps": (1e-8, 1e-30, INF), "weight_decay": (0.0, 0.0, INF)}
+    open_hi = frozenset({"beta1", "beta2"})
+
+    def init_scalars(self):
+        """Step count and the running products beta1^t, beta2^t (float64, exact IEEE multiplies)."""
+        return {"t": 0.0, "beta1_pow": 1.0, "beta2_pow": 1.0}
+
+    def step(self, params, grads, slots, scalars, h):
+        """One AdamW step, out of place."""
+        b1p = scalars["beta1_pow"] * h["beta1"]
+        b2p = scalars["beta2_pow"] * h["beta2"]
+        step_size = f32(h["lr"] / (1.0 - b1p))
+        bc2_sqrt = f32(math.sqrt(1.0 - b2p))  # sqrt is correctly rounded everywhere
+        b1, c1, b2, c2 = f32(h["beta1"]), f32(1.0 - h["beta1"]), f32(h["beta2"]), f32(1.0 - h["beta2"])
+        decay, eps = f32(1.0 - h["lr"] * h["weight_decay"]), f32(h["eps"])
+        new_p, new_m, new_v = [], [], []
+        for p, g, m, v in zip(params, grads, slots["exp_avg"], slots["exp_avg_sq"]):
+            m = torch.mul(m, b1).add_(torch.mul(g, c1))
+            v = torch.mul(v, b2).add_(torch.mul(torch.mul(g, g), c2))
+            denom = torch.sqrt(v).div_(bc2_sqrt).add_(eps)
+            upd = torch.div(m, denom).mul_(step_size)
+            new_p.append(torch.mul(p, decay).sub_(upd))
+            new_m.append(m)
+            new_v.append(v)
+        return new_p, {"exp_avg": new_m, "exp_avg_sq": new_v}, {"t": scalars["t"] + 1.0, "beta1_pow": b1p, "beta2_pow": b2p}

@@ -1,0 +1,26 @@
+"""SGD with momentum, torch.optim.SGD semantics (coupled weight decay, dampening 0, optional Nesterov)."""
+import torch
+
+from .base import INF, Optimizer, f32
+
+
+class SGD(Optimizer):
+    """buf = mu*buf + g';  p = p - lr*(g' + mu*buf if nesterov else buf),  g' = g + wd*p."""
+
+    name = "sgd"
+    slots = ("momentum",)
+    hparams = {"lr": (0.01, 0.0, INF), "momentum": (0.9, 0.0, 1.0), "weight_decay": (0.0, 0.0, INF), "nesterov": (0.0, 0.0, 1.0)}
+    open_hi = frozenset({"momentum"})
+
+    def step(self, params, grads, slots, scalars, h):
+        """One SGD-momentum step, out of place."""
+        lr, mu, wd = f32(h["lr"]), f32(h["momentum"]), f32(h["weight_decay"])
+        new_p, new_b = [], []
+        for p, g, b in zip(params, grads, slots["momentum"]):
+            if h["weight_decay"]:
+                g = torch.add(g, torch.mul(p, wd))
+            b = torch.add(torch.mul(b, mu), g)  # zero-initialised buffer: step 1 gives b = g, like torch
+            d = torch.add(g, torch.mul(b, mu)) if h["nesterov"] else b
+            new_p.append(torch.sub(p, torch.mul(d, lr)))
+            new_b.append(b)
+        return new_p, {"momentum": new_b}, {"t": scalars["t"] + 1.0}

@@ -1,0 +1,113 @@
+"""PolicyReplica: the replicated state machine. `apply(message)` is the transition every site runs bit-for-bit."""
+import collections
+
+import torch
+
+from hilo.schemas.errors import ChainError, DivergenceError, MalformedMessage
+from hilo.schemas.limits import DEFAULT_LIMITS, Limits
+from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record
+
+from .codecs import decode as decode_gradient
+from .codecs import update_size_bound
+from .optimizers import get_optimizer
+from .state import ReplicaState
+
+RECENT = 4096  # versions whose digests are remembered, to tell a harmless duplicate from a fork
+
+
+class PolicyReplica:
+    """One copy of the policy: state, its digest, and atomic, chained `apply`."""
+
+    def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS):
+        self.state = state
+        self.run = run
+        self.limits = limits
+        self.digest = state.digest()
+        self.recent = collections.OrderedDict({state.version: self.digest})
+
+    @staticmethod
+    def genesis(run: str, manifest: Manifest, params: list, optimizer: str, limits: Limits = DEFAULT_LIMITS) -> "PolicyReplica":
+        """Version 0: the given initial params (cloned to fp32) and zero optimizer state."""
+        opt = get_optimizer(optimizer)
+        params = [p.detach().to(torch.float32).clone().contiguous() for p in params]
+        for p, b in zip(params, manifest.blocks):
+            if tuple(p.shape) != b.shape:
+                raise MalformedMessage(f"genesis: '{b.key}' has shape {tuple(p.shape)}, manifest says {b.shape}")
+        slots = {s: [torch.zeros(b.shape) for b in manifest.blocks] for s in opt.slots}
+        return PolicyReplica(ReplicaState(manifest, optimizer, 0, params, slots, opt.init_scalars()), run, limits)
+
+    @staticmethod
+    def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint", limits: Limits = DEFAULT_LIMITS) -> "PolicyReplica":
+        """Load a checkpoint after verifying its digest."""
+        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, limits)
+
+    def checkpoint(self) -> Checkpoint:
+        """The full state as a checkpoint record."""
+        return self.state.to_checkpoint(self.run)
+
+    @property
+    def version(self) -> int:
+        """The last applied version."""
+        return self.state.version
+
+    @property
+    def manifest(self) -> Manifest:
+        """The adapter layout this replica holds."""
+        return self.state.manifest
+
+    def parse(self, data: bytes, what: str) -> UpdateMessage:
+        """Unframe an update record, bounding its decompressed size by what this manifest allows."""
+        msg = decode_record(data, what, self.limits, update_size_bound(self.manifest))
+        if not isinstance(msg, UpdateMessage):
+            raise MalformedMessage(f"{what}: expected an update record, got a checkpoint")
+        return msg
+
+    def classify(self, msg: UpdateMessage, what: str) -> str:
+        """'apply' for the next version, 'duplicate' for one already applied with the same digest; else raise."""
+        if msg.run != self.run:
+            raise ChainError(f"{what}: message belongs to run {msg.run!r}, this replica follows {self.run!r}")
+        if msg.version <= self.version:
+            seen = self.recent.get(msg.version)
+            if seen is not None and seen != msg.digest:
+                raise ChainError(f"{what}: fork at version {msg.version}: digest {msg.digest.hex()} != applied {seen.hex()}")
+            return "duplicate"
+        if msg.version != self.version + 1:
+            raise ChainError(f"{what}: gap: message is version {msg.version}, replica is at {self.version} (missing {self.version + 1}..{msg.version - 1})")
+        if msg.parent_digest != self.digest:
+            raise ChainError(f"{what}: fork: version {msg.version} starts from {msg.parent_digest.hex()}, replica v{self.version} is {self.digest.hex()}")
+        return "apply"
+
+    def compute(self, msg: UpdateMessage, what: str) -> ReplicaState:
+        """The state `msg` leads to, in new buffers; the replica itself is not touched."""
+        if msg.manifest_id != self.manifest.manifest_id:
+            raise MalformedMessage(f"{what}: manifest id {msg.manifest_id.hex()} != replica's {self.manifest.manifest_id.hex()}")
+        if msg.optimizer != self.state.optimizer:
+            raise MalformedMessage(f"{what}: optimizer {msg.optimizer!r}, this replica's state is for {self.state.optimizer!r}")
+        opt = get_optimizer(msg.optimizer, what)
+        hparams = opt.check_hparams(msg.hparams, what)
+        grads = decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
+        s = self.state
+        params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams)
+        return ReplicaState(s.manifest, s.optimizer, msg.version, params, slots, scalars)
+
+    def commit(self, state: ReplicaState, digest: bytes) -> None:
+        """Swap in a computed state (the only mutation)."""
+        self.state, self.digest = state, digest
+        self.recent[state.version] = digest
+        while len(self.recent) > RECENT:
+            self.recent.popitem(last=False)
+
+    def apply(self, msg: UpdateMessage, what: str = "message") -> bool:
+        """Apply the next version atomically; False for a harmless duplicate. Raises and changes nothing otherwise."""
+        if self.classify(msg, what) == "duplicate":
+            return False
+        state = self.compute(msg, what)
+        digest = state.digest()
+        if digest != msg.digest:
+            raise DivergenceError(f"{what}: version {msg.version} produced digest {digest.hex()}, message promises {msg.digest.hex()}")
+        self.commit(state, digest)
+        return True
+
+    def apply_bytes(self, data: bytes, what: str = "message") -> bool:
+        """Parse and apply one framed update record."""
+        return self.apply(self.parse(data, what), what)

@@ -1,0 +1,64 @@
+"""ReplicaState: fp32 LoRA params + optimizer state + version, and its xxh3-128 digest."""
+import struct
+from dataclasses import dataclass
+
+import torch
+import xxhash
+
+from hilo.schemas.arrays import from_bytes, to_bytes
+from hilo.schemas.errors import DivergenceError
+from hilo.schemas.records import Checkpoint, Manifest
+
+
+@dataclass
+class ReplicaState:
+    """Everything `apply` reads and writes. Tensors are CPU fp32, one per manifest block, manifest order."""
+
+    manifest: Manifest
+    optimizer: str
+    version: int
+    params: list            # [Tensor (shape of block)]
+    slots: dict             # slot name -> [Tensor per block]; insertion order is the digest order
+    scalars: dict           # name -> float (kept as float64; e.g. running beta powers)
+
+    def digest(self) -> bytes:
+        """xxh3-128 over version, manifest id, optimizer, params, slots and scalars, in canonical order."""
+        h = xxhash.xxh3_128()
+        h.update(struct.pack("<Q", self.version))
+        h.update(self.manifest.manifest_id)
+        h.update(self.optimizer.encode())
+        for t in self.params:
+            h.update(_raw(t))
+        for name, tensors in self.slots.items():
+            h.update(name.encode())
+            for t in tensors:
+                h.update(_raw(t))
+        for name in sorted(self.scalars):
+            h.update(name.encode() + struct.pack("<d", self.scalars[name]))
+        return h.digest()
+
+    def to_checkpoint(self, run: str) -> Checkpoint:
+        """Serialise the full state (bootstrap record / local snapshot)."""
+        return Checkpoint(run, self.version, self.digest(), self.manifest, self.optimizer,
+                          [to_bytes(t, "float32") for t in self.params], list(self.slots),
+                          [[to_bytes(t, "float32") for t in ts] for ts in self.slots.values()], dict(self.scalars))
+
+    @staticmethod
+    def from_checkpoint(ckpt: Checkpoint, what: str) -> "ReplicaState":
+        """Rebuild a state and verify it hashes to the checkpoint's digest."""
+        shapes = [b.shape for b in ckpt.manifest.blocks]
+        keys = [b.key for b in ckpt.manifest.blocks]
+        state = ReplicaState(
+            ckpt.manifest, ckpt.optimizer, ckpt.version,
+            [from_bytes(buf, "float32", s, f"{what} params '{k}'") for buf, s, k in zip(ckpt.params, shapes, keys)],
+            {name: [from_bytes(buf, "float32", s, f"{what} {name} '{k}'") for buf, s, k in zip(bufs, shapes, keys)]
+             for name, bufs in zip(ckpt.slots, ckpt.slot_tensors)},
+            dict(ckpt.scalars))
+        if state.digest() != ckpt.digest:
+            raise DivergenceError(f"{what}: checkpoint v{ckpt.version} content hashes to {state.digest().hex()}, record says {ckpt.digest.hex()}")
+        return state
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    # Zero-copy view of the fp32 bytes (little-endian hosts only, which is every supported host).
+    return memoryview(t.contiguous().numpy()).cast("B")

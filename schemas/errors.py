@@ -1,0 +1,33 @@
+"""Project exceptions. Every rejection names what was wrong: which record, which field, what was expected."""
+
+
+class HiloError(Exception):
+    """Base class of every error hilo-sync raises on purpose."""
+
+
+class MalformedMessage(HiloError):
+    """Bytes that are not a valid message: bad framing, wrong types, shapes that disagree with the manifest."""
+
+
+class LimitExceeded(MalformedMessage):
+    """A declared size, count or shape is over a configured limit (checked before anything is allocated)."""
+
+
+class UnsupportedVersion(MalformedMessage):
+    """A schema version, codec or optimizer this build does not know."""
+
+
+class ChainError(HiloError):
+    """The message does not continue this replica's hash chain: a gap, a duplicate, a fork or another run."""
+
+
+class DivergenceError(HiloError):
+    """Applying the message did not produce the digest it promised: a different kernel, or a forged message."""
+
+
+class LogError(HiloError):
+    """The log (topic) is missing, misconfigured or holds records that do not belong to this run."""
+
+
+class ConfigError(HiloError, ValueError):
+    """A configuration value is out of range; the message names the field."""

@@ -1,0 +1,69 @@
+"""Frame = magic + schema version + kind + declared size + zstd(msgpack(body)). See SPEC.md, "Framing"."""
+import struct
+
+import msgpack
+import zstandard
+
+from .errors import LimitExceeded, MalformedMessage, UnsupportedVersion
+from .limits import DEFAULT_LIMITS, Limits
+
+MAGIC = b"HILO"
+SCHEMA_VERSION = 1
+KIND_UPDATE = 1
+KIND_CHECKPOINT = 2
+KIND_NAMES = {KIND_UPDATE: "update", KIND_CHECKPOINT: "checkpoint"}
+_HEADER = struct.Struct("<4sHBBQ")  # magic, schema version, kind, reserved, decompressed size
+HEADER_BYTES = _HEADER.size          # 16
+ZSTD_LEVEL = 3
+
+
+def frame(kind: int, body: dict, level: int = ZSTD_LEVEL) -> bytes:
+    """Serialise `body` with msgpack, compress with zstd, and prepend the 16-byte header."""
+    raw = msgpack.packb(body, use_bin_type=True)
+    comp = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(raw)
+    return _HEADER.pack(MAGIC, SCHEMA_VERSION, kind, 0, len(raw)) + comp
+
+
+def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):
+    """Check the header, decompress at most the declared size and unpack; returns (kind, body dict).
+
+    `what` names the record in errors (e.g. "offset 17"). `max_decompressed` is a tighter bound the
+    caller derives from the manifest; it is checked before any allocation.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MalformedMessage(f"{what}: expected bytes, got {type(data).__name__}")
+    if len(data) > limits.max_frame_bytes:
+        raise LimitExceeded(f"{what}: frame is {len(data)} bytes > limit {limits.max_frame_bytes}")
+    if len(data) < HEADER_BYTES:
+        raise MalformedMessage(f"{what}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
+    magic, version, kind, reserved, size = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise MalformedMessage(f"{what}: magic {bytes(magic)!r} != {MAGIC!r} (not a hilo-sync record)")
+    if version != SCHEMA_VERSION:
+        raise UnsupportedVersion(f"{what}: schema version {version}, this build reads {SCHEMA_VERSION}")
+    if kind not in KIND_NAMES:
+        raise MalformedMessage(f"{what}: unknown kind {kind} (expected one of {sorted(KIND_NAMES)})")
+    if reserved != 0:
+        raise MalformedMessage(f"{what}: reserved header byte is {reserved}, must be 0")
+    cap = limits.max_decompressed_bytes if max_decompressed is None else min(max_decompressed, limits.max_decompressed_bytes)
+    if size > cap:
+        raise LimitExceeded(f"{what}: declared decompressed size {size} > limit {cap}")
+    try:
+        # Streaming read with an explicit cap: the zstd frame's own size field is not trusted.
+        reader = zstandard.ZstdDecompressor().stream_reader(memoryview(data)[HEADER_BYTES:], read_across_frames=False)
+        raw = reader.read(size + 1)
+    except zstandard.ZstdError as e:
+        raise MalformedMessage(f"{what}: zstd payload is corrupt ({e})") from None
+    if len(raw) != size:
+        raise MalformedMessage(f"{what}: decompressed {len(raw)}{'+' if len(raw) > size else ''} bytes, header declares {size}")
+    try:
+        body = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True,
+            max_bin_len=size, max_str_len=min(size, 1 << 20), max_array_len=max(limits.max_blocks, limits.max_chunks),
+            max_map_len=max(limits.max_params, 64), max_ext_len=0,
+        )
+    except (ValueError, TypeError, msgpack.exceptions.ExtraData, msgpack.exceptions.UnpackException) as e:
+        raise MalformedMessage(f"{what}: msgpack body is invalid ({type(e).__name__}: {e})") from None
+    if not isinstance(body, dict):
+        raise MalformedMessage(f"{what}: body is a {type(body).__name__}, expected a map")
+    return kind, body

@@ -1,0 +1,196 @@
+"""The three records of wire format v1: Manifest (inside checkpoints), UpdateMessage, Checkpoint."""
+from dataclasses import dataclass, field
+
+import msgpack
+import xxhash
+
+from . import fields as F
+from .arrays import nbytes
+from .errors import LimitExceeded, MalformedMessage
+from .framing import KIND_CHECKPOINT, KIND_NAMES, KIND_UPDATE, frame, unframe
+from .limits import DEFAULT_LIMITS, Limits
+
+DIGEST_BYTES = 16  # xxh3-128
+ZERO_DIGEST = bytes(DIGEST_BYTES)
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One LoRA matrix: `module`.lora_`kind`, shape (rank, d_in) for A and (d_out, rank) for B, stored fp32."""
+
+    module: str
+    kind: str  # "A" or "B"
+    shape: tuple
+
+    @property
+    def key(self) -> str:
+        """Name as in a PEFT state dict, without the adapter name: '<module>.lora_A'."""
+        return f"{self.module}.lora_{self.kind}"
+
+    @property
+    def numel(self) -> int:
+        """Elements in the block."""
+        return self.shape[0] * self.shape[1]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What every replica must agree on before the first message: the blocks, in canonical order."""
+
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: tuple
+    blocks: tuple  # of BlockSpec, sorted by (module, kind)
+
+    def __post_init__(self):
+        keys = [(b.module, b.kind) for b in self.blocks]
+        if keys != sorted(set(keys)):
+            raise MalformedMessage("manifest: blocks must be unique and sorted by (module, kind)")
+
+    def to_dict(self) -> dict:
+        """The msgpack form (SPEC.md, "Manifest")."""
+        return {
+            "base_model": self.base_model, "rank": self.rank, "alpha": float(self.alpha),
+            "target_modules": list(self.target_modules),
+            "blocks": [{"module": b.module, "kind": b.kind, "shape": list(b.shape), "dtype": "float32"} for b in self.blocks],
+        }
+
+    @property
+    def manifest_id(self) -> bytes:
+        """xxh3-128 of the canonical msgpack of the manifest: updates name the manifest they were made for."""
+        return xxhash.xxh3_128_digest(msgpack.packb(self.to_dict(), use_bin_type=True))
+
+    @property
+    def numel(self) -> int:
+        """Trainable parameters in the adapter."""
+        return sum(b.numel for b in self.blocks)
+
+    def adapter_bytes(self, bytes_per_value: int = 2) -> int:
+        """Size of the adapter's values (bf16 by default): the cost of shipping the adapter itself."""
+        return self.numel * bytes_per_value
+
+    @staticmethod
+    def from_dict(d: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "Manifest":
+        """Validate and build; every block's shape is checked against the limits."""
+        what = f"{what} manifest"
+        rank = F.get_int(d, "rank", what, 1, 1 << 16)
+        tm = F.get_list(d, "target_modules", what, limits.max_blocks)
+        if not all(isinstance(t, str) and 0 < len(t) <= limits.max_name_bytes for t in tm):
+            raise MalformedMessage(f"{what}: field 'target_modules' must be a list of names")
+        blocks = []
+        for i, b in enumerate(F.get_list(d, "blocks", what, limits.max_blocks)):
+            bw = f"{what} block {i}"
+            module = F.get_str(b, "module", bw, limits.max_name_bytes)
+            kind = F.req(b, "kind", bw)
+            if kind not in ("A", "B"):
+                raise MalformedMessage(f"{bw}: field 'kind' = {kind!r}, expected 'A' or 'B'")
+            if F.req(b, "dtype", bw) != "float32":
+                raise MalformedMessage(f"{bw}: field 'dtype' = {b['dtype']!r}, expected 'float32'")
+            shape = F.get_list(b, "shape", bw, 2)
+            if len(shape) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s <= limits.max_block_elements for s in shape):
+                raise MalformedMessage(f"{bw} '{module}': field 'shape' = {shape!r}, expected two positive ints")
+            if shape[0] * shape[1] > limits.max_block_elements:
+                raise LimitExceeded(f"{bw} '{module}': shape {shape} has more than {limits.max_block_elements} elements")
+            if (kind == "A" and shape[0] != rank) or (kind == "B" and shape[1] != rank):
+                raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} on its {'first' if kind == 'A' else 'second'} axis")
+            blocks.append(BlockSpec(module, kind, tuple(shape)))
+        return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank, F.get_float(d, "alpha", what),
+                        tuple(tm), tuple(blocks))
+
+
+@dataclass
+class UpdateMessage:
+    """One policy version: a compressed gradient plus everything needed to apply it identically."""
+
+    run: str
+    version: int                 # the version this message produces (>= 1)
+    parent_digest: bytes         # digest of the state it applies to
+    digest: bytes                # digest of the state it must produce
+    manifest_id: bytes
+    codec: str
+    codec_params: dict
+    optimizer: str
+    hparams: dict                # this step's optimizer hyperparameters (lr from the schedule, ...)
+    blocks: list                 # codec-specific per-block payload maps, each with "i" = manifest block index
+    meta: dict = field(default_factory=dict)  # informational (trainer loss, wall time); never affects state
+
+    def to_bytes(self) -> bytes:
+        """Frame as an update record."""
+        return frame(KIND_UPDATE, {
+            "run": self.run, "version": self.version, "parent_digest": self.parent_digest, "digest": self.digest,
+            "manifest_id": self.manifest_id, "codec": self.codec, "codec_params": self.codec_params,
+            "optimizer": self.optimizer, "hparams": self.hparams, "blocks": self.blocks, "meta": self.meta,
+        })
+
+    @staticmethod
+    def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "UpdateMessage":
+        """Validate the header fields; block payloads are validated by the codec against the manifest."""
+        return UpdateMessage(
+            run=F.get_str(body, "run", what, limits.max_name_bytes),
+            version=F.get_int(body, "version", what, 1),
+            parent_digest=F.get_bytes(body, "parent_digest", what, DIGEST_BYTES),
+            digest=F.get_bytes(body, "digest", what, DIGEST_BYTES),
+            manifest_id=F.get_bytes(body, "manifest_id", what, DIGEST_BYTES),
+            codec=F.get_str(body, "codec", what, limits.max_name_bytes),
+            codec_params=F.get_scalar_map(body, "codec_params", what, limits.max_params),
+            optimizer=F.get_str(body, "optimizer", what, limits.max_name_bytes),
+            hparams=F.get_scalar_map(body, "hparams", what, limits.max_params),
+            blocks=F.get_list(body, "blocks", what, limits.max_blocks),
+            meta=F.get_scalar_map(body, "meta", what, limits.max_params) if "meta" in body else {},
+        )
+
+
+@dataclass
+class Checkpoint:
+    """Full replica state at a version: manifest, fp32 params, optimizer state. Version 0 is the genesis."""
+
+    run: str
+    version: int
+    digest: bytes
+    manifest: Manifest
+    optimizer: str
+    params: list                 # bytes per block, fp32 little-endian, manifest order
+    slots: list                  # optimizer slot names, e.g. ["m", "v"]
+    slot_tensors: list           # per slot: bytes per block, fp32
+    scalars: dict                # optimizer scalars (step count, running beta powers), float64
+
+    def to_bytes(self) -> bytes:
+        """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible)."""
+        return frame(KIND_CHECKPOINT, {
+            "run": self.run, "version": self.version, "digest": self.digest, "manifest": self.manifest.to_dict(),
+            "optimizer": self.optimizer, "params": self.params, "slots": self.slots,
+            "slot_tensors": self.slot_tensors, "scalars": self.scalars,
+        }, level=1)
+
+    @staticmethod
+    def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "Checkpoint":
+        """Validate every field, including each array's byte length against the manifest shape."""
+        manifest = Manifest.from_dict(F.req(body, "manifest", what), what, limits)
+        n = len(manifest.blocks)
+        params = F.get_list(body, "params", what, limits.max_blocks)
+        slots = F.get_list(body, "slots", what, 8)
+        slot_tensors = F.get_list(body, "slot_tensors", what, 8)
+        if len(params) != n:
+            raise MalformedMessage(f"{what}: field 'params' has {len(params)} blocks, manifest has {n}")
+        if len(slot_tensors) != len(slots) or not all(isinstance(s, str) for s in slots):
+            raise MalformedMessage(f"{what}: fields 'slots' and 'slot_tensors' disagree")
+        for name, arrays in [("params", params)] + [(f"slot_tensors[{s}]", t) for s, t in zip(slots, slot_tensors)]:
+            if not isinstance(arrays, list) or len(arrays) != n:
+                raise MalformedMessage(f"{what}: field '{name}' must hold {n} blocks")
+            for spec, buf in zip(manifest.blocks, arrays):
+                want = nbytes("float32", spec.shape)
+                if not isinstance(buf, bytes) or len(buf) != want:
+                    raise MalformedMessage(f"{what}: {name} block '{spec.key}' is {len(buf) if isinstance(buf, bytes) else type(buf).__name__} bytes, expected {want}")
+        scalars = F.get_scalar_map(body, "scalars", what, limits.max_params)
+        return Checkpoint(F.get_str(body, "run", what), F.get_int(body, "version", what), F.get_bytes(body, "digest", what, DIGEST_BYTES),
+                          manifest, F.get_str(body, "optimizer", what), params, slots, slot_tensors,
+                          {k: float(v) for k, v in scalars.items()})
+
+
+def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):
+    """Unframe any record and return an UpdateMessage or a Checkpoint."""
+    kind, body = unframe(data, what, limits, max_decompressed)
+    if kind == KIND_UPDATE:
+        return UpdateMessage.from_body(body, f"{what} (update v{body.get('version', '?')})", limits)
+    return Checkpoint.from_body(body, f"{what} ({KIND_NAMES[kind]} v{body.get('version', '?')})", limits)
