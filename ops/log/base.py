@@ -1,0 +1,65 @@
+"""The log interface both backends implement: the embedded file log and Apache Kafka.
+
+A topic here is always a single partition: offset order is the order of policy versions.
+"""
+from hilo.schemas.chunks import Record  # noqa: F401  (part of the interface)
+
+
+def updates_topic(run: str) -> str:
+    """Topic of update messages of `run`."""
+    return f"{run}.updates"
+
+
+def checkpoints_topic(run: str) -> str:
+    """Topic of full checkpoints of `run`."""
+    return f"{run}.checkpoints"
+
+
+def site_group(run: str, site: str) -> str:
+    """Consumer-group id under which a site commits its position (what `hilo lag` and kafka tools read)."""
+    return f"hilo.{run}.{site}"
+
+
+class Log:
+    """append / read / offsets / group positions over single-partition topics."""
+
+    url = ""
+
+    def create_topics(self, run: str, retention_ms: int = -1) -> list:
+        """Create RUN.updates and RUN.checkpoints if missing; refuse existing misconfigured ones. Returns created names."""
+        raise NotImplementedError
+
+    def check_topic(self, topic: str) -> None:
+        """Raise LogError unless `topic` exists with one partition and cleanup.policy=delete."""
+        raise NotImplementedError
+
+    def append(self, topic: str, records: list) -> list:
+        """Append (key, value, headers) records in order; durable when this returns. Returns their offsets."""
+        raise NotImplementedError
+
+    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20) -> list:
+        """Records at offsets >= `offset` (possibly none within `timeout_s`), in order."""
+        raise NotImplementedError
+
+    def begin_offset(self, topic: str) -> int:
+        """Oldest offset still retained."""
+        raise NotImplementedError
+
+    def end_offset(self, topic: str) -> int:
+        """Offset the next appended record will get."""
+        raise NotImplementedError
+
+    def commit(self, group: str, topic: str, offset: int, metadata: str) -> None:
+        """Store a group's next offset with a metadata string."""
+        raise NotImplementedError
+
+    def committed(self, group: str, topic: str):
+        """(offset, metadata) last committed by `group`, or None."""
+        raise NotImplementedError
+
+    def groups(self, prefix: str) -> list:
+        """Group ids starting with `prefix`."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections and files."""

@@ -1,0 +1,154 @@
+"""The embedded log (`file://DIR`): one append-only file per topic, for the demo, tests and single machines.
+
+DIR/<topic>/records: a sequence of [u32 magic 'HREC'][u32 length][u32 crc32][msgpack [key, headers, value]].
+Offsets are record numbers. Appends hold an exclusive flock and fsync before returning; a torn tail left
+by a crash is cut off by the next writer, and readers stop at it. Group positions are small JSON files
+replaced atomically. Not a distributed system: several processes on one machine may share it, nothing more.
+"""
+import fcntl
+import json
+import os
+import pathlib
+import struct
+import time
+import zlib
+
+import msgpack
+
+from hilo.schemas.chunks import Record
+from hilo.schemas.errors import LogError
+
+from .base import Log, checkpoints_topic, updates_topic
+
+_HEAD = struct.Struct("<4sII")
+_MAGIC = b"HREC"
+
+
+class FileLog(Log):
+    """File-backed single-partition topics under one folder."""
+
+    def __init__(self, root: str):
+        self.root = pathlib.Path(root)
+        self.url = f"file://{self.root}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._index = {}  # topic -> [file position of each complete record]; extended incrementally
+
+    # -- topics -------------------------------------------------------------------------------
+    def _dir(self, topic):
+        return self.root / topic
+
+    def create_topics(self, run, retention_ms=-1):
+        """Create the run's topic folders (retention is not enforced by the file log)."""
+        created = []
+        for t in (updates_topic(run), checkpoints_topic(run)):
+            if not self._dir(t).exists():
+                (self._dir(t) / "groups").mkdir(parents=True)
+                (self._dir(t) / "records").touch()
+                created.append(t)
+        return created
+
+    def check_topic(self, topic):
+        """The file log has only single-partition, non-compacted topics; it must exist."""
+        if not (self._dir(topic) / "records").exists():
+            raise LogError(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")
+
+    # -- records ------------------------------------------------------------------------------
+    def _scan(self, topic, f, truncate=False):
+        """Extend the index over complete records; optionally cut a torn tail (writers only)."""
+        idx = self._index.setdefault(topic, [])
+        pos = idx[-1] if idx else 0
+        if idx:
+            f.seek(pos)
+            head = f.read(_HEAD.size)
+            pos += _HEAD.size + _HEAD.unpack(head)[1]
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        while pos + _HEAD.size <= size:
+            f.seek(pos)
+            magic, length, crc = _HEAD.unpack(f.read(_HEAD.size))
+            if magic != _MAGIC or pos + _HEAD.size + length > size:
+                break
+            body = f.read(length)
+            if zlib.crc32(body) != crc:
+                break
+            idx.append(pos)
+            pos += _HEAD.size + length
+        if truncate and pos < size:
+            f.truncate(pos)
+            os.fsync(f.fileno())
+        return idx
+
+    def append(self, topic, records):
+        """Append under an exclusive lock and fsync; returns the offsets."""
+        self.check_topic(topic)
+        with open(self._dir(topic) / "records", "r+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            idx = self._scan(topic, f, truncate=True)
+            f.seek(0, os.SEEK_END)
+            offsets = []
+            for key, value, headers in records:
+                body = msgpack.packb([key, headers, value], use_bin_type=True)
+                pos = f.tell()
+                f.write(_HEAD.pack(_MAGIC, len(body), zlib.crc32(body)) + body)
+                offsets.append(len(idx))
+                idx.append(pos)
+            f.flush()
+            os.fsync(f.fileno())
+        return offsets
+
+    def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20):
+        """Records from `offset`; waits up to `timeout_s` for new ones (polling the file)."""
+        self.check_topic(topic)
+        deadline = time.monotonic() + timeout_s
+        with open(self._dir(topic) / "records", "rb") as f:
+            while True:
+                idx = self._scan(topic, f)
+                if offset < len(idx) or time.monotonic() >= deadline:
+                    break
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # poll a file for a writer in another process
+            out, used = [], 0
+            for off in range(max(0, offset), len(idx)):
+                f.seek(idx[off])
+                _, length, _ = _HEAD.unpack(f.read(_HEAD.size))
+                key, headers, value = msgpack.unpackb(f.read(length), raw=False)
+                out.append(Record(off, key, value, headers))
+                used += length
+                if used >= max_bytes:
+                    break
+            return out
+
+    def begin_offset(self, topic):
+        """The file log never deletes: always 0."""
+        self.check_topic(topic)
+        return 0
+
+    def end_offset(self, topic):
+        """Number of complete records."""
+        self.check_topic(topic)
+        with open(self._dir(topic) / "records", "rb") as f:
+            return len(self._scan(topic, f))
+
+    # -- groups -------------------------------------------------------------------------------
+    def commit(self, group, topic, offset, metadata):
+        """Atomically replace the group's position file."""
+        self.check_topic(topic)
+        path = self._dir(topic) / "groups" / f"{group}.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump({"offset": offset, "metadata": metadata}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def committed(self, group, topic):
+        """(offset, metadata) or None."""
+        path = self._dir(topic) / "groups" / f"{group}.json"
+        if not path.exists():
+            return None
+        d = json.loads(path.read_text())
+        return d["offset"], d["metadata"]
+
+    def groups(self, prefix):
+        """Groups with a position file in any topic."""
+        found = {p.stem for p in self.root.glob("*/groups/*.json")}
+        return sorted(g for g in found if g.startswith(prefix))

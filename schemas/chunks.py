@@ -1,0 +1,99 @@
+"""Splitting one framed message into log records, and reassembling them on the consumer (SPEC.md, "Log records")."""
+from dataclasses import dataclass
+
+import xxhash
+
+from .errors import LimitExceeded, LogError, MalformedMessage
+from .limits import DEFAULT_LIMITS, Limits
+
+DEFAULT_CHUNK_BYTES = 900 * 1024  # under Kafka's default 1 MiB max.message.bytes, with room for headers
+
+
+@dataclass(frozen=True)
+class Record:
+    """One log record as both backends return it."""
+
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict  # str -> str
+
+
+@dataclass(frozen=True)
+class Message:
+    """A reassembled message: its bytes, the offsets it spans, and the header fields of its chunks."""
+
+    data: bytes
+    first_offset: int
+    last_offset: int
+    kind: str
+    version: int
+    headers: dict
+
+
+def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:
+    """(key, value, headers) per chunk; every chunk carries the whole message's size and checksum."""
+    n = max(1, -(-len(data) // chunk_bytes))
+    common = {"hilo-run": run, "hilo-kind": kind, "hilo-version": str(version),
+              "hilo-sum": xxhash.xxh3_64_hexdigest(data), "hilo-size": str(len(data))} | (extra or {})
+    key = str(version).encode()
+    return [(key, data[i * chunk_bytes:(i + 1) * chunk_bytes], common | {"hilo-chunk": f"{i}/{n}"}) for i in range(n)]
+
+
+def _int(headers, name, what, hi):
+    v = headers.get(name)
+    if v is None or not v.isdigit() or int(v) > hi:
+        raise MalformedMessage(f"{what}: header '{name}' = {v!r}, expected a decimal int <= {hi}")
+    return int(v)
+
+
+class Reassembler:
+    """Feed records in offset order; returns a Message when its last chunk arrives, else None.
+
+    An incomplete sequence is dropped (and counted in `discarded`) when a chunk 0 of another message
+    arrives: the writer died mid-message and the restarted writer sent that version again.
+    """
+
+    def __init__(self, run: str, topic: str, limits: Limits = DEFAULT_LIMITS, max_bytes: int | None = None):
+        self.run, self.topic, self.limits = run, topic, limits
+        self.max_bytes = max_bytes or limits.max_frame_bytes
+        self.parts, self.head, self.discarded = [], None, 0
+
+    def feed(self, rec: Record) -> Message | None:
+        """Add one record; raise LogError/MalformedMessage naming the offset for foreign or broken records."""
+        what = f"{self.topic} offset {rec.offset}"
+        h = rec.headers
+        if "hilo-chunk" not in h or "hilo-run" not in h:
+            raise LogError(f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
+        if h["hilo-run"] != self.run:
+            raise LogError(f"{what}: record of run {h['hilo-run']!r} in the topic of run {self.run!r}")
+        i_s, _, n_s = h["hilo-chunk"].partition("/")
+        if not (i_s.isdigit() and n_s.isdigit()) or not 0 <= int(i_s) < int(n_s) <= self.limits.max_chunks:
+            raise MalformedMessage(f"{what}: header 'hilo-chunk' = {h['hilo-chunk']!r}, expected i/n with 0 <= i < n <= {self.limits.max_chunks}")
+        i, n = int(i_s), int(n_s)
+        version = _int(h, "hilo-version", what, 1 << 62)
+        size = _int(h, "hilo-size", what, 1 << 62)
+        if size > self.max_bytes:
+            raise LimitExceeded(f"{what} (v{version}): message of {size} bytes > limit {self.max_bytes}")
+        ident = (h.get("hilo-sum"), version, n, size)
+        if i == 0:
+            if self.parts:
+                self.discarded += 1
+            self.parts, self.head = [rec], ident
+        elif self.head != ident or i != len(self.parts):
+            # A continuation without its beginning (we started mid-message, or chunks of a dead writer).
+            if self.parts:
+                self.discarded += 1
+            self.parts, self.head = [], None
+            return None
+        else:
+            self.parts.append(rec)
+        if len(self.parts) < n:
+            return None
+        data = b"".join(p.value for p in self.parts)
+        first = self.parts[0].offset
+        self.parts, self.head = [], None
+        if len(data) != size or xxhash.xxh3_64_hexdigest(data) != h.get("hilo-sum"):
+            raise MalformedMessage(f"{self.topic} offsets {first}..{rec.offset} (v{version}): reassembled {len(data)} bytes "
+                                   f"do not match header size {size} / checksum {h.get('hilo-sum')}")
+        return Message(data, first, rec.offset, h.get("hilo-kind", ""), version, dict(h))
