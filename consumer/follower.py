@@ -1,0 +1,88 @@
+"""The follower: read the updates topic from an offset, reassemble chunks, apply each version in order.
+
+Used by every site (consumer/site.py) and by a restarting trainer to catch up to the log head.
+"""
+import logging
+
+from hilo.ops.log import checkpoints_topic, updates_topic
+from hilo.ops.log.tail import last_message
+from hilo.replica.replica import PolicyReplica
+from hilo.schemas.chunks import Reassembler
+from hilo.schemas.errors import LogError, MalformedMessage
+from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
+
+log = logging.getLogger(__name__)
+
+
+def bootstrap_from_log(log_backend, run: str, max_version: int | None = None):
+    """(replica, position) from the newest checkpoint on RUN.checkpoints (at most `max_version`)."""
+    topic = checkpoints_topic(run)
+    before = None
+    while True:
+        msg = last_message(log_backend, topic, run, before)
+        if msg is None:
+            raise LogError(f"{log_backend.url}: no checkpoint{'' if max_version is None else f' at or before v{max_version}'} "
+                           f"on {topic} (has the producer started?)")
+        if max_version is None or msg.version <= max_version:
+            break
+        before = msg.first_offset
+    what = f"{topic} offset {msg.first_offset} (checkpoint v{msg.version})"
+    ckpt = decode_record(msg.data, what)
+    if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
+        raise LogError(f"{what}: not a checkpoint of run {run!r}")
+    if "hilo-updates-offset" not in msg.headers:
+        raise MalformedMessage(f"{what}: missing header 'hilo-updates-offset'")
+    replica = PolicyReplica.from_checkpoint(ckpt, what)
+    return replica, {"next_offset": int(msg.headers["hilo-updates-offset"]), "log_bytes": int(msg.headers.get("hilo-log-bytes", 0))}
+
+
+class Follower:
+    """Applies RUN.updates to a replica. `next_offset` is always just past the last complete message handled."""
+
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, next_offset: int, log_bytes: int = 0):
+        self.log, self.run, self.replica = log_backend, run, replica
+        self.topic = updates_topic(run)
+        self.next_offset = next_offset     # resume point: a snapshot stores this
+        self.read_offset = next_offset     # where the next read starts (may be inside a message)
+        self.log_bytes = log_bytes         # cumulative bytes of update messages through the replica's version
+        self.reassembler = Reassembler(run, self.topic)
+        begin = self.log.begin_offset(self.topic)
+        if next_offset < begin:
+            raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
+                           f"(log begins at {begin}); bootstrap from a newer checkpoint")
+
+    def poll(self, timeout_s: float = 1.0, should_stop=lambda: False, on_applied=None) -> int:
+        """Read once and apply every complete message; returns how many versions were applied."""
+        applied = 0
+        for rec in self.log.read(self.topic, self.read_offset, timeout_s):
+            self.read_offset = rec.offset + 1
+            msg = self.reassembler.feed(rec)
+            if msg is None:
+                continue
+            what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
+            if msg.kind != "update":
+                raise LogError(f"{what}: a {msg.kind!r} record in the updates topic")
+            upd: UpdateMessage = self.replica.parse(msg.data, what)
+            if upd.version != msg.version:
+                raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")
+            if self.replica.apply(upd, what):
+                applied += 1
+                self.log_bytes = int(msg.headers.get("hilo-log-bytes", self.log_bytes + len(msg.data)))
+                self.next_offset = msg.last_offset + 1
+                if on_applied:
+                    on_applied(upd, msg)
+            else:
+                self.next_offset = max(self.next_offset, msg.last_offset + 1)
+            if should_stop():
+                self.read_offset = self.next_offset  # drop a half-read message; it is re-read on resume
+                self.reassembler = Reassembler(self.run, self.topic)
+                break
+        return applied
+
+    def catch_up(self, on_applied=None) -> int:
+        """Apply everything up to the current log end; returns versions applied."""
+        end = self.log.end_offset(self.topic)
+        total = 0
+        while self.read_offset < end:
+            total += self.poll(timeout_s=5.0, on_applied=on_applied)
+        return total

@@ -1,0 +1,188 @@
+"""A rollout site: bootstrap, follow the run's updates, export adapters, snapshot, commit, repeat.
+
+    hilo consume --log kafka://trainer:9092 --run exp1 --site eu-1 --state-dir /var/lib/hilo/eu-1
+
+Bootstrap order: --from-version (newest checkpoint <= V), else the local snapshot, else the newest
+checkpoint on RUN.checkpoints (waiting for the producer if there is none yet). The snapshot (state +
+next offset) is replaced atomically every K versions and on exit, so a crash at any instant restarts
+from a whole snapshot and replays the rest; replay is deterministic, so it reaches the same digests.
+"""
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from hilo.ops.log import checkpoints_topic, open_log, site_group, updates_topic
+from hilo.ops.log.tail import last_message
+from hilo.replica.snapshot import SnapshotStore
+from hilo.schemas.errors import ConfigError, HiloError
+
+from .adapter_export import DTYPES, export_adapter
+from .follower import Follower, bootstrap_from_log
+from .reload_hook import run_hook
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """Rollout-site configuration; checked at construction.
+
+    log, run, site, state_dir: where to read, which run, this site's name, where its state lives.
+    snapshot_every: snapshot the state every K applied versions (and on exit). Default: 10
+    export_adapters: write a PEFT adapter dir per version under STATE_DIR/adapters. Default: True
+    export_dtype: bfloat16 | float16 | float32. Default: bfloat16
+    keep_adapters: newest N adapter dirs kept. Default: 3
+    on_version: shell command run after each export (HILO_VERSION, HILO_ADAPTER_DIR, HILO_DIGEST). Default: None
+    from_offset: start reading RUN.updates here (already-applied versions are checked and skipped). Default: None
+    from_version: ignore the snapshot; bootstrap from the newest checkpoint <= V and replay. Default: None
+    until_version: exit 0 once this version is applied. Default: None (follow forever)
+    idle_exit_s: exit 0 after this long with nothing new. Default: None (follow forever)
+    wait_checkpoint_s: how long to wait for the producer's first checkpoint. Default: 600
+    """
+
+    log: str
+    run: str
+    site: str
+    state_dir: str
+    snapshot_every: int = 10
+    export_adapters: bool = True
+    export_dtype: str = "bfloat16"
+    keep_adapters: int = 3
+    on_version: str | None = None
+    from_offset: int | None = None
+    from_version: int | None = None
+    until_version: int | None = None
+    idle_exit_s: float | None = None
+    wait_checkpoint_s: float = 600.0
+
+    def __post_init__(self):
+        if self.snapshot_every < 1:
+            raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
+        if self.export_dtype not in DTYPES:
+            raise ConfigError(f"SiteConfig.export_dtype = {self.export_dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.keep_adapters < 1:
+            raise ConfigError(f"SiteConfig.keep_adapters = {self.keep_adapters}: must be >= 1")
+        if self.from_offset is not None and self.from_offset < 0:
+            raise ConfigError(f"SiteConfig.from_offset = {self.from_offset}: must be >= 0")
+        if not self.site or "/" in self.site:
+            raise ConfigError(f"SiteConfig.site = {self.site!r}: must be a non-empty name without '/'")
+
+
+class Site:
+    """One site's follower plus its side effects (adapter export, hook, snapshot, group commit)."""
+
+    def __init__(self, cfg: SiteConfig, log_backend=None, clock=time.time):
+        self.cfg, self.clock = cfg, clock
+        self.log = log_backend or open_log(cfg.log)
+        self.store = SnapshotStore(cfg.state_dir)
+        self.group = site_group(cfg.run, cfg.site)
+        self.stopping = False
+        self.follower = self._bootstrap()
+        self.since_snapshot = 0
+
+    def _bootstrap(self) -> Follower:
+        cfg = self.cfg
+        self._wait_for_topics()
+        local = None if cfg.from_version is not None else self.store.load()
+        if local is not None:
+            replica, pos = local
+            source = "local snapshot"
+        else:
+            replica, pos = bootstrap_from_log(self.log, cfg.run, cfg.from_version)
+            source = "checkpoint"
+        if local is not None and pos["next_offset"] < self.log.begin_offset(updates_topic(cfg.run)):
+            log.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint", cfg.site, replica.version)
+            replica, pos = bootstrap_from_log(self.log, cfg.run)
+            source = "checkpoint (snapshot fell out of retention)"
+        offset = pos["next_offset"] if cfg.from_offset is None else cfg.from_offset
+        log.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
+                 cfg.site, replica.version, replica.digest.hex()[:12], source, updates_topic(cfg.run), offset)
+        return Follower(self.log, cfg.run, replica, offset, pos.get("log_bytes", 0))
+
+    def _wait_for_topics(self):
+        deadline = time.monotonic() + self.cfg.wait_checkpoint_s
+        announced = False
+        while True:
+            try:
+                self.log.check_topic(checkpoints_topic(self.cfg.run))
+                if last_message(self.log, checkpoints_topic(self.cfg.run), self.cfg.run) is not None:
+                    return
+            except HiloError:
+                if time.monotonic() >= deadline:
+                    raise
+            if time.monotonic() >= deadline:
+                return  # let bootstrap_from_log raise its clear error
+            if not announced:
+                log.info("site %s: waiting up to %.0fs for run %s's first checkpoint", self.cfg.site, self.cfg.wait_checkpoint_s, self.cfg.run)
+                announced = True
+            time.sleep(0.2)  # waiting on another process (the producer); nothing to synchronise with
+
+    # -- per version ---------------------------------------------------------------------------
+    def _on_applied(self, upd, msg):
+        r, cfg = self.follower.replica, self.cfg
+        if cfg.export_adapters:
+            out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters)
+            if cfg.on_version:
+                run_hook(cfg.on_version, r.version, out, r.digest.hex())
+        self.since_snapshot += 1
+        if self.since_snapshot >= cfg.snapshot_every:
+            self.snapshot()
+        self.commit()
+        log.debug("site %s: applied v%d digest %s (offset %d)", cfg.site, r.version, r.digest.hex()[:12], msg.last_offset)
+
+    def snapshot(self):
+        """Atomically save state + position."""
+        f = self.follower
+        self.store.save(f.replica, {"next_offset": f.next_offset, "log_bytes": f.log_bytes, "saved_at": self.clock()})
+        self.since_snapshot = 0
+
+    def commit(self):
+        """Commit the position (and what it means) as this site's consumer-group offset."""
+        f = self.follower
+        meta = json.dumps({"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
+                           "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}, separators=(",", ":"))
+        self.log.commit(self.group, updates_topic(self.cfg.run), f.next_offset, meta)
+
+    # -- loop ----------------------------------------------------------------------------------
+    def run(self, progress: bool | None = None) -> int:
+        """Follow until SIGTERM, --until-version or --idle-exit; returns the final version."""
+        cfg, f = self.cfg, self.follower
+        head = last_message(self.log, updates_topic(cfg.run), cfg.run)
+        behind = max(0, (head.version if head else 0) - f.replica.version)
+        bar = tqdm(total=behind, desc=f"{cfg.site} catching up", unit="v", file=sys.stderr,
+                   disable=(not behind) if progress is None else not progress)
+        last_new = time.monotonic()
+        self.commit()
+        try:
+            while not self.stopping:
+                if cfg.until_version is not None and f.replica.version >= cfg.until_version:
+                    break
+                n = f.poll(timeout_s=1.0, should_stop=lambda: self.stopping or (
+                    cfg.until_version is not None and f.replica.version >= cfg.until_version),
+                    on_applied=self._on_applied)
+                if n:
+                    last_new = time.monotonic()
+                    bar.update(min(n, max(0, bar.total - bar.n)))
+                    log.info("site %s: v%d digest %s", cfg.site, f.replica.version, f.replica.digest.hex()[:12])
+                elif cfg.idle_exit_s is not None and time.monotonic() - last_new > cfg.idle_exit_s:
+                    log.info("site %s: idle for %.0fs, exiting", cfg.site, cfg.idle_exit_s)
+                    break
+        finally:
+            bar.close()
+            # The replica only ever holds a fully applied, digest-checked version: saving it is always safe.
+            self.snapshot()
+            self.commit()
+        return f.replica.version
+
+    def install_signal_handlers(self):
+        """SIGTERM/SIGINT stop the loop between versions."""
+        def handler(signum, frame):
+            log.info("site %s: signal %d, stopping after the current version", self.cfg.site, signum)
+            self.stopping = True
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)

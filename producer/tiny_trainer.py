@@ -1,0 +1,65 @@
+"""The built-in tiny trainer: a seeded Qwen3-architecture model with LoRA, learning 2-digit addition.
+
+Used by `hilo produce` (a standalone producer process) and `hilo demo`. No downloads: the model is
+built from a config and its base weights from a seed, so every machine builds the same one.
+"""
+import logging
+import time
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TOKENS = list("0123456789+=;") + ["<pad>"]
+PAD = len(TOKENS) - 1
+STOI = {t: i for i, t in enumerate(TOKENS)}
+
+
+def build_model(seed: int = 0, rank: int = 16, hidden: int = 256, layers: int = 4):
+    """A tiny Qwen3 causal LM (random base weights from `seed`) wrapped in a PEFT LoRA on all 7 projections."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(TOKENS), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=32,
+                      tie_word_embeddings=True, pad_token_id=PAD, bos_token_id=PAD, eos_token_id=STOI[";"])
+    base = Qwen3ForCausalLM(cfg)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, base_model_name_or_path=f"hilo/tiny-qwen3-s{seed}",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = get_peft_model(base, lora)
+    with torch.no_grad():  # PEFT starts B at zero; a small random B makes every block's gradient non-trivial
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 1e-3)
+    return model
+
+
+def batch(gen: torch.Generator, size: int = 32):
+    """(input_ids, labels) for 'ab+cd=sum;' with loss on the answer only."""
+    a = torch.randint(0, 100, (size,), generator=gen)
+    b = torch.randint(0, 100, (size,), generator=gen)
+    rows = [f"{x:02d}+{y:02d}={x + y:03d};" for x, y in zip(a.tolist(), b.tolist())]
+    ids = torch.tensor([[STOI[c] for c in r] for r in rows])
+    labels = ids.clone()
+    labels[:, :6] = -100  # prompt "ab+cd=" is not predicted
+    return ids, labels
+
+
+def train(producer, steps: int, lr: float = 3e-3, seed: int = 0, on_step=None):
+    """Run `steps` training steps through `producer` (a HiLoProducer); returns the final loss."""
+    gen = torch.Generator().manual_seed(seed + 1000 * producer.version)  # a resumed trainer draws fresh batches
+    model = producer.model
+    model.train()
+    loss = float("nan")
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        ids, labels = batch(gen)
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        compute_s = time.perf_counter() - t0
+        loss = float(out.loss.detach())
+        version = producer.step(lr=lr, meta={"loss": round(loss, 5)})
+        if on_step:
+            on_step(version, loss, compute_s, producer.last_step)
+    return loss
