@@ -33,3 +33,17 @@ def last_message(log, topic: str, run: str, before: int | None = None) -> Messag
                 return msg
         end = start if start < end - 1 else end - 1
     return None
+
+
+def head(log, topic: str, run: str) -> dict | None:
+    """Headers of the newest complete message, reading one record when the log ends on a last chunk."""
+    end = log.end_offset(topic)
+    if end <= log.begin_offset(topic):
+        return None
+    rec = log.read(topic, end - 1, timeout_s=5.0, max_bytes=1)
+    if rec and rec[0].offset == end - 1:
+        i, _, n = rec[0].headers.get("hilo-chunk", "").partition("/")
+        if i.isdigit() and n.isdigit() and int(i) == int(n) - 1 and rec[0].headers.get("hilo-run") == run:
+            return dict(rec[0].headers)
+    msg = last_message(log, topic, run)
+    return None if msg is None else msg.headers

@@ -1,0 +1,210 @@
+"""The `hilo` command: run the producer, consumers, and operator tools. `hilo COMMAND --help` for each."""
+import argparse
+import json
+import logging
+import sys
+
+from hilo.schemas.errors import HiloError
+
+EPILOG = """examples:
+  hilo demo                                              # everything on one machine, no broker
+  hilo topics create --log kafka://127.0.0.1:9092 --run exp1
+  hilo produce --log kafka://127.0.0.1:9092 --run exp1 --steps 200
+  hilo consume --log kafka://127.0.0.1:9092 --run exp1 --site eu-1 --state-dir /var/lib/hilo/eu-1
+  hilo lag --log kafka://127.0.0.1:9092 --run exp1
+  hilo bench codecs --json
+"""
+
+
+def _budget(text: str):
+    """'0.016' (fraction of the bf16 adapter), '1.6%', or a byte count like '2MB' / '500000'."""
+    from hilo.replica.codecs import Budget
+    t = text.strip().upper()
+    try:
+        if t.endswith("%"):
+            return Budget(fraction=float(t[:-1]) / 100)
+        for suffix, mult in (("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("B", 1)):
+            if t.endswith(suffix):
+                return Budget(fraction=None, bytes=int(float(t[: -len(suffix)]) * mult))
+        v = float(t)
+        return Budget(fraction=v) if v <= 4 else Budget(fraction=None, bytes=int(v))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: {e}") from None
+
+
+def cmd_demo(a):
+    from hilo.ops.demo import run_demo
+    return run_demo(a.log, a.steps, a.json)
+
+
+def cmd_topics(a):
+    from hilo.ops.log import open_log
+    log = open_log(a.log)
+    created = log.create_topics(a.run, a.retention_ms)
+    for t in (f"{a.run}.updates", f"{a.run}.checkpoints"):
+        print(f"{t}: {'created' if t in created else 'exists, checked (1 partition, cleanup.policy=delete)'}")
+    return 0
+
+
+def cmd_produce(a):
+    from hilo.producer.producer import HiLoProducer, ProducerConfig
+    from hilo.producer.tiny_trainer import build_model, train
+    cfg = ProducerConfig(run=a.run, log=a.log, codec=a.codec, budget=a.budget, optimizer=a.optimizer,
+                         checkpoint_every=a.checkpoint_every, state_dir=a.state_dir)
+    producer = HiLoProducer(build_model(seed=a.seed), cfg)
+    adapter = producer.manifest.adapter_bytes()
+
+    def on_step(version, loss, compute_s, info):
+        print(f"v{version} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of adapter) "
+              f"chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms", flush=True)
+    train(producer, a.steps, lr=a.lr, seed=a.seed, on_step=on_step)
+    print(f"done: v{producer.version} digest {producer.replica.digest.hex()}")
+    producer.close()
+    return 0
+
+
+def cmd_consume(a):
+    from hilo.consumer.site import Site, SiteConfig
+    cfg = SiteConfig(log=a.log, run=a.run, site=a.site, state_dir=a.state_dir, snapshot_every=a.snapshot_every,
+                     export_adapters=not a.no_export, export_dtype=a.export_dtype, keep_adapters=a.keep_adapters,
+                     on_version=a.on_version, from_offset=a.from_offset, from_version=a.from_version,
+                     until_version=a.until_version, idle_exit_s=a.idle_exit, wait_checkpoint_s=a.wait_checkpoint)
+    site = Site(cfg)
+    site.install_signal_handlers()
+    v = site.run(progress=False if a.no_progress else None)
+    print(f"{a.site}: v{v} digest {site.follower.replica.digest.hex()}")
+    return 0
+
+
+def cmd_lag(a):
+    from hilo.ops.lag import format_rows, lag_rows
+    from hilo.ops.log import open_log
+    rows = lag_rows(open_log(a.log), a.run)
+    print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
+    return 0
+
+
+def cmd_inspect(a):
+    from hilo.ops.inspect_version import describe
+    from hilo.ops.log import checkpoints_topic, open_log
+    from hilo.ops.log.tail import last_message
+    from hilo.schemas.records import decode_record
+    log = open_log(a.log)
+    ck = last_message(log, checkpoints_topic(a.run), a.run)
+    manifest = decode_record(ck.data, "checkpoint").manifest if ck else None
+    d = describe(log, a.run, a.version, manifest)
+    if a.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    for k, v in d.items():
+        if k != "blocks":
+            print(f"{k:>14}: {v}")
+    print(f"\n{'i':>5}  {'k/n':>6}  {'bytes':>9}  block")
+    for b in d["blocks"]:
+        print(f"{b['i']:>5}  {b['k']!s:>6}  {b['bytes']:>9}  {b['block'] or ''}")
+    return 0
+
+
+def cmd_bench_codecs(a):
+    from hilo.ops.bench.codecs import run, table
+    rows = run(a.shapes.split(","), a.codecs.split(","), a.optimizers.split(","), a.steps, a.budget)
+    print(json.dumps(rows, indent=2) if a.json else table(rows))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    ap = argparse.ArgumentParser(prog="hilo", description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
+                                 "compressed gradients over a log (Kafka, or an embedded file log).",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p, log_required=True):
+        p.add_argument("--log", required=log_required, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
+        p.add_argument("--run", required=True, help="run id; topics are RUN.updates and RUN.checkpoints")
+
+    p = sub.add_parser("demo", help="trainer + 3 sites (one killed and restarted) on an embedded log; exit 0 if all match")
+    p.add_argument("--log", default=None, metavar="URL", help="default: file:// log in a temp folder (no broker)")
+    p.add_argument("--steps", type=int, default=40, help="training steps / versions (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("topics", help="create and check a run's topics")
+    tsub = p.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    c = tsub.add_parser("create", help="create RUN.updates (1 partition, delete policy) and RUN.checkpoints; check existing ones")
+    common(c)
+    c.add_argument("--retention-ms", type=int, default=-1, help="retention of both topics; -1 keeps forever (default)")
+    c.set_defaults(fn=cmd_topics)
+
+    p = sub.add_parser("produce", help="run the built-in tiny trainer as a standalone producer")
+    common(p)
+    p.add_argument("--codec", default="spar", choices=["dense", "topk", "powersgd", "spar"], help="default: %(default)s")
+    p.add_argument("--budget", type=_budget, default="1.6%", help="bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: 1.6%%)")
+    p.add_argument("--optimizer", default="adamw", choices=["sgd", "adamw", "lion", "muon"], help="default: %(default)s")
+    p.add_argument("--steps", type=int, default=100, help="training steps to run (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="full checkpoint every K versions (default: %(default)s)")
+    p.add_argument("--state-dir", default=None, help="trainer snapshot dir for fast restarts (default: resume from the log)")
+    p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")
+    p.set_defaults(fn=cmd_produce)
+
+    p = sub.add_parser("consume", help="follow a run at a rollout site: apply, export adapters, snapshot")
+    common(p)
+    p.add_argument("--site", required=True, help="this site's name (its consumer group is hilo.RUN.SITE)")
+    p.add_argument("--state-dir", required=True, help="snapshot + exported adapters live here")
+    p.add_argument("--snapshot-every", type=int, default=10, help="snapshot every K versions (default: %(default)s)")
+    p.add_argument("--no-export", action="store_true", help="do not write PEFT adapter dirs")
+    p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="default: %(default)s")
+    p.add_argument("--keep-adapters", type=int, default=3, help="newest N adapter dirs kept (default: %(default)s)")
+    p.add_argument("--on-version", metavar="CMD", help="shell command after each version (env HILO_VERSION, HILO_ADAPTER_DIR, "
+                   "HILO_DIGEST); for vLLM: 'python -m hilo.consumer.reload_hook --vllm http://127.0.0.1:8000'")
+    p.add_argument("--from-offset", type=int, help="start reading RUN.updates at this offset")
+    p.add_argument("--from-version", type=int, help="ignore the snapshot; replay from the newest checkpoint <= V")
+    p.add_argument("--until-version", type=int, help="exit once this version is applied")
+    p.add_argument("--idle-exit", type=float, metavar="SECONDS", help="exit after this long with no new version")
+    p.add_argument("--wait-checkpoint", type=float, default=600, metavar="SECONDS", help="wait for the first checkpoint (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while catching up")
+    p.set_defaults(fn=cmd_consume)
+
+    p = sub.add_parser("lag", help="applied version, lag in versions and bytes, offsets, age: one row per site")
+    common(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(fn=cmd_lag)
+
+    p = sub.add_parser("inspect", help="one update's header fields and per-block rank/k and bytes")
+    common(p)
+    p.add_argument("--version", type=int, required=True, help="policy version to show")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    b = bsub.add_parser("codecs", help="message bytes, encode ms, decode+apply ms, error per codec x optimizer")
+    b.add_argument("--shapes", default="qwen3-1.7b,qwen3-0.6b", help="comma list of qwen3-1.7b, qwen3-0.6b, tiny (default: %(default)s)")
+    b.add_argument("--codecs", default="dense,topk,powersgd,spar", help="default: %(default)s")
+    b.add_argument("--optimizers", default="sgd,adamw,lion,muon", help="default: %(default)s")
+    b.add_argument("--steps", type=int, default=3, help="timed messages per row after one warm-up (default: %(default)s)")
+    b.add_argument("--budget", type=_budget, default="1.6%", help="default: %(default)s")
+    b.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    b.set_defaults(fn=cmd_bench_codecs)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Entry point of the `hilo` console script."""
+    a = parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("kafka", "urllib3", "httpx", "transformers"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        return a.fn(a)
+    except HiloError as e:
+        print(f"hilo {a.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
