@@ -75,7 +75,7 @@ class Follower:
                 self.next_offset = max(self.next_offset, msg.last_offset + 1)
             if should_stop():
                 self.read_offset = self.next_offset  # drop a half-read message; it is re-read on resume
-                self.reassembler = Reassembler(self.run, self.topic)
+                self.reassembler.reset()
                 break
         return applied
 

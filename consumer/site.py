@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from hilo.ops.log import checkpoints_topic, open_log, site_group, updates_topic
-from hilo.ops.log.tail import last_message
+from hilo.ops.log.tail import head, last_message
 from hilo.replica.snapshot import SnapshotStore
 from hilo.schemas.errors import ConfigError, HiloError
 
@@ -152,8 +152,8 @@ class Site:
     def run(self, progress: bool | None = None) -> int:
         """Follow until SIGTERM, --until-version or --idle-exit; returns the final version."""
         cfg, f = self.cfg, self.follower
-        head = last_message(self.log, updates_topic(cfg.run), cfg.run)
-        behind = max(0, (head.version if head else 0) - f.replica.version)
+        h = head(self.log, updates_topic(cfg.run), cfg.run) or {}
+        behind = max(0, int(h.get("hilo-version", 0)) - f.replica.version)
         bar = tqdm(total=behind, desc=f"{cfg.site} catching up", unit="v", file=sys.stderr,
                    disable=(not behind) if progress is None else not progress)
         last_new = time.monotonic()

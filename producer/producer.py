@@ -113,7 +113,8 @@ class HiLoProducer:
         replica, position = local if local else bootstrap_from_log(self.log, run)
         if replica.manifest.manifest_id != self.manifest.manifest_id:
             raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
-                           f"(rank {self.manifest.rank} vs {replica.manifest.rank}, {len(self.manifest.blocks)} vs {len(replica.manifest.blocks)} blocks)")
+                           f"(model: {self.manifest.base_model}, rank {self.manifest.rank}, {len(self.manifest.blocks)} blocks; "
+                           f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
         if replica.state.optimizer != self.config.optimizer:
             raise ConfigError(f"run {run} uses optimizer {replica.state.optimizer!r}, config says {self.config.optimizer!r}")
         follower = Follower(self.log, run, replica, position["next_offset"], position.get("log_bytes", 0))

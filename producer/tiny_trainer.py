@@ -15,17 +15,25 @@ PAD = len(TOKENS) - 1
 STOI = {t: i for i, t in enumerate(TOKENS)}
 
 
-def build_model(seed: int = 0, rank: int = 16, hidden: int = 256, layers: int = 4):
-    """A tiny Qwen3 causal LM (random base weights from `seed`) wrapped in a PEFT LoRA on all 7 projections."""
-    from peft import LoraConfig, get_peft_model
+def build_base(seed: int = 0, hidden: int = 256, layers: int = 4):
+    """A tiny Qwen3 causal LM whose weights come from `seed` (the same on every machine)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(TOKENS), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=32,
                       tie_word_embeddings=True, pad_token_id=PAD, bos_token_id=PAD, eos_token_id=STOI[";"])
-    base = Qwen3ForCausalLM(cfg)
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, base_model_name_or_path=f"hilo/tiny-qwen3-s{seed}",
+    model = Qwen3ForCausalLM(cfg)
+    model.name_or_path = f"hilo/tiny-qwen3-s{seed}-h{hidden}-l{layers}"  # what PEFT records as base_model_name_or_path
+    return model
+
+
+def build_model(seed: int = 0, rank: int = 16, hidden: int = 256, layers: int = 4):
+    """build_base(seed) wrapped in a PEFT LoRA of `rank` on all 7 projections."""
+    from peft import LoraConfig, get_peft_model
+
+    base = build_base(seed, hidden, layers)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(base, lora)
     with torch.no_grad():  # PEFT starts B at zero; a small random B makes every block's gradient non-trivial

@@ -59,6 +59,10 @@ class Reassembler:
         self.max_bytes = max_bytes or limits.max_frame_bytes
         self.parts, self.head, self.discarded = [], None, 0
 
+    def reset(self) -> None:
+        """Forget a partly read message (the reader will read it again from its first chunk)."""
+        self.parts, self.head = [], None
+
     def feed(self, rec: Record) -> Message | None:
         """Add one record; raise LogError/MalformedMessage naming the offset for foreign or broken records."""
         what = f"{self.topic} offset {rec.offset}"

@@ -1,4 +1,7 @@
 """Shared fixtures: a small adapter manifest, seeded gradients, and a fresh genesis replica."""
+import os
+import uuid
+
 import pytest
 
 from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
@@ -24,3 +27,36 @@ def grads(manifest):
 def genesis(manifest, optimizer="adamw", run="test-run"):
     """A version-0 replica with seeded initial params."""
     return PolicyReplica.genesis(run, manifest, initial_params(manifest, seed=0), optimizer)
+
+
+KAFKA_URL = os.environ.get("HILO_KAFKA", "kafka://127.0.0.1:9092")
+
+
+def new_run(prefix="t"):
+    """A run id no other test (or earlier CI run on the same broker) has used."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["file", pytest.param("kafka", marks=pytest.mark.kafka)])
+def log_url(request, tmp_path):
+    """The same test on the embedded file log and on the real Kafka broker (ops/kafka/start.sh)."""
+    return f"file://{tmp_path}/log" if request.param == "file" else KAFKA_URL
+
+
+def small_model(seed=0, hidden=64, layers=2, rank=8):
+    """The tiny trainer's model at test size."""
+    from hilo.producer.tiny_trainer import build_model
+    return build_model(seed=seed, rank=rank, hidden=hidden, layers=layers)
+
+
+def publish_random(producer, n, seed=0, scale=0.01):
+    """n versions from seeded random LoRA gradients (no forward pass); returns the messages' sizes."""
+    import torch
+    gen = torch.Generator().manual_seed(seed * 7919 + producer.version)
+    sizes = []
+    for _ in range(n):
+        for p in producer.params:
+            p.grad = torch.randn(p.shape, generator=gen) * scale
+        producer.step(lr=1e-3)
+        sizes.append(producer.last_step["bytes"])
+    return sizes

@@ -1,0 +1,159 @@
+"""Producer -> log -> sites, on both backends: digests, chunking, bootstrap, restarts, bad input, lag."""
+import json
+
+import pytest
+import torch
+
+from hilo.consumer.site import Site, SiteConfig
+from hilo.ops.lag import lag_rows
+from hilo.ops.log import open_log, updates_topic
+from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.schemas.chunks import split
+from hilo.schemas.errors import ChainError, LogError
+from hilo.schemas.records import UpdateMessage
+from tests.conftest import new_run, publish_random, small_model
+
+
+def site(log_url, run, tmp_path, name="s1", **kw):
+    kw.setdefault("wait_checkpoint_s", 5)
+    return Site(SiteConfig(log=log_url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
+
+
+def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
+    from peft import PeftModel
+
+    from hilo.producer.lora_params import lora_parameters
+    from hilo.producer.tiny_trainer import build_base
+    run = new_run()
+    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url))
+    publish_random(producer, 12)
+    s = site(log_url, run, tmp_path, until_version=12, snapshot_every=4)
+    assert s.run(progress=False) == 12
+    assert s.follower.replica.digest == producer.replica.digest
+    # The exported directory is a PEFT adapter holding exactly the replica's params (bf16).
+    out = tmp_path / "s1" / "adapters" / "v00000012"
+    model = PeftModel.from_pretrained(build_base(seed=0, hidden=64, layers=2), str(out))
+    _, params = lora_parameters(model)
+    for p, ref in zip(params, producer.replica.state.params):
+        assert torch.equal(p.detach().to(torch.bfloat16), ref.to(torch.bfloat16))
+    assert sorted(p.name for p in (tmp_path / "s1" / "adapters").iterdir()) == ["v00000010", "v00000011", "v00000012"]
+    producer.close()
+
+
+def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
+    run = new_run()
+    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32), ProducerConfig(run=run, log=log_url, codec="dense"))
+    publish_random(producer, 3)
+    assert producer.last_step["bytes"] > 1 << 20 and producer.last_step["chunks"] >= 2
+    s = site(log_url, run, tmp_path, until_version=3, export_adapters=False)
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
+    producer.close()
+
+
+def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path):
+    run = new_run()
+    cfg = ProducerConfig(run=run, log=log_url, codec="dense", chunk_bytes=64 << 10)
+    producer = HiLoProducer(small_model(), cfg)
+    publish_random(producer, 3)
+    # A trainer that died after sending 2 of the 5 chunks of its v4.
+    log = open_log(log_url)
+    doomed = split(b"\x01" * (300 << 10), run, "update", 4, 64 << 10)
+    log.append(updates_topic(run), doomed[:2])
+    producer.close()
+    restarted = HiLoProducer(small_model(), cfg)
+    assert restarted.version == 3
+    publish_random(restarted, 3, seed=1)
+    s = site(log_url, run, tmp_path, until_version=6, export_adapters=False)
+    s.run(progress=False)
+    assert s.follower.replica.digest == restarted.replica.digest
+    assert s.follower.reassembler.discarded == 1
+    restarted.close()
+
+
+def test_late_site_bootstraps_from_newest_checkpoint(log_url, tmp_path):
+    run = new_run()
+    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url, checkpoint_every=10))
+    publish_random(producer, 55)
+    s = site(log_url, run, tmp_path, until_version=55, export_adapters=False)
+    assert s.follower.replica.version == 50  # did not replay from genesis
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
+    producer.close()
+
+
+def test_restarted_trainer_resumes_at_head_and_refuses_another_model(log_url, tmp_path):
+    run = new_run()
+    cfg = ProducerConfig(run=run, log=log_url, checkpoint_every=4)
+    producer = HiLoProducer(small_model(), cfg)
+    publish_random(producer, 6)
+    head = producer.replica.digest
+    producer.close()
+    model = small_model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # whatever the trainer process holds, the log's state wins
+    again = HiLoProducer(model, cfg)
+    assert again.version == 6 and again.replica.digest == head
+    assert all(torch.equal(p.detach(), r) for p, r in zip(again.params, again.replica.state.params))
+    with pytest.raises(LogError, match="does not match the run's manifest .*rank 4"):
+        HiLoProducer(small_model(rank=4), cfg)
+    again.close()
+
+
+def _forge(producer, version=None, parent=None, run=None):
+    r = producer.replica
+    return UpdateMessage(run or r.run, version or r.version + 1, parent or r.digest, b"\x07" * 16, r.manifest.manifest_id,
+                         "dense", {}, "adamw", {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0},
+                         [{"i": i, "g": bytes(4 * b.numel)} for i, b in enumerate(r.manifest.blocks)]).to_bytes()
+
+
+@pytest.mark.parametrize("bad,error", [
+    ("foreign", r"offset 4: not a hilo-sync record"),
+    ("other-run", r"offset 4: record of run 'intruder'"),
+    ("gap", r"offset 4 \(v6\): gap: message is version 6, replica is at 4"),
+    ("fork", r"offset 4 \(v5\): fork: version 5 starts from 0{32}"),
+])
+def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, bad, error):
+    run = new_run()
+    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url))
+    publish_random(producer, 4)
+    log = open_log(log_url)
+    t = updates_topic(run)
+    if bad == "foreign":
+        log.append(t, [(None, b"hello", {"source": "someone else"})])
+    elif bad == "other-run":
+        log.append(t, split(_forge(producer, run="intruder"), "intruder", "update", 5))
+    elif bad == "gap":
+        log.append(t, split(_forge(producer, version=6), run, "update", 6))
+    else:
+        log.append(t, split(_forge(producer, parent=bytes(16)), run, "update", 5))
+    s = site(log_url, run, tmp_path, export_adapters=False, idle_exit_s=30)
+    with pytest.raises((LogError, ChainError), match=error):
+        s.run(progress=False)
+    pos = json.loads((tmp_path / "s1" / "snapshot" / "position.json").read_text())
+    assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex() and pos["next_offset"] == 4
+    producer.close()
+
+
+def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path):
+    run = new_run()
+    open_log(log_url).create_topics(run)
+    with pytest.raises(LogError, match=f"no checkpoint on {run}.checkpoints"):
+        site(log_url, run, tmp_path, wait_checkpoint_s=0.5)
+
+
+def test_lag_reports_the_known_state(log_url, tmp_path):
+    run = new_run()
+    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url, codec="topk"))
+    sizes = publish_random(producer, 10)
+    for name, v in (("a", 4), ("b", 7)):
+        site(log_url, run, tmp_path, name=name, until_version=v, export_adapters=False).run(progress=False)
+    rows = {r["site"]: r for r in lag_rows(open_log(log_url), run, now=0)}
+    assert set(rows) == {"a", "b"}
+    for name, v in (("a", 4), ("b", 7)):
+        r = rows[name]
+        assert (r["applied_version"], r["head_version"], r["lag"]) == (v, 10, 10 - v)
+        assert r["lag_bytes"] == sum(sizes[v:])
+        assert (r["current_offset"], r["log_end_offset"]) == (v, 10)  # one record per message here
+    producer.close()

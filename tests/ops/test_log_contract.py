@@ -1,0 +1,62 @@
+"""One contract, two backends: the embedded file log and Apache Kafka behave the same for hilo-sync."""
+import pytest
+
+from hilo.ops.log import checkpoints_topic, open_log, updates_topic
+from hilo.schemas.errors import LogError
+from tests.conftest import KAFKA_URL, new_run
+
+
+@pytest.fixture
+def log_and_run(log_url):
+    log = open_log(log_url)
+    run = new_run()
+    created = log.create_topics(run)
+    assert sorted(created) == sorted([updates_topic(run), checkpoints_topic(run)])
+    yield log, run
+    log.close()
+
+
+def test_append_read_offsets(log_and_run):
+    log, run = log_and_run
+    t = updates_topic(run)
+    assert log.end_offset(t) == 0
+    offsets = log.append(t, [(str(i).encode(), bytes([i]) * (i + 1), {"hilo-run": run, "n": str(i)}) for i in range(5)])
+    assert offsets == [0, 1, 2, 3, 4]
+    assert log.end_offset(t) == 5 and log.begin_offset(t) == 0
+    recs = log.read(t, 2, timeout_s=5)
+    assert [r.offset for r in recs] == [2, 3, 4]
+    assert [r.value for r in recs] == [b"\x02" * 3, b"\x03" * 4, b"\x04" * 5]
+    assert recs[0].key == b"2" and recs[0].headers == {"hilo-run": run, "n": "2"}
+    assert log.read(t, 5, timeout_s=0.2) == []
+    assert [r.offset for r in log.read(t, 0, timeout_s=5)][:2] == [0, 1]  # seeking backwards works
+
+
+def test_groups_commit_and_list(log_and_run):
+    log, run = log_and_run
+    t = updates_topic(run)
+    log.append(t, [(b"1", b"x", {})])
+    assert log.committed(f"hilo.{run}.a", t) is None
+    log.commit(f"hilo.{run}.a", t, 1, '{"version": 1}')
+    log.commit(f"hilo.{run}.b", t, 0, "{}")
+    log.commit(f"hilo.{run}.a", t, 1, '{"version": 2}')
+    assert log.committed(f"hilo.{run}.a", t) == (1, '{"version": 2}')
+    assert log.groups(f"hilo.{run}.") == [f"hilo.{run}.a", f"hilo.{run}.b"]
+
+
+def test_create_is_idempotent_and_missing_topic_is_named(log_and_run):
+    log, run = log_and_run
+    assert log.create_topics(run) == []
+    with pytest.raises(LogError, match="topic 'no-such-run.updates' does not exist"):
+        log.check_topic("no-such-run.updates")
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("bad", [{"num_partitions": 2}, {"configs": {"cleanup.policy": "compact"}}])
+def test_kafka_refuses_misconfigured_topics(bad):
+    log = open_log(KAFKA_URL)
+    run = new_run()
+    spec = {"num_partitions": 1, "replication_factor": 1} | bad
+    log.admin.create_topics({updates_topic(run): spec})
+    with pytest.raises(LogError, match="2 partitions; hilo-sync needs exactly 1|cleanup.policy=compact"):
+        log.create_topics(run)
+    log.close()
