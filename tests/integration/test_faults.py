@@ -1,0 +1,84 @@
+"""Fault injection on the real broker: SIGKILLed consumers and trainers, then digests compared."""
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hilo.consumer.site import Site, SiteConfig
+from hilo.ops.lag import lag_rows
+from hilo.ops.log import open_log
+from hilo.producer.producer import HiLoProducer, ProducerConfig
+from tests.conftest import KAFKA_URL, new_run, publish_random, small_model
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def _hilo(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", *args], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def _wait_for_line(proc, pattern, timeout_s=120):
+    """Read the process's stderr until a line matches (the process is then known to be past startup)."""
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stderr:
+        if re.search(pattern, line):
+            return line
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"process never printed {pattern!r} (exit {proc.poll()})")
+
+
+def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path):
+    rng = random.Random(20)
+    run = new_run("kill")
+    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32),
+                            ProducerConfig(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
+    publish_random(producer, 6)
+    state = str(tmp_path / "victim")
+    log = open_log(KAFKA_URL)
+    behind_at_kill = 0
+    for round_ in range(20):
+        publish_random(producer, 3, seed=round_)  # always work to do: the kill lands mid-fetch/apply/snapshot
+        p = _hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "victim", "--state-dir", state,
+                  "--snapshot-every", "2", "--until-version", str(producer.version), "--no-progress")
+        _wait_for_line(p, "bootstrapped")
+        time.sleep(rng.uniform(0.0, 1.2))  # fault injection at a random instant, not synchronisation
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        rows = [r for r in lag_rows(log, run) if r["site"] == "victim"]
+        behind_at_kill += bool(rows and rows[0]["applied_version"] < producer.version)
+    final = Site(SiteConfig(log=KAFKA_URL, run=run, site="victim", state_dir=state, until_version=producer.version))
+    final.run(progress=False)
+    assert final.follower.replica.digest == producer.replica.digest
+    assert behind_at_kill >= 10, f"only {behind_at_kill}/20 kills landed while the site had work left"
+    producer.close()
+
+
+def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp_path):
+    run = new_run("trainer-kill")
+    common = ["--log", KAFKA_URL, "--run", run, "--codec", "dense", "--checkpoint-every", "7"]
+    first = _hilo("produce", *common, "--steps", "200")
+    for line in first.stdout:
+        if line.startswith("v5 "):
+            break
+    time.sleep(random.Random(5).uniform(0.0, 0.5))  # fault injection at a random instant
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = lag_rows(open_log(KAFKA_URL), run)  # no sites yet: just proves the log is readable
+    assert killed_at == []
+    second = _hilo("produce", *common, "--steps", "8")
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err[-3000:]
+    resumed = re.search(r"resumed at v(\d+)", err)
+    done = re.search(r"done: v(\d+) digest ([0-9a-f]{32})", out)
+    assert resumed and done and int(done.group(1)) == int(resumed.group(1)) + 8
+    for name in ("a", "b"):
+        s = Site(SiteConfig(log=KAFKA_URL, run=run, site=name, state_dir=str(tmp_path / name),
+                            until_version=int(done.group(1)), export_adapters=False))
+        s.run(progress=False)
+        assert s.follower.replica.digest.hex() == done.group(2)

@@ -1,0 +1,29 @@
+"""The two things a newcomer runs first: the demo, and a benchmark's JSON."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_ends_with_every_site_at_the_trainer_digest():
+    r = subprocess.run([sys.executable, "-m", "hilo.ops.cli", "demo", "--json", "--steps", "30"], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert s["versions"] == 30 and len(s["sites"]) == 3 and s["ok"] is True
+    assert {x["digest"] for x in s["sites"]} == {s["trainer_digest"]}
+    assert any("SIGKILLed site-2" in e for e in s["events"])
+    assert s["bytes_per_step"] <= 0.016 * s["adapter_bytes"]
+
+
+def test_bench_codecs_json_has_the_documented_keys(capsys):
+    from hilo.ops.cli import main
+    assert main(["bench", "codecs", "--shapes", "tiny", "--optimizers", "adamw", "--steps", "1", "--budget", "20%", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["codec"] for r in rows] == ["dense", "topk", "powersgd", "spar"]
+    for r in rows:
+        assert {"codec", "optimizer", "shape", "bytes", "fraction_of_adapter", "encode_ms", "apply_ms", "rel_error"} <= set(r)
+    dense, spar = rows[0], rows[3]
+    assert dense["rel_error"] == 0 and spar["bytes"] < dense["bytes"] and 0 < spar["rel_error"] < 1
