@@ -112,6 +112,11 @@ def cmd_bench_codecs(a):
     return 0
 
 
+def cmd_bench_quality(a):
+    from hilo.ops.bench.quality import main as quality
+    return quality(a.quick, a.json, a.out, a.steps, a.seeds)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     ap = argparse.ArgumentParser(prog="hilo", description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
@@ -188,6 +193,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=_budget, default="1.6%", help="default: %(default)s")
     b.add_argument("--json", action="store_true", help="print a JSON list of rows")
     b.set_defaults(fn=cmd_bench_codecs)
+    q = bsub.add_parser("quality", help="on-policy distillation and RL: pass@1/pass@4 per optimizer x sync method")
+    q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
+    q.add_argument("--steps", type=int, help="training steps per run (default: 8 quick, 40 full)")
+    q.add_argument("--seeds", type=int, help="seeds per cell (default: 1 quick, 3 full)")
+    q.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/quality-TIME)")
+    q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
+    q.set_defaults(fn=cmd_bench_quality)
     return ap
 
 

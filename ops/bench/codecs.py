@@ -64,8 +64,13 @@ def run(shapes, codecs, optimizers, steps, budget):
     """All rows, with a progress bar on stderr."""
     combos = [(s, c, o) for s in shapes for c in codecs for o in optimizers]
     rows = []
-    for s, c, o in tqdm(combos, desc="bench codecs", file=sys.stderr, disable=None):
+    tty = sys.stderr.isatty()
+    for n, (s, c, o) in enumerate(tqdm(combos, desc="bench codecs", file=sys.stderr, disable=not tty)):
         rows.append(bench_one(s, c, o, steps, budget))
+        if not tty:  # a log file still shows progress
+            r = rows[-1]
+            print(f"bench codecs [{n + 1}/{len(combos)}] {s} {c} {o}: {r['bytes']:,} B, encode {r['encode_ms']:.0f} ms, "
+                  f"apply {r['apply_ms']:.0f} ms", file=sys.stderr, flush=True)
     return rows
 
 

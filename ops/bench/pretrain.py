@@ -1,0 +1,112 @@
+"""Student and teacher for the quality benchmark: tiny Qwen3 models pretrained on 2-digit addition.
+
+    python -m hilo.ops.bench.pretrain     # builds (or finds) both, prints their held-out accuracy
+
+Deterministic (seeded data, seeded init, one torch thread while training) and cached under
+$HILO_CACHE/models (default ~/.cache/hilo-sync/models); a run rebuilds only what is missing. The teacher
+is the same architecture trained 8x longer, so it is clearly better at the task than the student.
+"""
+import hashlib
+import json
+import os
+import pathlib
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hilo.producer.tiny_trainer import PAD, STOI, build_base
+
+PROMPT_LEN, ANSWER_LEN = 6, 4  # "ab+cd=" then "sss;"
+VERSION = 1                    # bump to invalidate cached models when this script changes
+
+
+@dataclass(frozen=True)
+class PretrainSpec:
+    """How one base model is made."""
+
+    name: str
+    hidden: int = 256
+    layers: int = 4
+    steps: int = 250
+    lr: float = 1e-3
+    batch: int = 64
+    seed: int = 0
+
+
+STUDENT = PretrainSpec("student", steps=250, seed=1)
+TEACHER = PretrainSpec("teacher", steps=2000, seed=2)
+
+
+def split_of(a: int, b: int) -> str:
+    """train (80% of pairs), val (10%) or test (10%); pretraining and on-policy training see train only."""
+    h = (a * 7 + b * 13) % 10
+    return "val" if h == 0 else "test" if h == 5 else "train"
+
+
+def pairs(split: str) -> torch.Tensor:
+    """All (a, b) with 0 <= a, b < 100 in `split`, shape (n, 2)."""
+    return torch.tensor([(a, b) for a in range(100) for b in range(100) if split_of(a, b) == split])
+
+
+def encode(ab: torch.Tensor) -> tuple:
+    """(prompts (n, 6), answers (n, 4)) token ids for pairs (n, 2)."""
+    rows = [f"{a:02d}+{b:02d}={a + b:03d};" for a, b in ab.tolist()]
+    ids = torch.tensor([[STOI[c] for c in r] for r in rows])
+    return ids[:, :PROMPT_LEN], ids[:, PROMPT_LEN:]
+
+
+def _cache_path(spec: PretrainSpec) -> pathlib.Path:
+    root = pathlib.Path(os.environ.get("HILO_CACHE", pathlib.Path.home() / ".cache/hilo-sync")) / "models"
+    key = hashlib.sha256(json.dumps(asdict(spec) | {"v": VERSION}, sort_keys=True).encode()).hexdigest()[:12]
+    return root / f"{spec.name}-{key}.pt"
+
+
+def pretrained(spec: PretrainSpec, log=print):
+    """The base model of `spec`, from the cache or trained now (full fine-tune, AdamW, answer-only loss)."""
+    model = build_base(spec.seed, spec.hidden, spec.layers)
+    path = _cache_path(spec)
+    if path.exists():
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model.eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thread-count-independent results, so every machine caches the same model
+    try:
+        gen = torch.Generator().manual_seed(spec.seed)
+        train = pairs("train")
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+        model.train()
+        for step in range(spec.steps):
+            prompt, answer = encode(train[torch.randint(len(train), (spec.batch,), generator=gen)])
+            ids = torch.cat([prompt, answer], 1)
+            labels = ids.clone()
+            labels[:, :PROMPT_LEN] = -100
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if (step + 1) % 250 == 0:
+                log(f"pretrain {spec.name}: step {step + 1}/{spec.steps} loss {loss.item():.3f}")
+    finally:
+        torch.set_num_threads(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)
+    return model.eval()
+
+
+@torch.no_grad()
+def greedy_accuracy(model, split: str = "test") -> float:
+    """Exact-match accuracy of greedy decoding on a split."""
+    prompt, answer = encode(pairs(split))
+    ids = prompt
+    for _ in range(ANSWER_LEN):
+        nxt = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], 1)
+    return float((ids[:, PROMPT_LEN:] == answer).all(1).float().mean())
+
+
+if __name__ == "__main__":
+    for s in (STUDENT, TEACHER):
+        m = pretrained(s)
+        print(f"{s.name}: greedy test accuracy {greedy_accuracy(m):.3f} ({_cache_path(s)})")

@@ -1,0 +1,41 @@
+"""The quality benchmark's smoke run (what `hilo bench quality --quick` does) and its measuring parts."""
+import json
+
+import pytest
+import torch
+
+from hilo.ops.bench.onpolicy import lossless_delta_bytes, reverse_kl
+
+
+def test_reverse_kl_is_zero_only_for_equal_distributions():
+    a = torch.randn(3, 4, 14)
+    assert torch.allclose(reverse_kl(a, a + 5.0), torch.zeros(3, 4), atol=1e-6)  # softmax is shift-invariant
+    assert (reverse_kl(a, torch.randn(3, 4, 14)) > 0).all()
+
+
+def test_lossless_delta_counts_changed_bf16_elements():
+    old = [torch.zeros(64, 64), torch.zeros(10)]
+    same = lossless_delta_bytes(old, [t.clone() for t in old])
+    changed = [old[0].clone(), old[1].clone()]
+    changed[0].view(-1)[torch.randperm(4096, generator=torch.Generator().manual_seed(0))[:500]] = torch.randn(500)
+    assert lossless_delta_bytes(old, changed) > same + 500  # 500 values of 2 bytes cannot compress to nothing
+
+
+@pytest.mark.slow
+def test_quick_quality_run(tmp_path, capsys):
+    from hilo.ops.bench.quality import main
+    assert main(quick=True, as_json=True, out_dir=str(tmp_path)) == 0
+    res = json.loads(capsys.readouterr().out)
+    cells = res["cells"]
+    assert {(c["task"], c["sync"]) for c in cells} == {(t, s) for t in ("distill", "rl") for s in ("full", "spar")}
+    assert {c["optimizer"] for c in cells} == {"adamw", "muon", "lion", "sgd"}
+    for c in cells:
+        assert {"task", "optimizer", "sync", "seeds", "pass1_mean", "pass4_mean", "pass4_std", "bytes_per_step",
+                "fraction_of_adapter"} <= set(c)
+        assert c["rollout_digest_equal_versions"] == [c["steps"]] * c["seeds"]  # rollout replica == trainer, every version
+        assert 0 <= c["pass1_mean"] <= c["pass4_mean"] <= 1
+        if c["sync"] == "spar":
+            assert c["fraction_of_adapter"] <= 0.016
+    assert res["lossless_delta_bytes_per_step"] > 17 * max(c["bytes_per_step"] for c in cells if c["sync"] == "spar")
+    for p in res["plots"]:
+        assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
