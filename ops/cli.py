@@ -117,6 +117,11 @@ def cmd_bench_quality(a):
     return quality(a.quick, a.json, a.out, a.steps, a.seeds)
 
 
+def cmd_bench_wan(a):
+    from hilo.ops.bench.wan import main as wan
+    return wan(a.json, a.steps, a.compute_s, a.links, a.sites, a.out, a.shape)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     ap = argparse.ArgumentParser(prog="hilo", description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
@@ -200,6 +205,16 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/quality-TIME)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
     q.set_defaults(fn=cmd_bench_quality)
+    w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
+    w.add_argument("--steps", type=int, default=2, help="messages per method and config (default: %(default)s)")
+    w.add_argument("--compute-s", type=float, default=8.0,
+                   help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
+    w.add_argument("--links", default="100,1000", help="link rates in Mbit/s (default: %(default)s)")
+    w.add_argument("--sites", default="1,4", help="site counts (default: %(default)s)")
+    w.add_argument("--shape", default="qwen3-1.7b", help="adapter shape: qwen3-1.7b, qwen3-0.6b, tiny (default: %(default)s)")
+    w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
+    w.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
+    w.set_defaults(fn=cmd_bench_wan)
     return ap
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 
+from hilo.ops.bench.baselines import lossless_delta_payload
 from hilo.ops.bench.pretrain import ANSWER_LEN, PROMPT_LEN, encode, pairs
 from hilo.producer.lora_params import lora_parameters
 from hilo.producer.update_builder import UpdateBuilder
@@ -83,13 +83,8 @@ def loss_fn(cfg, model, teacher, ids, answers):
 
 
 def lossless_delta_bytes(old: list, new: list) -> int:
-    """What a lossless adapter-delta codec sends: changed bf16 elements as delta-coded uint32 indices + bf16 values, zstd."""
-    o = torch.cat([t.reshape(-1) for t in old]).to(torch.bfloat16)
-    n = torch.cat([t.reshape(-1) for t in new]).to(torch.bfloat16)
-    idx = torch.nonzero(o.view(torch.int16) != n.view(torch.int16)).view(-1)
-    deltas = torch.diff(idx, prepend=torch.zeros(1, dtype=idx.dtype)).to(torch.int32).numpy().astype("<u4").tobytes()
-    vals = n[idx].view(torch.int16).numpy().astype("<i2").tobytes()
-    return len(zstandard.ZstdCompressor(level=3).compress(deltas + vals))
+    """What a lossless adapter-delta codec sends for this step (baselines.lossless_delta_payload)."""
+    return len(lossless_delta_payload(old, new))
 
 
 @torch.no_grad()

@@ -39,3 +39,12 @@ def test_quick_quality_run(tmp_path, capsys):
     assert res["lossless_delta_bytes_per_step"] > 17 * max(c["bytes_per_step"] for c in cells if c["sync"] == "spar")
     for p in res["plots"]:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lossless_delta_reconstructs_exactly():
+    from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, lossless_delta_payload
+    gen = torch.Generator().manual_seed(1)
+    old = [torch.randn(32, 16, generator=gen), torch.randn(8, 32, generator=gen)]
+    new = [t + (torch.rand(t.shape, generator=gen) < 0.3) * torch.randn(t.shape, generator=gen) for t in old]
+    got = apply_lossless_delta(bf16_flat(old), lossless_delta_payload(old, new))
+    assert torch.equal(got.view(torch.int16), bf16_flat(new).view(torch.int16))
