@@ -19,8 +19,8 @@ from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretraine
 
 OPTIMIZERS = ("adamw", "muon", "lion", "sgd")
 TASKS = ("distill", "rl")
-LR_GRID = {"adamw": (3e-4, 1e-3, 3e-3), "muon": (3e-3, 1e-2, 3e-2), "lion": (3e-5, 1e-4, 3e-4), "sgd": (0.1, 0.3, 1.0)}
-DEFAULT_LR = {"adamw": 1e-3, "muon": 1e-2, "lion": 1e-4, "sgd": 0.3}
+LR_GRID = {"adamw": (3e-4, 1e-3, 3e-3), "muon": (1e-3, 3e-3, 1e-2), "lion": (3e-5, 1e-4, 3e-4), "sgd": (0.01, 0.03, 0.1)}
+DEFAULT_LR = {"adamw": 1e-3, "muon": 3e-3, "lion": 1e-4, "sgd": 0.03}
 
 
 def _say(*a):
