@@ -17,7 +17,7 @@ import torch
 
 from hilo.consumer.follower import Follower, bootstrap_from_log
 from hilo.ops.log import checkpoints_topic, open_log, updates_topic
-from hilo.ops.log.tail import last_message
+from hilo.ops.log.tail import head, last_message
 from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
@@ -142,11 +142,22 @@ class HiLoProducer:
         t0 = time.perf_counter()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         h = self.config.hparams | hparams
+        r, enc = self.replica, self.builder.encoder
+        before = (r.state, r.digest, enc.residual)
         msg = self.builder.build(grads, h, meta)
         data = msg.to_bytes()
+        extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
+        try:
+            offsets = self.log.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
+        except Exception:
+            # The broker may have stored the message even though we saw an error: the log decides.
+            h_ = head(self.log, self.updates, self.config.run) or {}
+            if h_.get("hilo-version") != str(msg.version) or h_.get("hilo-digest") != msg.digest.hex():
+                r.state, r.digest, enc.residual = before  # not published: as if this step never ran
+                r.recent.pop(msg.version, None)
+                raise
+            offsets = [self.log.end_offset(self.updates) - 1]
         self.log_bytes += len(data)
-        extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes)}
-        offsets = self.log.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
         self.next_offset = offsets[-1] + 1
         self._write_back()
         for p in self.params:
