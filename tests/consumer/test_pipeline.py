@@ -79,6 +79,11 @@ def test_late_site_bootstraps_from_newest_checkpoint(log_url, tmp_path):
     assert s.follower.replica.version == 50  # did not replay from genesis
     s.run(progress=False)
     assert s.follower.replica.digest == producer.replica.digest
+    # --from-version ignores the snapshot and replays from the newest checkpoint at or before it.
+    again = site(log_url, run, tmp_path, until_version=55, export_adapters=False, from_version=47)
+    assert again.follower.replica.version == 40
+    again.run(progress=False)
+    assert again.follower.replica.digest == producer.replica.digest
     producer.close()
 
 

@@ -82,3 +82,19 @@ def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp
                             until_version=int(done.group(1)), export_adapters=False))
         s.run(progress=False)
         assert s.follower.replica.digest.hex() == done.group(2)
+
+
+@pytest.mark.parametrize("log_kind", ["file"])
+def test_sigterm_stops_between_versions_and_saves_the_position(tmp_path, log_kind):
+    url, run = f"file://{tmp_path}/log", new_run("term")
+    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=url))
+    publish_random(producer, 5)
+    p = _hilo("consume", "--log", url, "--run", run, "--site", "t", "--state-dir", str(tmp_path / "t"), "--no-progress",
+              "--snapshot-every", "1000")
+    _wait_for_line(p, r"site t: v5 ")  # caught up, now idle-following
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and f"t: v5 digest {producer.replica.digest.hex()}" in out
+    import json
+    pos = json.loads((tmp_path / "t" / "snapshot" / "position.json").read_text())
+    assert (pos["version"], pos["next_offset"]) == (5, 5)
