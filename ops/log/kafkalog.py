@@ -67,7 +67,7 @@ class KafkaLog(Log):
                                     "min.insync.replicas": str(max(1, replication - 1)),
                                     "max.message.bytes": str(max(1 << 20, self.chunk_bytes + (64 << 10)))}}}
             try:
-                self.admin.create_topics(spec, timeout_ms=self.timeout_ms)
+                self.admin.create_topics(spec, timeout_ms=self.timeout_ms, wait_for_metadata=True)
                 created.append(t)
             except TopicAlreadyExistsError:
                 pass
