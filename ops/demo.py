@@ -15,7 +15,6 @@ import sys
 import tempfile
 import time
 
-from hilo.consumer.follower import bootstrap_from_log  # noqa: F401  (documents where sites start)
 from hilo.ops.lag import format_rows, lag_rows
 from hilo.ops.log import open_log
 from hilo.producer.producer import HiLoProducer, ProducerConfig

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
-from hilo.replica.codecs import Budget, decode, make_encoder
+from hilo.replica.codecs import decode, make_encoder
 from hilo.replica.replica import PolicyReplica
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-4, "lion": 1e-5, "muon": 0.02}

@@ -38,16 +38,20 @@ def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path
     run = new_run("kill")
     producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32),
                             ProducerConfig(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
-    publish_random(producer, 6)
+    publish_random(producer, 2)
     state = str(tmp_path / "victim")
     log = open_log(KAFKA_URL)
     behind_at_kill = 0
     for round_ in range(20):
-        publish_random(producer, 3, seed=round_)  # always work to do: the kill lands mid-fetch/apply/snapshot
-        p = _hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "victim", "--state-dir", state,
+        before = producer.version
+        publish_random(producer, 6, seed=round_)
+        # Kill right after a random version inside this round's work (the site replays to it from its last
+        # snapshot), plus a random slice of time: the kill lands mid-fetch, mid-apply, mid-export or mid-snapshot.
+        target = rng.randint(before + 1, producer.version - 3)
+        p = _hilo("--log-level", "DEBUG", "consume", "--log", KAFKA_URL, "--run", run, "--site", "victim", "--state-dir", state,
                   "--snapshot-every", "2", "--until-version", str(producer.version), "--no-progress")
-        _wait_for_line(p, "bootstrapped")
-        time.sleep(rng.uniform(0.0, 1.2))  # fault injection at a random instant, not synchronisation
+        _wait_for_line(p, f"site victim: applied v{target} ")
+        time.sleep(rng.uniform(0.0, 0.1))  # fault injection at a random instant, not synchronisation
         p.send_signal(signal.SIGKILL)
         p.wait()
         rows = [r for r in lag_rows(log, run) if r["site"] == "victim"]
