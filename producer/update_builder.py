@@ -32,12 +32,12 @@ class UpdateBuilder:
         h = self.optimizer.defaults() | (hparams or {})
         h = self.optimizer.check_hparams({k: float(v) for k, v in h.items()}, "UpdateBuilder.build")
         t0 = time.perf_counter()
-        blocks, params, _ = self.encoder.encode([g.detach().to("cpu", torch.float32) for g in grads])
+        blocks, params, decoded = self.encoder.encode([g.detach().to("cpu", torch.float32) for g in grads])
         t1 = time.perf_counter()
         r = self.replica
         msg = UpdateMessage(r.run, r.version + 1, r.digest, b"\0" * 16, r.manifest.manifest_id, self.encoder.name,
                             params, self.optimizer.name, h, blocks, dict(meta or {}))
-        state = r.compute(msg, f"trainer v{msg.version}")
+        state = r.compute(msg, f"trainer v{msg.version}", decoded)
         msg.digest = state.digest()
         r.commit(state, msg.digest)
         self.timing = {"encode": t1 - t0, "apply": time.perf_counter() - t1}

@@ -43,7 +43,7 @@ class PolicyReplica:
 
     def checkpoint(self) -> Checkpoint:
         """The full state as a checkpoint record."""
-        return self.state.to_checkpoint(self.run)
+        return self.state.to_checkpoint(self.run, self.digest)
 
     @property
     def version(self) -> int:
@@ -77,15 +77,19 @@ class PolicyReplica:
             raise ChainError(f"{what}: fork: version {msg.version} starts from {msg.parent_digest.hex()}, replica v{self.version} is {self.digest.hex()}")
         return "apply"
 
-    def compute(self, msg: UpdateMessage, what: str) -> ReplicaState:
-        """The state `msg` leads to, in new buffers; the replica itself is not touched."""
+    def compute(self, msg: UpdateMessage, what: str, decoded: list | None = None) -> ReplicaState:
+        """The state `msg` leads to, in new buffers; the replica itself is not touched.
+
+        `decoded`: the gradients `decode` already produced from exactly these blocks (the trainer's encoder
+        decodes its own message for error feedback); passing them skips decoding twice.
+        """
         if msg.manifest_id != self.manifest.manifest_id:
             raise MalformedMessage(f"{what}: manifest id {msg.manifest_id.hex()} != replica's {self.manifest.manifest_id.hex()}")
         if msg.optimizer != self.state.optimizer:
             raise MalformedMessage(f"{what}: optimizer {msg.optimizer!r}, this replica's state is for {self.state.optimizer!r}")
         opt = get_optimizer(msg.optimizer, what)
         hparams = opt.check_hparams(msg.hparams, what)
-        grads = decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
+        grads = decoded if decoded is not None else decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
         s = self.state
         params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams)
         return ReplicaState(s.manifest, s.optimizer, msg.version, params, slots, scalars)
