@@ -114,7 +114,7 @@ def cmd_bench_codecs(a):
 
 def cmd_bench_quality(a):
     from hilo.ops.bench.quality import main as quality
-    return quality(a.quick, a.json, a.out, a.steps, a.seeds)
+    return quality(a.quick, a.json, a.out, a.steps, a.seeds, a.workers)
 
 
 def cmd_bench_wan(a):
@@ -202,7 +202,9 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
     q.add_argument("--steps", type=int, help="training steps per run (default: 8 quick, 40 full)")
     q.add_argument("--seeds", type=int, help="seeds per cell (default: 1 quick, 3 full)")
-    q.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/quality-TIME)")
+    q.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default: %(default)s)")
+    q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
+                   "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
     q.set_defaults(fn=cmd_bench_quality)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")

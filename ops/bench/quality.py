@@ -4,87 +4,150 @@
     hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x 5 syncs x 3 seeds
 
 Learning rates are tuned per task and optimizer on full sync only (seed 0, val split), then kept for every
-sync method. Results: DIR/quality.json, DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
+sync method. Runs go to a pool of --workers processes (one torch thread each); every finished run is saved
+under DIR/runs/, so rerunning with the same --out resumes an interrupted sweep. Results: DIR/quality.json,
+DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
 """
+import hashlib
 import json
+import multiprocessing as mp
 import os
 import pathlib
 import statistics
 import sys
 import time
-from dataclasses import replace
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, replace
 
-from hilo.ops.bench.onpolicy import SYNCS, RunConfig, run
+import torch
+
+from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
 from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained
+from hilo.schemas.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "muon", "lion", "sgd")
 TASKS = ("distill", "rl")
 LR_GRID = {"adamw": (3e-4, 1e-3, 3e-3), "muon": (1e-3, 3e-3, 1e-2), "lion": (3e-5, 1e-4, 3e-4), "sgd": (0.01, 0.03, 0.1)}
 DEFAULT_LR = {"adamw": 1e-3, "muon": 3e-3, "lion": 1e-4, "sgd": 0.03}
+STEPS, QUICK_STEPS = 40, 8
+QUICK_EVAL_SAMPLES = 4  # the smoke run's held-out samples per problem (the sweep uses RunConfig.eval_samples)
+RUN_VERSION = 2  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
 
 
 def _say(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def sweep(quick: bool, steps: int | None, seeds: int | None, tasks=TASKS, optimizers=OPTIMIZERS, syncs=SYNCS) -> dict:
-    """Run the sweep; returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}."""
+_MODELS = None  # (student, teacher) of this worker process
+
+
+def _worker_init():
+    """One torch thread per worker: tiny models scale better across processes than across threads."""
+    global _MODELS
+    torch.set_num_threads(1)
+    _MODELS = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
+
+
+def _run_file(runs: pathlib.Path, cfg: RunConfig) -> pathlib.Path:
+    key = hashlib.sha256(json.dumps(asdict(cfg) | {"v": RUN_VERSION}, sort_keys=True).encode()).hexdigest()[:10]
+    return runs / f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}.json"
+
+
+def _run_to_file(cfg: RunConfig, path: str) -> dict:
+    """Worker body: one run, written atomically so an interrupted sweep resumes without redoing it."""
+    res = run(cfg, *_MODELS)
+    tmp = f"{path}.tmp{os.getpid()}"
+    pathlib.Path(tmp).write_text(json.dumps(res))
+    os.replace(tmp, path)
+    return res
+
+
+def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str) -> list:
+    """Results of `cfgs` in order: read from `runs/` where a finished run is saved, the rest computed in a pool."""
+    runs.mkdir(parents=True, exist_ok=True)
+    paths = [_run_file(runs, c) for c in cfgs]
+    results = {i: json.loads(p.read_text()) for i, p in enumerate(paths) if p.exists()}
+    todo = [i for i in range(len(cfgs)) if i not in results]
+    if results:
+        _say(f"quality: {label}: {len(results)} of {len(cfgs)} runs already in {runs}")
+    t0 = time.time()
+    with ProcessPoolExecutor(min(workers, len(todo)) or 1, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+        futures = {pool.submit(_run_to_file, cfgs[i], str(paths[i])): i for i in todo}
+        for n, fut in enumerate(as_completed(futures), 1):
+            i = futures[fut]
+            results[i] = fut.result()
+            c, el = cfgs[i], time.time() - t0
+            _say(f"  {label} [{n}/{len(todo)}] {c.task}/{c.optimizer}/{c.sync} lr={c.lr:g} seed={c.seed}: "
+                 f"pass@4 {results[i]['pass4']:.3f} ({el / 60:.1f} min, ~{el / n * (len(todo) - n) / 60:.0f} min left)")
+    return [results[i] for i in range(len(cfgs))]
+
+
+def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, workers: int = 2,
+          tasks=TASKS, optimizers=OPTIMIZERS, syncs=SYNCS) -> dict:
+    """Run the sweep (resuming from out/runs/); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}."""
+    if workers < 1:
+        raise ConfigError(f"quality: workers must be >= 1, got {workers}")
     t0 = time.time()
     student, teacher = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
-    base = {"student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher)}
+    base = {"student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
+            # where every run starts: the student before any on-policy step, scored exactly like a run's end
+            "untrained": evaluate(student, teacher, "test", RunConfig.group, QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples,
+                                  torch.Generator().manual_seed(99))}
     _say(f"quality: student greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
-    steps = steps or (8 if quick else 40)
+    steps = steps or (QUICK_STEPS if quick else STEPS)
     seeds = seeds or (1 if quick else 3)
     syncs = ("full", "spar") if quick else syncs
-    lrs = {}
-    for task in tasks:
-        for opt in optimizers:
-            if quick:
-                lrs[(task, opt)] = DEFAULT_LR[opt]
-                continue
-            scores = {}
-            for lr in LR_GRID[opt]:
-                r = run(RunConfig(task, opt, "full", lr, seed=0, steps=steps, eval_split="val"), student, teacher)
-                scores[lr] = r["pass4"]
-                _say(f"  tune {task}/{opt} lr={lr:g}: val pass@4 {r['pass4']:.3f}")
-            lrs[(task, opt)] = max(scores, key=scores.get)
-    cells, total = [], len(tasks) * len(optimizers) * len(syncs)
-    for task in tasks:
-        for opt in optimizers:
-            for sync in syncs:
-                cfg = RunConfig(task, opt, sync, lrs[(task, opt)], steps=steps)
-                runs = [run(replace(cfg, seed=s), student, teacher) for s in range(seeds)]
-                p1, p4 = [r["pass1"] for r in runs], [r["pass4"] for r in runs]
-                cell = {
-                    "task": task, "optimizer": opt, "sync": sync, "lr": cfg.lr, "seeds": seeds, "steps": steps,
-                    "pass1_mean": statistics.mean(p1), "pass1_std": statistics.pstdev(p1),
-                    "pass4_mean": statistics.mean(p4), "pass4_std": statistics.pstdev(p4),
-                    "bytes_per_step": statistics.mean(r["bytes_per_step"] for r in runs),
-                    "adapter_bytes": runs[0]["adapter_bytes"],
-                    "lossless_delta_bytes_per_step": runs[0]["lossless_delta_bytes_per_step"] and
-                    statistics.mean(r["lossless_delta_bytes_per_step"] for r in runs),
-                    "rollout_digest_equal_versions": [r["rollout_digest_equal_versions"] for r in runs],
-                    "curve": [statistics.mean(c) for c in zip(*(r["curve"] for r in runs))],
-                }
-                cell["fraction_of_adapter"] = cell["bytes_per_step"] / cell["adapter_bytes"]
-                cells.append(cell)
-                _say(f"  [{len(cells)}/{total}] {task}/{opt}/{sync}: pass@4 {cell['pass4_mean']:.3f} +- {cell['pass4_std']:.3f}, "
-                     f"{cell['bytes_per_step']:,.0f} B/step ({100 * cell['fraction_of_adapter']:.2f}%)")
+    evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
+    runs = out / "runs"
+    lrs = {(t, o): DEFAULT_LR[o] for t in tasks for o in optimizers}
+    if not quick:
+        grid = [RunConfig(t, o, "full", lr, seed=0, steps=steps, eval_split="val", eval_samples=evals)
+                for t in tasks for o in optimizers for lr in LR_GRID[o]]
+        scores = {}
+        for c, r in zip(grid, run_all(grid, runs, workers, "tune")):
+            scores.setdefault((c.task, c.optimizer), {})[c.lr] = r["pass4"]
+        lrs = {key: max(s, key=s.get) for key, s in scores.items()}
+        _say("quality: tuned learning rates " + ", ".join(f"{t}/{o}={lr:g}" for (t, o), lr in lrs.items()))
+    cellcfgs = [RunConfig(t, o, s, lrs[(t, o)], steps=steps, eval_samples=evals) for t in tasks for o in optimizers for s in syncs]
+    flat = [replace(c, seed=i) for c in cellcfgs for i in range(seeds)]
+    results = run_all(flat, runs, workers, "sweep")
+    cells = []
+    for j, cfg in enumerate(cellcfgs):
+        rs = results[j * seeds:(j + 1) * seeds]
+        p1, p4 = [r["pass1"] for r in rs], [r["pass4"] for r in rs]
+        cell = {
+            "task": cfg.task, "optimizer": cfg.optimizer, "sync": cfg.sync, "lr": cfg.lr, "seeds": seeds, "steps": steps,
+            "pass1_mean": statistics.mean(p1), "pass1_std": statistics.pstdev(p1),
+            "pass4_mean": statistics.mean(p4), "pass4_std": statistics.pstdev(p4),
+            "kl_mean": statistics.mean(r["kl"] for r in rs), "kl_std": statistics.pstdev(r["kl"] for r in rs),
+            "bytes_per_step": statistics.mean(r["bytes_per_step"] for r in rs),
+            "adapter_bytes": rs[0]["adapter_bytes"],
+            "lossless_delta_bytes_per_step": rs[0]["lossless_delta_bytes_per_step"] and
+            statistics.mean(r["lossless_delta_bytes_per_step"] for r in rs),
+            "rollout_digest_equal_versions": [r["rollout_digest_equal_versions"] for r in rs],
+            "curve": [statistics.mean(c) for c in zip(*(r["curve"] for r in rs))],
+        }
+        cell["fraction_of_adapter"] = cell["bytes_per_step"] / cell["adapter_bytes"]
+        cells.append(cell)
     lossless = [c["lossless_delta_bytes_per_step"] for c in cells if c["lossless_delta_bytes_per_step"]]
     return {"cells": cells, "lossless_delta_bytes_per_step": statistics.mean(lossless) if lossless else None,
             "quick": quick, "seconds": round(time.time() - t0, 1), **base}
 
 
 def table(res: dict) -> str:
-    """Markdown table of the cells, with the distance to full sync."""
-    full = {(c["task"], c["optimizer"]): c["pass4_mean"] for c in res["cells"] if c["sync"] == "full"}
-    out = ["| task | optimizer | sync | lr | pass@1 | pass@4 | vs full | bytes/step | % adapter |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    """Markdown table of the cells, with the distance to full sync (pass@4 in points, held-out KL as a ratio)."""
+    full = {(c["task"], c["optimizer"]): c for c in res["cells"] if c["sync"] == "full"}
+    u = res["untrained"]
+    out = [f"untrained student (every run's start): pass@1 {u['pass1']:.3f}, pass@4 {u['pass4']:.3f}, held-out KL {u['kl']:.3f}\n",
+           "| task | optimizer | sync | lr | pass@1 | pass@4 | vs full | held-out KL | KL / full | bytes/step | % adapter |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in res["cells"]:
-        d = c["pass4_mean"] - full.get((c["task"], c["optimizer"]), float("nan"))
+        f = full.get((c["task"], c["optimizer"]))
+        d = c["pass4_mean"] - f["pass4_mean"] if f else float("nan")
+        kr = c["kl_mean"] / f["kl_mean"] if f else float("nan")
         out.append(f"| {c['task']} | {c['optimizer']} | {c['sync']} | {c['lr']:g} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
-                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {100 * d:+.1f} | {c['bytes_per_step']:,.0f} | "
-                   f"{100 * c['fraction_of_adapter']:.2f} |")
+                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {100 * d:+.1f} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
+                   f"{kr:.2f} | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} |")
     if res["lossless_delta_bytes_per_step"]:
         spar = [c["bytes_per_step"] for c in res["cells"] if c["sync"] == "spar"]
         ratio = res["lossless_delta_bytes_per_step"] / statistics.mean(spar) if spar else float("nan")
@@ -134,12 +197,12 @@ def plots(res: dict, out: pathlib.Path) -> list:
     return [str(p1), str(p2)]
 
 
-def main(quick: bool, as_json: bool, out_dir: str | None, steps=None, seeds=None) -> int:
+def main(quick: bool, as_json: bool, out_dir: str | None, steps=None, seeds=None, workers: int = 2) -> int:
     """Run, write JSON + plots, print the table (or the JSON)."""
     out = pathlib.Path(out_dir or os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")),
                                                "bench", f"quality-{'quick-' if quick else ''}{int(time.time())}"))
     out.mkdir(parents=True, exist_ok=True)
-    res = sweep(quick, steps, seeds)
+    res = sweep(quick, steps, seeds, out, workers)
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")

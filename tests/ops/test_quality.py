@@ -1,10 +1,20 @@
 """The quality benchmark's smoke run (what `hilo bench quality --quick` does) and its measuring parts."""
+import itertools
 import json
 
 import pytest
 import torch
 
-from hilo.ops.bench.onpolicy import lossless_delta_bytes, reverse_kl
+from hilo.ops.bench.onpolicy import lossless_delta_bytes, pass_at_k, reverse_kl
+
+
+def test_pass_at_k_is_the_chance_that_k_of_n_samples_hold_a_correct_one():
+    correct = torch.tensor([[1, 0, 0, 0, 0, 1, 0, 0], [0] * 8, [1] * 8, [0, 0, 0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    for k in (1, 2, 4):
+        subsets = list(itertools.combinations(range(8), k))
+        brute = [sum(bool(row[list(c)].any()) for c in subsets) / len(subsets) for row in correct]
+        assert pass_at_k(correct, k) == pytest.approx(sum(brute) / len(brute))
+    assert pass_at_k(correct, 1) == pytest.approx(correct.float().mean().item())
 
 
 def test_reverse_kl_is_zero_only_for_equal_distributions():
@@ -39,6 +49,23 @@ def test_quick_quality_run(tmp_path, capsys):
     assert res["lossless_delta_bytes_per_step"] > 17 * max(c["bytes_per_step"] for c in cells if c["sync"] == "spar")
     for p in res["plots"]:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # 8 steps of distillation already pull the held-out reverse KL below the untrained student's
+    assert all(c["kl_mean"] < res["untrained"]["kl"] for c in cells if c["task"] == "distill")
+
+    # Rerunning into the same folder resumes: every run comes from runs/, none is recomputed
+    saved = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
+    assert len(saved) == len(cells)
+    assert main(quick=True, as_json=True, out_dir=str(tmp_path)) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()} == saved
+    assert [c["pass4_mean"] for c in again["cells"]] == [c["pass4_mean"] for c in cells]
+
+
+def test_sweep_rejects_zero_workers(tmp_path):
+    from hilo.ops.bench.quality import sweep
+    from hilo.schemas.errors import ConfigError
+    with pytest.raises(ConfigError, match="workers"):
+        sweep(quick=True, steps=1, seeds=1, out=tmp_path, workers=0)
 
 
 def test_lossless_delta_reconstructs_exactly():
