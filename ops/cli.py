@@ -114,7 +114,7 @@ def cmd_bench_codecs(a):
 
 def cmd_bench_quality(a):
     from hilo.ops.bench.quality import main as quality
-    return quality(a.quick, a.json, a.out, a.steps, a.seeds, a.workers)
+    return quality(a.quick, a.json, a.out, a.steps, a.seeds, a.workers, a.saved_only)
 
 
 def cmd_bench_wan(a):
@@ -205,6 +205,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default: %(default)s)")
     q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
                    "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
+    q.add_argument("--saved-only", action="store_true",
+                   help="compute nothing: report the runs already saved under --out (a sweep in progress or stopped)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
     q.set_defaults(fn=cmd_bench_quality)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")

@@ -5,7 +5,8 @@
 
 Learning rates are tuned per task and optimizer on full sync only (seed 0, val split), then kept for every
 sync method. Runs go to a pool of --workers processes (one torch thread each); every finished run is saved
-under DIR/runs/, so rerunning with the same --out resumes an interrupted sweep. Results: DIR/quality.json,
+under DIR/runs/, so rerunning with the same --out resumes an interrupted sweep, and --saved-only reports
+the runs saved so far without computing any. Results: DIR/quality.json,
 DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
 """
 import hashlib
@@ -62,14 +63,17 @@ def _run_to_file(cfg: RunConfig, path: str) -> dict:
     return res
 
 
-def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str) -> list:
-    """Results of `cfgs` in order: read from `runs/` where a finished run is saved, the rest computed in a pool."""
+def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str, compute: bool = True) -> list:
+    """Results of `cfgs` in order: read from `runs/` where a finished run is saved, the rest computed in a pool
+    (or None where compute is False)."""
     runs.mkdir(parents=True, exist_ok=True)
     paths = [_run_file(runs, c) for c in cfgs]
     results = {i: json.loads(p.read_text()) for i, p in enumerate(paths) if p.exists()}
     todo = [i for i in range(len(cfgs)) if i not in results]
     if results:
         _say(f"quality: {label}: {len(results)} of {len(cfgs)} runs already in {runs}")
+    if not compute:
+        return [results.get(i) for i in range(len(cfgs))]
     t0 = time.time()
     with ProcessPoolExecutor(min(workers, len(todo)) or 1, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
         futures = {pool.submit(_run_to_file, cfgs[i], str(paths[i])): i for i in todo}
@@ -82,9 +86,12 @@ def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str) -> list:
     return [results[i] for i in range(len(cfgs))]
 
 
-def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, workers: int = 2,
+def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, workers: int = 2, saved_only: bool = False,
           tasks=TASKS, optimizers=OPTIMIZERS, syncs=SYNCS) -> dict:
-    """Run the sweep (resuming from out/runs/); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}."""
+    """Run the sweep (resuming from out/runs/); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
+
+    saved_only: compute nothing, report the runs saved so far (a cell's `seeds` counts the ones it has).
+    """
     if workers < 1:
         raise ConfigError(f"quality: workers must be >= 1, got {workers}")
     t0 = time.time()
@@ -104,19 +111,26 @@ def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, 
         grid = [RunConfig(t, o, "full", lr, seed=0, steps=steps, eval_split="val", eval_samples=evals)
                 for t in tasks for o in optimizers for lr in LR_GRID[o]]
         scores = {}
-        for c, r in zip(grid, run_all(grid, runs, workers, "tune")):
+        tuned = run_all(grid, runs, workers, "tune", compute=not saved_only)
+        if None in tuned:
+            raise ConfigError(f"quality: {out} holds {len(tuned) - tuned.count(None)} of {len(tuned)} tuning runs; "
+                              "run without --saved-only to finish them")
+        for c, r in zip(grid, tuned):
             scores.setdefault((c.task, c.optimizer), {})[c.lr] = r["pass4"]
         lrs = {key: max(s, key=s.get) for key, s in scores.items()}
         _say("quality: tuned learning rates " + ", ".join(f"{t}/{o}={lr:g}" for (t, o), lr in lrs.items()))
     cellcfgs = [RunConfig(t, o, s, lrs[(t, o)], steps=steps, eval_samples=evals) for t in tasks for o in optimizers for s in syncs]
-    flat = [replace(c, seed=i) for c in cellcfgs for i in range(seeds)]
-    results = run_all(flat, runs, workers, "sweep")
+    # Seed-major order: a sweep stopped early has every cell at the same number of seeds (give or take one)
+    flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
+    results = run_all(flat, runs, workers, "sweep", compute=not saved_only)
     cells = []
     for j, cfg in enumerate(cellcfgs):
-        rs = results[j * seeds:(j + 1) * seeds]
+        rs = [r for r in results[j::len(cellcfgs)] if r is not None]
+        if not rs:
+            continue
         p1, p4 = [r["pass1"] for r in rs], [r["pass4"] for r in rs]
         cell = {
-            "task": cfg.task, "optimizer": cfg.optimizer, "sync": cfg.sync, "lr": cfg.lr, "seeds": seeds, "steps": steps,
+            "task": cfg.task, "optimizer": cfg.optimizer, "sync": cfg.sync, "lr": cfg.lr, "seeds": len(rs), "steps": steps,
             "pass1_mean": statistics.mean(p1), "pass1_std": statistics.pstdev(p1),
             "pass4_mean": statistics.mean(p4), "pass4_std": statistics.pstdev(p4),
             "kl_mean": statistics.mean(r["kl"] for r in rs), "kl_std": statistics.pstdev(r["kl"] for r in rs),
@@ -197,12 +211,13 @@ def plots(res: dict, out: pathlib.Path) -> list:
     return [str(p1), str(p2)]
 
 
-def main(quick: bool, as_json: bool, out_dir: str | None, steps=None, seeds=None, workers: int = 2) -> int:
+def main(quick: bool, as_json: bool, out_dir: str | None, steps=None, seeds=None, workers: int = 2,
+         saved_only: bool = False) -> int:
     """Run, write JSON + plots, print the table (or the JSON)."""
     out = pathlib.Path(out_dir or os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")),
                                                "bench", f"quality-{'quick-' if quick else ''}{int(time.time())}"))
     out.mkdir(parents=True, exist_ok=True)
-    res = sweep(quick, steps, seeds, out, workers)
+    res = sweep(quick, steps, seeds, out, workers, saved_only)
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")

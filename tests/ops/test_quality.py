@@ -59,6 +59,8 @@ def test_quick_quality_run(tmp_path, capsys):
     again = json.loads(capsys.readouterr().out)
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()} == saved
     assert [c["pass4_mean"] for c in again["cells"]] == [c["pass4_mean"] for c in cells]
+    assert main(quick=True, as_json=True, out_dir=str(tmp_path), saved_only=True) == 0
+    assert [c["kl_mean"] for c in json.loads(capsys.readouterr().out)["cells"]] == [c["kl_mean"] for c in cells]
 
 
 def test_sweep_rejects_zero_workers(tmp_path):
