@@ -149,19 +149,20 @@ def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, 
 
 
 def table(res: dict) -> str:
-    """Markdown table of the cells, with the distance to full sync (pass@4 in points, held-out KL as a ratio)."""
+    """Markdown table of the cells, with the distance to full sync: pass@4 in points, and the held-out KL as the share
+    of full sync's KL reduction (from the untrained student's) that the method achieved."""
     full = {(c["task"], c["optimizer"]): c for c in res["cells"] if c["sync"] == "full"}
     u = res["untrained"]
     out = [f"untrained student (every run's start): pass@1 {u['pass1']:.3f}, pass@4 {u['pass4']:.3f}, held-out KL {u['kl']:.3f}\n",
-           "| task | optimizer | sync | lr | pass@1 | pass@4 | vs full | held-out KL | KL / full | bytes/step | % adapter |",
+           "| task | optimizer | sync | lr | pass@1 | pass@4 | vs full | held-out KL | KL gain vs full | bytes/step | % adapter |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in res["cells"]:
         f = full.get((c["task"], c["optimizer"]))
         d = c["pass4_mean"] - f["pass4_mean"] if f else float("nan")
-        kr = c["kl_mean"] / f["kl_mean"] if f else float("nan")
+        kr = (u["kl"] - c["kl_mean"]) / (u["kl"] - f["kl_mean"]) if f and f["kl_mean"] != u["kl"] else float("nan")
         out.append(f"| {c['task']} | {c['optimizer']} | {c['sync']} | {c['lr']:g} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
                    f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {100 * d:+.1f} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
-                   f"{kr:.2f} | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} |")
+                   f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} |")
     if res["lossless_delta_bytes_per_step"]:
         spar = [c["bytes_per_step"] for c in res["cells"] if c["sync"] == "spar"]
         ratio = res["lossless_delta_bytes_per_step"] / statistics.mean(spar) if spar else float("nan")
