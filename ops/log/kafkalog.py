@@ -156,11 +156,12 @@ class KafkaLog(Log):
     # -- groups -------------------------------------------------------------------------------
     def commit(self, group, topic, offset, metadata):
         """Commit a group offset through the admin API (the group has no live members)."""
-        res = _retry(f"commit {group}", self.admin.alter_group_offsets, group,
-                     {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata, -1)})
-        err = next(iter(res.values()))
-        if getattr(err, "errno", 0):
-            raise LogError(f"{self.url}: committing group {group!r} at {topic}@{offset} failed: {err.__name__}")
+        def attempt():
+            res = self.admin.alter_group_offsets(group, {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata, -1)})
+            err = next(iter(res.values()))
+            if getattr(err, "errno", 0):
+                raise err()  # reported per partition, not raised: raise it so _retry retries a coordinator still loading
+        _retry(f"{self.url}: committing group {group!r} at {topic}@{offset}", attempt)
 
     def committed(self, group, topic):
         """(offset, metadata) or None."""
