@@ -95,16 +95,15 @@ def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, 
     if workers < 1:
         raise ConfigError(f"quality: workers must be >= 1, got {workers}")
     t0 = time.time()
+    evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
     student, teacher = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
     base = {"student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
-            "untrained": evaluate(student, teacher, "test", RunConfig.group, QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples,
-                                  torch.Generator().manual_seed(99))}
+            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99))}
     _say(f"quality: student greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
     steps = steps or (QUICK_STEPS if quick else STEPS)
     seeds = seeds or (1 if quick else 3)
     syncs = ("full", "spar") if quick else syncs
-    evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
     runs = out / "runs"
     lrs = {(t, o): DEFAULT_LR[o] for t in tasks for o in optimizers}
     if not quick:
