@@ -200,7 +200,7 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_bench_codecs)
     q = bsub.add_parser("quality", help="on-policy distillation and RL: pass@1/pass@4 per optimizer x sync method")
     q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
-    q.add_argument("--steps", type=int, help="training steps per run (default: 8 quick, 40 full)")
+    q.add_argument("--steps", type=int, help="training steps per run (default: 8 quick, 60 full)")
     q.add_argument("--seeds", type=int, help="seeds per cell (default: 1 quick, 3 full)")
     q.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default: %(default)s)")
     q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "

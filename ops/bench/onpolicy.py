@@ -38,7 +38,7 @@ class RunConfig:
     sync: str                 # full | spar | powersgd | topk | delta
     lr: float
     seed: int = 0
-    steps: int = 40
+    steps: int = 60
     prompts_per_step: int = 16
     group: int = 4            # samples per prompt (GRPO group; pass@k uses k = group)
     budget: float = 0.016     # fraction of the bf16 adapter, for every lossy method
