@@ -32,6 +32,14 @@ def _budget(text: str):
         raise argparse.ArgumentTypeError(f"--budget {text!r}: {e}") from None
 
 
+def _fractions(text: str) -> tuple:
+    """'1.6%,6.4%' or '0.016,0.064': budgets as fractions of the bf16 adapter (no byte counts)."""
+    out = tuple(_budget(t).fraction for t in text.split(","))
+    if None in out:
+        raise argparse.ArgumentTypeError(f"--budgets {text!r}: give fractions of the adapter (1.6% or 0.016), not bytes")
+    return out
+
+
 def cmd_demo(a):
     from hilo.ops.demo import run_demo
     return run_demo(a.log, a.steps, a.json)
@@ -113,8 +121,11 @@ def cmd_bench_codecs(a):
 
 
 def cmd_bench_quality(a):
-    from hilo.ops.bench.quality import main as quality
-    return quality(a.quick, a.json, a.out, a.steps, a.seeds, a.workers, a.saved_only)
+    from hilo.ops.bench.quality import SweepConfig, main as quality
+    lists = {k: tuple(getattr(a, k).split(",")) for k in ("tasks", "optimizers", "syncs") if getattr(a, k)}
+    cfg = SweepConfig(quick=a.quick, steps=a.steps, seeds=a.seeds, workers=a.workers, budgets=a.budgets,
+                      saved_only=a.saved_only, **lists)
+    return quality(cfg, a.json, a.out)
 
 
 def cmd_bench_wan(a):
@@ -203,6 +214,11 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--steps", type=int, help="training steps per run (default: 8 quick, 60 full)")
     q.add_argument("--seeds", type=int, help="seeds per cell (default: 1 quick, 3 full)")
     q.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default: %(default)s)")
+    q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
+    q.add_argument("--optimizers", help="comma list of adamw, muon, lion, sgd (default: all)")
+    q.add_argument("--syncs", help="comma list of full, spar, powersgd, topk, delta (default: all; quick: full,spar)")
+    q.add_argument("--budgets", type=_fractions, default="1.6%", help="comma list of per-message budgets as fractions of the bf16 "
+                   "adapter; every lossy sync runs at each (default: %(default)s)")
     q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
                    "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
     q.add_argument("--saved-only", action="store_true",

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -36,6 +36,34 @@ DEFAULT_LR = {"adamw": 1e-3, "muon": 3e-3, "lion": 1e-4, "sgd": 0.03}
 STEPS, QUICK_STEPS = 60, 8
 QUICK_EVAL_SAMPLES = 4  # the smoke run's held-out samples per problem (the sweep uses RunConfig.eval_samples)
 RUN_VERSION = 3  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What `hilo bench quality` runs. None means the default of the mode (quick or full)."""
+
+    quick: bool = False          # smoke run: {full, spar}, DEFAULT_LR (no tuning), QUICK_STEPS, 1 seed
+    steps: int | None = None     # training steps per run (default: QUICK_STEPS or STEPS)
+    seeds: int | None = None     # seeds per cell (default: 1 quick, 3 full)
+    workers: int = 2             # parallel runs, one torch thread each
+    tasks: tuple = TASKS
+    optimizers: tuple = OPTIMIZERS
+    syncs: tuple | None = None   # default: ("full", "spar") quick, every SYNCS otherwise
+    budgets: tuple = (RunConfig.budget,)  # fractions of the bf16 adapter; every lossy sync runs at each
+    saved_only: bool = False     # compute nothing: report the runs saved so far
+
+    def __post_init__(self):
+        for name, allowed in (("tasks", TASKS), ("optimizers", OPTIMIZERS), ("syncs", SYNCS)):
+            bad = [v for v in getattr(self, name) or () if v not in allowed]
+            if bad or getattr(self, name) == ():
+                raise ConfigError(f"quality: {name} {list(getattr(self, name))} must be a non-empty subset of {list(allowed)}")
+        if self.workers < 1:
+            raise ConfigError(f"quality: workers must be >= 1, got {self.workers}")
+        for name in ("steps", "seeds"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"quality: {name} must be >= 1, got {getattr(self, name)}")
+        if not self.budgets or not all(0 < b <= 4 for b in self.budgets):
+            raise ConfigError(f"quality: budgets {list(self.budgets)} must be fractions of the adapter in (0, 4]")
 
 
 def _say(*a):
@@ -89,24 +117,22 @@ def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str, compute: b
     return [results[i] for i in range(len(cfgs))]
 
 
-def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, workers: int = 2, saved_only: bool = False,
-          tasks=TASKS, optimizers=OPTIMIZERS, syncs=SYNCS) -> dict:
+def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     """Run the sweep (resuming from out/runs/); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
 
-    saved_only: compute nothing, report the runs saved so far (a cell's `seeds` counts the ones it has).
+    With saved_only, a cell's `seeds` counts the runs it has so far.
     """
-    if workers < 1:
-        raise ConfigError(f"quality: workers must be >= 1, got {workers}")
     t0 = time.time()
+    quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
     evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
     student, teacher = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
     base = {"student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
             "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99))}
     _say(f"quality: student greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
-    steps = steps or (QUICK_STEPS if quick else STEPS)
-    seeds = seeds or (1 if quick else 3)
-    syncs = ("full", "spar") if quick else syncs
+    steps = cfg.steps or (QUICK_STEPS if quick else STEPS)
+    seeds = cfg.seeds or (1 if quick else 3)
+    syncs = cfg.syncs or (("full", "spar") if quick else SYNCS)
     runs = out / "runs"
     lrs = {(t, o): DEFAULT_LR[o] for t in tasks for o in optimizers}
     tuning = []  # full-sync val scores of every grid rate (empty for --quick, which uses DEFAULT_LR)
@@ -123,18 +149,20 @@ def sweep(quick: bool, steps: int | None, seeds: int | None, out: pathlib.Path, 
             tuning.append({"task": c.task, "optimizer": c.optimizer, "lr": c.lr, "val_pass1": r["pass1"], "val_pass4": r["pass4"]})
         lrs = {key: max(s, key=s.get) for key, s in scores.items()}
         _say("quality: tuned learning rates " + ", ".join(f"{t}/{o}={lr:g}" for (t, o), lr in lrs.items()))
-    cellcfgs = [RunConfig(t, o, s, lrs[(t, o)], steps=steps, eval_samples=evals) for t in tasks for o in optimizers for s in syncs]
+    cellcfgs = [RunConfig(t, o, s, lrs[(t, o)], steps=steps, eval_samples=evals, budget=b)
+                for t in tasks for o in optimizers for s in syncs for b in (cfg.budgets if s != "full" else (RunConfig.budget,))]
     # Seed-major order: a sweep stopped early has every cell at the same number of seeds (give or take one)
     flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
     results = run_all(flat, runs, workers, "sweep", compute=not saved_only)
     cells = []
-    for j, cfg in enumerate(cellcfgs):
+    for j, rc in enumerate(cellcfgs):
         rs = [r for r in results[j::len(cellcfgs)] if r is not None]
         if not rs:
             continue
         p1, p4 = [r["pass1"] for r in rs], [r["pass4"] for r in rs]
         cell = {
-            "task": cfg.task, "optimizer": cfg.optimizer, "sync": cfg.sync, "lr": cfg.lr, "seeds": len(rs), "steps": steps,
+            "task": rc.task, "optimizer": rc.optimizer, "sync": rc.sync, "budget": None if rc.sync == "full" else rc.budget,
+            "lr": rc.lr, "seeds": len(rs), "steps": steps,
             "pass1_mean": statistics.mean(p1), "pass1_std": statistics.pstdev(p1),
             "pass4_mean": statistics.mean(p4), "pass4_std": statistics.pstdev(p4), "pass4_seeds": p4,
             "kl_mean": statistics.mean(r["kl"] for r in rs), "kl_std": statistics.pstdev(r["kl"] for r in rs),
@@ -159,6 +187,12 @@ def diff_se(a: list, b: list) -> float:
     return (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
 
 
+def label(cell: dict) -> str:
+    """The sync method, with its budget when that is not the default: "spar", "spar @6.4%"."""
+    b = cell.get("budget")
+    return cell["sync"] if b is None or b == RunConfig.budget else f"{cell['sync']} @{100 * b:g}%"
+
+
 def table(res: dict) -> str:
     """Markdown table of the cells, with the distance to full sync: pass@4 in points (+- the standard error of the
     difference over seeds), and the held-out KL as the share of full sync's KL reduction (from the untrained
@@ -174,11 +208,11 @@ def table(res: dict) -> str:
         se = diff_se(c["pass4_seeds"], f["pass4_seeds"]) if f and c is not f else float("nan")
         vs = f"{100 * d:+.1f}" + ("" if math.isnan(se) else f" +- {100 * se:.1f}")
         kr = (u["kl"] - c["kl_mean"]) / (u["kl"] - f["kl_mean"]) if f and f["kl_mean"] != u["kl"] else float("nan")
-        out.append(f"| {c['task']} | {c['optimizer']} | {c['sync']} | {c['lr']:g} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
+        out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
                    f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
                    f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} |")
     if res["lossless_delta_bytes_per_step"]:
-        spar = [c["bytes_per_step"] for c in res["cells"] if c["sync"] == "spar"]
+        spar = [c["bytes_per_step"] for c in res["cells"] if label(c) == "spar"]
         ratio = res["lossless_delta_bytes_per_step"] / statistics.mean(spar) if spar else float("nan")
         out.append(f"\nlossless adapter-delta codec on the full-sync runs: {res['lossless_delta_bytes_per_step']:,.0f} B/step "
                    f"({ratio:.1f}x Spar's bytes)")
@@ -200,6 +234,12 @@ def plots(res: dict, out: pathlib.Path) -> list:
         for c in (c for c in res["cells"] if c["task"] == task):
             ax.errorbar(c["bytes_per_step"], c["pass4_mean"], yerr=c["pass4_std"], fmt=markers[c["optimizer"]],
                         color=colors[c["sync"]], capsize=3)
+        for opt in opts:  # one line through each method's budgets (when the sweep ran several)
+            for sync in syncs:
+                pts = sorted((c["bytes_per_step"], c["pass4_mean"]) for c in res["cells"]
+                             if (c["task"], c["optimizer"], c["sync"]) == (task, opt, sync))
+                if len(pts) > 1:
+                    ax.plot(*zip(*pts), color=colors[sync], lw=0.8, alpha=0.6)
         if res["lossless_delta_bytes_per_step"]:
             ax.axvline(res["lossless_delta_bytes_per_step"], color="gray", ls="--", lw=1)
         ax.set_xscale("log")
@@ -216,7 +256,8 @@ def plots(res: dict, out: pathlib.Path) -> list:
         for j, opt in enumerate(opts):
             ax = axes[i][j]
             for c in (c for c in res["cells"] if c["task"] == task and c["optimizer"] == opt):
-                ax.plot(c["curve"], color=colors[c["sync"]], label=c["sync"], lw=1.2)
+                dashed = label(c) != c["sync"]  # a non-default budget
+                ax.plot(c["curve"], color=colors[c["sync"]], label=label(c), lw=1.2, ls="--" if dashed else "-")
             ax.set(title=f"{task} / {opt}", xlabel="step", ylabel="train sample accuracy")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -226,13 +267,12 @@ def plots(res: dict, out: pathlib.Path) -> list:
     return [str(p1), str(p2)]
 
 
-def main(quick: bool, as_json: bool, out_dir: str | None, steps=None, seeds=None, workers: int = 2,
-         saved_only: bool = False) -> int:
+def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     """Run, write JSON + plots, print the table (or the JSON)."""
     out = pathlib.Path(out_dir or os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")),
-                                               "bench", f"quality-{'quick-' if quick else ''}{int(time.time())}"))
+                                               "bench", f"quality-{'quick-' if cfg.quick else ''}{int(time.time())}"))
     out.mkdir(parents=True, exist_ok=True)
-    res = sweep(quick, steps, seeds, out, workers, saved_only)
+    res = sweep(cfg, out)
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")

@@ -33,8 +33,8 @@ def test_lossless_delta_counts_changed_bf16_elements():
 
 @pytest.mark.slow
 def test_quick_quality_run(tmp_path, capsys):
-    from hilo.ops.bench.quality import main
-    assert main(quick=True, as_json=True, out_dir=str(tmp_path)) == 0
+    from hilo.ops.bench.quality import SweepConfig, main
+    assert main(SweepConfig(quick=True), as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
     cells = res["cells"]
     assert {(c["task"], c["sync"]) for c in cells} == {(t, s) for t in ("distill", "rl") for s in ("full", "spar")}
@@ -55,19 +55,35 @@ def test_quick_quality_run(tmp_path, capsys):
     # Rerunning into the same folder resumes: every run comes from runs/, none is recomputed
     saved = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
     assert len(saved) == len(cells)
-    assert main(quick=True, as_json=True, out_dir=str(tmp_path)) == 0
+    assert main(SweepConfig(quick=True), as_json=True, out_dir=str(tmp_path)) == 0
     again = json.loads(capsys.readouterr().out)
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()} == saved
     assert [c["pass4_mean"] for c in again["cells"]] == [c["pass4_mean"] for c in cells]
-    assert main(quick=True, as_json=True, out_dir=str(tmp_path), saved_only=True) == 0
+    assert main(SweepConfig(quick=True, saved_only=True), as_json=True, out_dir=str(tmp_path)) == 0
     assert [c["kl_mean"] for c in json.loads(capsys.readouterr().out)["cells"]] == [c["kl_mean"] for c in cells]
 
 
-def test_sweep_rejects_zero_workers(tmp_path):
-    from hilo.ops.bench.quality import sweep
+@pytest.mark.parametrize("field, value", [("workers", 0), ("steps", 0), ("seeds", -1), ("tasks", ("distill", "sft")),
+                                          ("optimizers", ()), ("syncs", ("spar", "zip")), ("budgets", (0.016, 0.0))])
+def test_sweep_config_names_the_bad_field(field, value):
+    from hilo.ops.bench.quality import SweepConfig
     from hilo.schemas.errors import ConfigError
-    with pytest.raises(ConfigError, match="workers"):
-        sweep(quick=True, steps=1, seeds=1, out=tmp_path, workers=0)
+    with pytest.raises(ConfigError, match=field):
+        SweepConfig(**{field: value})
+
+
+@pytest.mark.slow
+def test_budgets_give_each_lossy_sync_one_cell_per_budget(tmp_path, capsys):
+    from hilo.ops.bench.quality import SweepConfig, main, table
+    cfg = SweepConfig(quick=True, steps=2, tasks=("distill",), optimizers=("sgd",), syncs=("full", "spar"),
+                      budgets=(0.004, 0.064), workers=1)
+    assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
+    res = json.loads(capsys.readouterr().out)
+    by = {(c["sync"], c["budget"]): c for c in res["cells"]}
+    assert set(by) == {("full", None), ("spar", 0.004), ("spar", 0.064)}
+    small, large = by[("spar", 0.004)], by[("spar", 0.064)]
+    assert small["fraction_of_adapter"] <= 0.004 < large["fraction_of_adapter"] <= 0.064
+    assert "spar @0.4%" in table(res) and "spar @6.4%" in table(res)
 
 
 def test_lossless_delta_reconstructs_exactly():
