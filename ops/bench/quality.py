@@ -193,6 +193,15 @@ def label(cell: dict) -> str:
     return cell["sync"] if b is None or b == RunConfig.budget else f"{cell['sync']} @{100 * b:g}%"
 
 
+def vs_full(cell: dict, full: dict | None) -> str:
+    """pass@4 of `cell` minus full sync's, in points, +- the standard error of the difference over seeds."""
+    if full is None:
+        return "n/a"
+    d = 100 * (cell["pass4_mean"] - full["pass4_mean"])
+    se = diff_se(cell["pass4_seeds"], full["pass4_seeds"]) if cell is not full else float("nan")
+    return f"{d:+.1f}" + ("" if math.isnan(se) else f" +- {100 * se:.1f}")
+
+
 def table(res: dict) -> str:
     """Markdown table of the cells, with the distance to full sync: pass@4 in points (+- the standard error of the
     difference over seeds), and the held-out KL as the share of full sync's KL reduction (from the untrained
@@ -204,18 +213,30 @@ def table(res: dict) -> str:
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in res["cells"]:
         f = full.get((c["task"], c["optimizer"]))
-        d = c["pass4_mean"] - f["pass4_mean"] if f else float("nan")
-        se = diff_se(c["pass4_seeds"], f["pass4_seeds"]) if f and c is not f else float("nan")
-        vs = f"{100 * d:+.1f}" + ("" if math.isnan(se) else f" +- {100 * se:.1f}")
         kr = (u["kl"] - c["kl_mean"]) / (u["kl"] - f["kl_mean"]) if f and f["kl_mean"] != u["kl"] else float("nan")
         out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
-                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
+                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs_full(c, f)} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
                    f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} |")
     if res["lossless_delta_bytes_per_step"]:
         spar = [c["bytes_per_step"] for c in res["cells"] if label(c) == "spar"]
         ratio = res["lossless_delta_bytes_per_step"] / statistics.mean(spar) if spar else float("nan")
         out.append(f"\nlossless adapter-delta codec on the full-sync runs: {res['lossless_delta_bytes_per_step']:,.0f} B/step "
                    f"({ratio:.1f}x Spar's bytes)")
+    return "\n".join(out)
+
+
+def summary(res: dict) -> str:
+    """One row per (task, optimizer): full sync's pass@4, then every other method's distance to it (points +- SE)."""
+    methods = list(dict.fromkeys(label(c) for c in res["cells"] if c["sync"] != "full"))
+    rows = {}
+    for c in res["cells"]:
+        rows.setdefault((c["task"], c["optimizer"]), {})[label(c)] = c
+    out = ["| task | optimizer | full pass@4 | " + " | ".join(methods) + " |", "|---|---|---:|" + "---:|" * len(methods)]
+    for (task, opt), row in rows.items():
+        f = row.get("full")
+        cols = [vs_full(row[m], f) if m in row else "" for m in methods]
+        out.append(f"| {task} | {opt} | {f['pass4_mean']:.3f} | " if f else f"| {task} | {opt} | n/a | ")
+        out[-1] += " | ".join(cols) + " |"
     return "\n".join(out)
 
 
@@ -276,5 +297,5 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")
-    print(json.dumps(res, indent=2) if as_json else table(res))
+    print(json.dumps(res, indent=2) if as_json else table(res) + "\n\npass@4 vs full sync, points +- SE:\n\n" + summary(res))
     return 0

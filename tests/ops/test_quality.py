@@ -74,7 +74,7 @@ def test_sweep_config_names_the_bad_field(field, value):
 
 @pytest.mark.slow
 def test_budgets_give_each_lossy_sync_one_cell_per_budget(tmp_path, capsys):
-    from hilo.ops.bench.quality import SweepConfig, main, table
+    from hilo.ops.bench.quality import SweepConfig, main, summary, table
     cfg = SweepConfig(quick=True, steps=2, tasks=("distill",), optimizers=("sgd",), syncs=("full", "spar"),
                       budgets=(0.004, 0.064), workers=1)
     assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
@@ -84,6 +84,17 @@ def test_budgets_give_each_lossy_sync_one_cell_per_budget(tmp_path, capsys):
     small, large = by[("spar", 0.004)], by[("spar", 0.064)]
     assert small["fraction_of_adapter"] <= 0.004 < large["fraction_of_adapter"] <= 0.064
     assert "spar @0.4%" in table(res) and "spar @6.4%" in table(res)
+    assert "| full pass@4 | spar @0.4% | spar @6.4% |" in summary(res)
+
+
+def test_vs_full_reports_the_difference_with_its_standard_error():
+    from hilo.ops.bench.quality import summary, vs_full
+    full = {"task": "rl", "optimizer": "sgd", "sync": "full", "budget": None, "pass4_mean": 0.5, "pass4_seeds": [0.5, 0.5, 0.5]}
+    spar = {"task": "rl", "optimizer": "sgd", "sync": "spar", "budget": 0.016, "pass4_mean": 0.47, "pass4_seeds": [0.46, 0.47, 0.48]}
+    assert vs_full(spar, full) == "-3.0 +- 0.6"     # sqrt(0.01^2 / 3) = 0.0058
+    assert vs_full(full, full) == "+0.0"
+    assert vs_full(spar, None) == "n/a"
+    assert summary({"cells": [full, spar]}).splitlines()[-1] == "| rl | sgd | 0.500 | -3.0 +- 0.6 |"
 
 
 def test_lossless_delta_reconstructs_exactly():
