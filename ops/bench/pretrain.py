@@ -4,7 +4,7 @@
 
 Deterministic (seeded data, seeded init, one torch thread while training) and cached under
 $HILO_CACHE/models (default ~/.cache/hilo-sync/models); a run rebuilds only what is missing. The teacher
-is the same architecture trained 4x longer (from another seed), so it is clearly better at the task than the student.
+is the same architecture from another seed, trained 4x longer, so it is clearly better at the task.
 """
 import hashlib
 import json

@@ -2,6 +2,7 @@
 
     hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x {full, spar}, 1 seed, 8 steps
     hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x 5 syncs x 3 seeds
+    hilo bench quality --json --out DIR --budgets 1.6%,7.2%   # ... with every lossy sync at both budgets (README)
 
 Learning rates are tuned per task and optimizer on full sync only (seed 0, val split; by pass@1, since pass@4
 is nearer its ceiling), then kept for every sync method. Runs go to a pool of --workers processes (one torch
