@@ -235,9 +235,8 @@ def summary(res: dict) -> str:
     out = ["| task | optimizer | full pass@4 | " + " | ".join(methods) + " |", "|---|---|---:|" + "---:|" * len(methods)]
     for (task, opt), row in rows.items():
         f = row.get("full")
-        cols = [vs_full(row[m], f) if m in row else "" for m in methods]
-        out.append(f"| {task} | {opt} | {f['pass4_mean']:.3f} | " if f else f"| {task} | {opt} | n/a | ")
-        out[-1] += " | ".join(cols) + " |"
+        cols = [f"{f['pass4_mean']:.3f}" if f else "n/a"] + [vs_full(row[m], f) if m in row else "" for m in methods]
+        out.append(f"| {task} | {opt} | " + " | ".join(cols) + " |")
     return "\n".join(out)
 
 
