@@ -5,7 +5,7 @@ import os
 import subprocess
 import urllib.request
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def run_hook(cmd: str, version: int, adapter_dir, digest: str, timeout_s: float = 300) -> bool:
@@ -14,10 +14,10 @@ def run_hook(cmd: str, version: int, adapter_dir, digest: str, timeout_s: float 
     try:
         r = subprocess.run(cmd, shell=True, env=env, timeout=timeout_s, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        log.warning("on-version hook timed out after %ss for v%d: %s", timeout_s, version, cmd)
+        logger.warning("on-version hook timed out after %ss for v%d: %s", timeout_s, version, cmd)
         return False
     if r.returncode != 0:
-        log.warning("on-version hook exited %d for v%d: %s\n%s", r.returncode, version, cmd, r.stderr[-2000:])
+        logger.warning("on-version hook exited %d for v%d: %s\n%s", r.returncode, version, cmd, r.stderr[-2000:])
         return False
     return True
 

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from hilo.ops.log import checkpoints_topic, open_log, site_group, updates_topic
-from hilo.ops.log.tail import head, last_message
-from hilo.replica.snapshot import SnapshotStore
+from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
+from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.log.snapshot import SnapshotStore
+from hilo.log.tail import head, last_message
 from hilo.schemas.errors import ConfigError, HiloError
 
 from .adapter_export import DTYPES, export_adapter
-from .follower import Follower, bootstrap_from_log
 from .reload_hook import run_hook
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,11 +96,11 @@ class Site:
             replica, pos = bootstrap_from_log(self.log, cfg.run, cfg.from_version)
             source = "checkpoint"
         if local is not None and pos["next_offset"] < self.log.begin_offset(updates_topic(cfg.run)):
-            log.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint", cfg.site, replica.version)
+            logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint", cfg.site, replica.version)
             replica, pos = bootstrap_from_log(self.log, cfg.run)
             source = "checkpoint (snapshot fell out of retention)"
         offset = pos["next_offset"] if cfg.from_offset is None else cfg.from_offset
-        log.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
+        logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                  cfg.site, replica.version, replica.digest.hex()[:12], source, updates_topic(cfg.run), offset)
         return Follower(self.log, cfg.run, replica, offset, pos.get("log_bytes", 0))
 
@@ -118,7 +118,7 @@ class Site:
             if time.monotonic() >= deadline:
                 return  # let bootstrap_from_log raise its clear error
             if not announced:
-                log.info("site %s: waiting up to %.0fs for run %s's first checkpoint", self.cfg.site, self.cfg.wait_checkpoint_s, self.cfg.run)
+                logger.info("site %s: waiting up to %.0fs for run %s's first checkpoint", self.cfg.site, self.cfg.wait_checkpoint_s, self.cfg.run)
                 announced = True
             time.sleep(0.2)  # waiting on another process (the producer); nothing to synchronise with
 
@@ -133,7 +133,7 @@ class Site:
         if self.since_snapshot >= cfg.snapshot_every:
             self.snapshot()
         self.commit()
-        log.debug("site %s: applied v%d digest %s (offset %d)", cfg.site, r.version, r.digest.hex()[:12], msg.last_offset)
+        logger.debug("site %s: applied v%d digest %s (offset %d)", cfg.site, r.version, r.digest.hex()[:12], msg.last_offset)
 
     def snapshot(self):
         """Atomically save state + position."""
@@ -168,9 +168,9 @@ class Site:
                 if n:
                     last_new = time.monotonic()
                     bar.update(min(n, max(0, bar.total - bar.n)))
-                    log.info("site %s: v%d digest %s", cfg.site, f.replica.version, f.replica.digest.hex()[:12])
+                    logger.info("site %s: v%d digest %s", cfg.site, f.replica.version, f.replica.digest.hex()[:12])
                 elif cfg.idle_exit_s is not None and time.monotonic() - last_new > cfg.idle_exit_s:
-                    log.info("site %s: idle for %.0fs, exiting", cfg.site, cfg.idle_exit_s)
+                    logger.info("site %s: idle for %.0fs, exiting", cfg.site, cfg.idle_exit_s)
                     break
         finally:
             bar.close()
@@ -182,7 +182,7 @@ class Site:
     def install_signal_handlers(self):
         """SIGTERM/SIGINT stop the loop between versions."""
         def handler(signum, frame):
-            log.info("site %s: signal %d, stopping after the current version", self.cfg.site, signum)
+            logger.info("site %s: signal %d, stopping after the current version", self.cfg.site, signum)
             self.stopping = True
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)

@@ -46,7 +46,7 @@ def cmd_demo(a):
 
 
 def cmd_topics(a):
-    from hilo.ops.log import open_log
+    from hilo.log import open_log
     log = open_log(a.log)
     created = log.create_topics(a.run, a.retention_ms)
     for t in (f"{a.run}.updates", f"{a.run}.checkpoints"):
@@ -56,7 +56,7 @@ def cmd_topics(a):
 
 def cmd_produce(a):
     from hilo.producer.producer import HiLoProducer, ProducerConfig
-    from hilo.producer.tiny_trainer import build_model, train
+    from hilo.ops.tiny_trainer import build_model, train
     cfg = ProducerConfig(run=a.run, log=a.log, codec=a.codec, budget=a.budget, optimizer=a.optimizer,
                          checkpoint_every=a.checkpoint_every, state_dir=a.state_dir)
     producer = HiLoProducer(build_model(seed=a.seed), cfg)
@@ -86,7 +86,7 @@ def cmd_consume(a):
 
 def cmd_lag(a):
     from hilo.ops.lag import format_rows, lag_rows
-    from hilo.ops.log import open_log
+    from hilo.log import open_log
     rows = lag_rows(open_log(a.log), a.run)
     print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
     return 0
@@ -94,8 +94,8 @@ def cmd_lag(a):
 
 def cmd_inspect(a):
     from hilo.ops.inspect_version import describe
-    from hilo.ops.log import checkpoints_topic, open_log
-    from hilo.ops.log.tail import last_message
+    from hilo.log import checkpoints_topic, open_log
+    from hilo.log.tail import last_message
     from hilo.schemas.records import decode_record
     log = open_log(a.log)
     ck = last_message(log, checkpoints_topic(a.run), a.run)

@@ -16,9 +16,9 @@ import tempfile
 import time
 
 from hilo.ops.lag import format_rows, lag_rows
-from hilo.ops.log import open_log
+from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer, ProducerConfig
-from hilo.producer.tiny_trainer import build_model, train
+from hilo.ops.tiny_trainer import build_model, train
 from hilo.replica.codecs import Budget
 
 SITES = ("site-1", "site-2", "site-3")

@@ -1,6 +1,6 @@
 """`hilo inspect --version V`: the header fields of one update and, per block, the codec's rank/k and bytes."""
-from hilo.ops.log import updates_topic
-from hilo.ops.log.tail import last_message
+from hilo.log import updates_topic
+from hilo.log.tail import last_message
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import LogError
 from hilo.schemas.records import UpdateMessage, decode_record

@@ -2,8 +2,8 @@
 import json
 import time
 
-from hilo.ops.log import site_group, updates_topic
-from hilo.ops.log.tail import head
+from hilo.log import site_group, updates_topic
+from hilo.log.tail import head
 
 COLUMNS = ("SITE", "APPLIED-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAST-APPLIED")
 

@@ -15,20 +15,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hilo.consumer.follower import Follower, bootstrap_from_log
-from hilo.ops.log import checkpoints_topic, open_log, updates_topic
-from hilo.ops.log.tail import head, last_message
+from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.log.snapshot import SnapshotStore
+from hilo.log.tail import head, last_message
 from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
-from hilo.replica.snapshot import SnapshotStore
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
 from hilo.schemas.errors import ConfigError, LogError
 
 from .lora_params import lora_parameters
-from .update_builder import UpdateBuilder
+from .update_builder import Proposal, UpdateBuilder
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
@@ -43,7 +43,8 @@ class ProducerConfig:
     optimizer: sgd | adamw | lion | muon. Default: adamw
     hparams: optimizer hyperparameter defaults (lr, betas, ...); step(**h) overrides per step.
     checkpoint_every: publish a full checkpoint every K versions (bootstrap for late sites). Default: 50
-    chunk_bytes: largest record value; bigger messages are split. Default: 900 KiB (Kafka's 1 MiB limit)
+    chunk_bytes: largest record value; bigger messages are split. Kafka topics, producer and readers are sized
+        to it, and a cluster that cannot take it is refused at start. Default: 900 KiB (Kafka's 1 MiB default)
     state_dir: the trainer's own snapshot, for fast restarts. Default: None (resume from the log)
     adapter: PEFT adapter name. Default: "default"
     """
@@ -74,16 +75,24 @@ class ProducerConfig:
 
 
 class HiLoProducer:
-    """Publishes one update per `step()`; starts from genesis or resumes from the log head."""
+    """Publishes one update per `step()`; starts from genesis or resumes from the log head.
+
+    Propose, then commit: a step's next state is adopted only after the log acknowledges its message. When
+    the outcome cannot be told (the publish failed and the log head cannot be read either), the trainer
+    stays at its last committed version and the next `step()` first resyncs from the log, adopting the
+    proposal only if the log turns out to hold it. The trainer never holds a version the log does not have.
+    """
 
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None):
         self.config = config
         self.model = model
-        self.log = log_backend or open_log(config.log)
+        self.log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes)
         self.manifest, self.params = lora_parameters(model, config.adapter)
         self.updates, self.checkpoints = updates_topic(config.run), checkpoints_topic(config.run)
         self.log.create_topics(config.run)
         self.store = SnapshotStore(config.state_dir) if config.state_dir else None
+        self.in_doubt: Proposal | None = None   # published with an unknown outcome; settled by the next resync
+        self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
         self._write_back()
@@ -95,7 +104,7 @@ class HiLoProducer:
 
     @property
     def version(self) -> int:
-        """Last published version."""
+        """Last published (committed) version."""
         return self.replica.version
 
     def _start(self):
@@ -107,7 +116,7 @@ class HiLoProducer:
             replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in self.params], self.config.optimizer)
             offset = self.log.end_offset(self.updates)
             self._publish_checkpoint(replica, offset, 0)
-            log.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
+            logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
             return replica, 0, offset
         local = self.store.load() if self.store else None
         replica, position = local if local else bootstrap_from_log(self.log, run)
@@ -117,14 +126,36 @@ class HiLoProducer:
                            f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
         if replica.state.optimizer != self.config.optimizer:
             raise ConfigError(f"run {run} uses optimizer {replica.state.optimizer!r}, config says {self.config.optimizer!r}")
-        follower = Follower(self.log, run, replica, position["next_offset"], position.get("log_bytes", 0))
-        follower.catch_up()
-        head = last_message(self.log, self.updates, run)
-        if head is not None and (head.version != replica.version or head.headers.get("hilo-digest") != replica.digest.hex()):
-            raise LogError(f"run {run}: resumed at v{replica.version} but the log head is v{head.version}; another trainer may be writing")
-        log.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12],
-                 "local snapshot" if local else "the log")
+        follower = self._catch_up(replica, position["next_offset"], position.get("log_bytes", 0))
+        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12],
+                    "local snapshot" if local else "the log")
         return replica, follower.log_bytes, follower.next_offset
+
+    def _catch_up(self, replica, next_offset, log_bytes) -> Follower:
+        """Apply the log from `next_offset` to its end on `replica`; the head must then be `replica`'s version."""
+        run = self.config.run
+        follower = Follower(self.log, run, replica, next_offset, log_bytes)
+        follower.catch_up()
+        h = last_message(self.log, self.updates, run)
+        if h is not None and (h.version != replica.version or h.headers.get("hilo-digest") != replica.digest.hex()):
+            raise LogError(f"run {run}: resumed at v{replica.version} but the log head is v{h.version}; another trainer may be writing")
+        return follower
+
+    def resync(self) -> None:
+        """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
+        pending = self.in_doubt
+        follower = self._catch_up(self.replica, self.next_offset, self.log_bytes)
+        self.log_bytes, self.next_offset = follower.log_bytes, follower.next_offset
+        if pending is not None and self.replica.version == pending.version:
+            if self.replica.digest != pending.message.digest:
+                raise LogError(f"run {self.config.run}: the log holds another v{pending.version} than the one this trainer "
+                               f"published (digest {self.replica.digest.hex()[:12]} != {pending.message.digest.hex()[:12]}); another trainer is writing")
+            self.builder.encoder.commit(pending.encoding)  # the log has our message: keep its error feedback
+            logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", self.config.run, pending.version)
+        elif pending is not None:
+            logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", self.config.run, pending.version)
+        self.in_doubt = None
+        self._write_back()
 
     def _publish_checkpoint(self, replica, updates_offset, log_bytes):
         data = replica.checkpoint().to_bytes()
@@ -137,39 +168,60 @@ class HiLoProducer:
             for p, src in zip(self.params, self.replica.state.params):
                 p.copy_(src.to(p.dtype))
 
+    def _settle(self, proposal: Proposal, error: Exception):
+        """After a failed publish: the offsets of `proposal` if the log holds it anyway; else re-raise `error`."""
+        msg = proposal.message
+        try:
+            h = head(self.log, self.updates, self.config.run) or {}
+            landed = h.get("hilo-version") == str(msg.version) and h.get("hilo-digest") == msg.digest.hex()
+            end = self.log.end_offset(self.updates) if landed else None
+        except Exception as e:  # noqa: BLE001  (any failure here leaves the outcome unknown)
+            self.in_doubt = proposal
+            logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
+                           "the next step resyncs from the log", self.config.run, msg.version, error, e, self.version)
+            raise error from None
+        if not landed:
+            raise error  # not published: nothing was committed, as if this step never ran
+        logger.warning("run %s: publishing v%d reported %s, but the log holds it; continuing", self.config.run, msg.version, error)
+        return [end - 1]
+
     def step(self, meta: dict | None = None, **hparams) -> int:
-        """Encode the LoRA grads, publish, apply locally, write params back, zero the grads. Returns the version."""
+        """Encode the LoRA grads, publish, then commit: apply locally, write params back, zero the grads. Returns the version."""
         t0 = time.perf_counter()
+        if self.in_doubt is not None:
+            self.resync()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        h = self.config.hparams | hparams
-        r, enc = self.replica, self.builder.encoder
-        before = (r.state, r.digest, enc.residual)
-        msg = self.builder.build(grads, h, meta)
+        proposal = self.builder.propose(grads, self.config.hparams | hparams, meta)
+        msg = proposal.message
         data = msg.to_bytes()
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
         try:
             offsets = self.log.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
-        except Exception:
-            # The broker may have stored the message even though we saw an error: the log decides.
-            h_ = head(self.log, self.updates, self.config.run) or {}
-            if h_.get("hilo-version") != str(msg.version) or h_.get("hilo-digest") != msg.digest.hex():
-                r.state, r.digest, enc.residual = before  # not published: as if this step never ran
-                r.recent.pop(msg.version, None)
-                raise
-            offsets = [self.log.end_offset(self.updates) - 1]
+        except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)
+            offsets = self._settle(proposal, e)
+        self.builder.commit(proposal)
         self.log_bytes += len(data)
         self.next_offset = offsets[-1] + 1
         self._write_back()
         for p in self.params:
             p.grad = None
-        if msg.version % self.config.checkpoint_every == 0:
-            self._publish_checkpoint(self.replica, self.next_offset, self.log_bytes)
-            if self.store:
-                self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes})
+        if msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due:
+            self._checkpoint()
         self.last_step = {"version": msg.version, "bytes": len(data), "chunks": len(offsets),
-                          "encode_s": self.builder.timing["encode"], "apply_s": self.builder.timing["apply"],
+                          "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
                           "total_s": time.perf_counter() - t0}
         return msg.version
+
+    def _checkpoint(self):
+        """Publish a checkpoint of the committed state (and save the local snapshot); a failure is retried next version."""
+        try:
+            self._publish_checkpoint(self.replica, self.next_offset, self.log_bytes)
+            self.checkpoint_due = False
+        except Exception as e:  # noqa: BLE001  (a missing checkpoint only makes bootstrap replay longer)
+            self.checkpoint_due = True
+            logger.warning("run %s: checkpoint at v%d not published (%s); retrying after the next version", self.config.run, self.version, e)
+        if self.store:
+            self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes})
 
     def close(self):
         """Release the log."""

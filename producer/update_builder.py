@@ -1,21 +1,41 @@
-"""UpdateBuilder: gradients -> the next update message, applied to the trainer's own replica first.
+"""UpdateBuilder: gradients -> a proposal for the next version, committed only once the log has the message.
 
 The trainer is a replica too: it decodes its own message and runs the same optimizer step, so the digest
-it puts in the message is the digest every site must reach.
+it puts in the message is the digest every site must reach. Propose, then commit (etcd's Ready/Advance):
+`propose` computes the message, the next replica state and the next encoder state in new buffers and
+mutates nothing; `commit` adopts them after the log has acknowledged the message.
 """
 import time
+from dataclasses import dataclass
 
 import torch
 
 from hilo.replica.codecs import Encoder
+from hilo.replica.codecs.base import Encoding
 from hilo.replica.optimizers import get_optimizer
 from hilo.replica.replica import PolicyReplica
+from hilo.replica.state import ReplicaState
 from hilo.schemas.errors import ConfigError
-from hilo.schemas.records import UpdateMessage
+from hilo.schemas.records import ZERO_DIGEST, UpdateMessage
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The next version, computed but not adopted: publish `message`, then `UpdateBuilder.commit` it."""
+
+    message: UpdateMessage
+    state: ReplicaState      # the replica state `message` leads to
+    encoding: Encoding       # the payload and the encoder state (residual, ...) to adopt with it
+    timing: dict             # seconds: {"encode": .., "apply": ..}
+
+    @property
+    def version(self) -> int:
+        """The version this proposal would make."""
+        return self.message.version
 
 
 class UpdateBuilder:
-    """Owns the encoder (error feedback) and the trainer's replica; `build` makes and applies one version."""
+    """Owns the encoder (error feedback) and the trainer's replica; `propose` one version, `commit` it."""
 
     def __init__(self, replica: PolicyReplica, encoder: Encoder):
         if encoder.manifest.manifest_id != replica.manifest.manifest_id:
@@ -23,22 +43,33 @@ class UpdateBuilder:
         self.replica = replica
         self.encoder = encoder
         self.optimizer = get_optimizer(replica.state.optimizer)
-        self.timing = {}  # seconds spent by the last build: {"encode": .., "apply": ..}
 
-    def build(self, grads: list, hparams: dict | None = None, meta: dict | None = None) -> UpdateMessage:
-        """Encode `grads` (manifest order), apply the decoded step locally, return the message with its digests."""
+    def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None) -> Proposal:
+        """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated."""
         if len(grads) != len(self.replica.manifest.blocks):
-            raise ConfigError(f"UpdateBuilder.build: {len(grads)} gradients for {len(self.replica.manifest.blocks)} blocks")
+            raise ConfigError(f"UpdateBuilder.propose: {len(grads)} gradients for {len(self.replica.manifest.blocks)} blocks")
         h = self.optimizer.defaults() | (hparams or {})
-        h = self.optimizer.check_hparams({k: float(v) for k, v in h.items()}, "UpdateBuilder.build")
+        h = self.optimizer.check_hparams({k: float(v) for k, v in h.items()}, "UpdateBuilder.propose")
         t0 = time.perf_counter()
-        blocks, params, decoded = self.encoder.encode([g.detach().to("cpu", torch.float32) for g in grads])
+        enc = self.encoder.encode([g.detach().to("cpu", torch.float32) for g in grads])
         t1 = time.perf_counter()
         r = self.replica
-        msg = UpdateMessage(r.run, r.version + 1, r.digest, b"\0" * 16, r.manifest.manifest_id, self.encoder.name,
-                            params, self.optimizer.name, h, blocks, dict(meta or {}))
-        state = r.compute(msg, f"trainer v{msg.version}", decoded)
+        msg = UpdateMessage(r.run, r.version + 1, r.digest, ZERO_DIGEST, r.manifest.manifest_id, self.encoder.name,
+                            enc.params, self.optimizer.name, h, enc.blocks, dict(meta or {}))
+        state = r.compute(msg, f"trainer v{msg.version}", enc.decoded)
         msg.digest = state.digest()
-        r.commit(state, msg.digest)
-        self.timing = {"encode": t1 - t0, "apply": time.perf_counter() - t1}
-        return msg
+        return Proposal(msg, state, enc, {"encode": t1 - t0, "apply": time.perf_counter() - t1})
+
+    def commit(self, proposal: Proposal) -> None:
+        """Adopt a proposal whose message the log holds: the replica's state and the encoder's residual."""
+        if proposal.message.parent_digest != self.replica.digest:
+            raise ConfigError(f"UpdateBuilder.commit: v{proposal.version} was proposed from another state "
+                              f"(parent {proposal.message.parent_digest.hex()[:12]}, replica {self.replica.digest.hex()[:12]})")
+        self.replica.commit(proposal.state, proposal.message.digest)
+        self.encoder.commit(proposal.encoding)
+
+    def step(self, grads: list, hparams: dict | None = None, meta: dict | None = None) -> UpdateMessage:
+        """propose + commit with no log in between (benchmarks and tests that hold the only copy)."""
+        proposal = self.propose(grads, hparams, meta)
+        self.commit(proposal)
+        return proposal.message

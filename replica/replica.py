@@ -18,15 +18,15 @@ RECENT = 4096  # versions whose digests are remembered, to tell a harmless dupli
 class PolicyReplica:
     """One copy of the policy: state, its digest, and atomic, chained `apply`."""
 
-    def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS, digest: bytes | None = None):
         self.state = state
         self.run = run
         self.limits = limits
-        self.digest = state.digest()
+        self.digest = digest if digest is not None else state.digest()  # `digest`: already verified by the caller
         self.recent = collections.OrderedDict({state.version: self.digest})
 
     @staticmethod
-    def genesis(run: str, manifest: Manifest, params: list, optimizer: str, limits: Limits = DEFAULT_LIMITS) -> "PolicyReplica":
+    def genesis(run: str, manifest: Manifest, params: list, optimizer: str) -> "PolicyReplica":
         """Version 0: the given initial params (cloned to fp32) and zero optimizer state."""
         opt = get_optimizer(optimizer)
         params = [p.detach().to(torch.float32).clone().contiguous() for p in params]
@@ -34,12 +34,12 @@ class PolicyReplica:
             if tuple(p.shape) != b.shape:
                 raise MalformedMessage(f"genesis: '{b.key}' has shape {tuple(p.shape)}, manifest says {b.shape}")
         slots = {s: [torch.zeros(b.shape) for b in manifest.blocks] for s in opt.slots}
-        return PolicyReplica(ReplicaState(manifest, optimizer, 0, params, slots, opt.init_scalars()), run, limits)
+        return PolicyReplica(ReplicaState(manifest, optimizer, 0, params, slots, opt.init_scalars()), run)
 
     @staticmethod
-    def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint", limits: Limits = DEFAULT_LIMITS) -> "PolicyReplica":
-        """Load a checkpoint after verifying its digest."""
-        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, limits)
+    def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint") -> "PolicyReplica":
+        """Load a checkpoint after verifying its digest (hashed once: the check is the replica's digest)."""
+        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest)
 
     def checkpoint(self) -> Checkpoint:
         """The full state as a checkpoint record."""

@@ -54,9 +54,9 @@ class Reassembler:
     arrives: the writer died mid-message and the restarted writer sent that version again.
     """
 
-    def __init__(self, run: str, topic: str, limits: Limits = DEFAULT_LIMITS, max_bytes: int | None = None):
+    def __init__(self, run: str, topic: str, limits: Limits = DEFAULT_LIMITS):
         self.run, self.topic, self.limits = run, topic, limits
-        self.max_bytes = max_bytes or limits.max_frame_bytes
+        self.max_bytes = limits.max_frame_bytes
         self.parts, self.head, self.discarded = [], None, 0
 
     def reset(self) -> None:

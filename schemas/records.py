@@ -1,4 +1,5 @@
 """The three records of wire format v1: Manifest (inside checkpoints), UpdateMessage, Checkpoint."""
+import functools
 from dataclasses import dataclass, field
 
 import msgpack
@@ -56,9 +57,9 @@ class Manifest:
             "blocks": [{"module": b.module, "kind": b.kind, "shape": list(b.shape), "dtype": "float32"} for b in self.blocks],
         }
 
-    @property
+    @functools.cached_property
     def manifest_id(self) -> bytes:
-        """xxh3-128 of the canonical msgpack of the manifest: updates name the manifest they were made for."""
+        """xxh3-128 of the canonical msgpack of the manifest: updates name the manifest they were made for (computed once)."""
         return xxhash.xxh3_128_digest(msgpack.packb(self.to_dict(), use_bin_type=True))
 
     @property

@@ -45,7 +45,7 @@ def log_url(request, tmp_path):
 
 def small_model(seed=0, hidden=64, layers=2, rank=8):
     """The tiny trainer's model at test size."""
-    from hilo.producer.tiny_trainer import build_model
+    from hilo.ops.tiny_trainer import build_model
     return build_model(seed=seed, rank=rank, hidden=hidden, layers=layers)
 
 

@@ -35,7 +35,9 @@ def bench_one(shape, codec, optimizer, steps, budget, seed=0):
     for step in range(steps + 1):
         grads = stream.next()
         corrected = [g + e for g, e in zip(grads, builder.encoder.residual)] if builder.encoder.lossy else grads
-        msg = builder.build(grads, {"lr": DEFAULT_LR[optimizer]})
+        proposal = builder.propose(grads, {"lr": DEFAULT_LR[optimizer]})
+        builder.commit(proposal)
+        msg = proposal.message
         t1 = time.perf_counter()
         data = msg.to_bytes()
         t2 = time.perf_counter()
@@ -43,7 +45,7 @@ def bench_one(shape, codec, optimizer, steps, budget, seed=0):
         t3 = time.perf_counter()
         if step == 0:
             continue  # warm-up
-        enc_ms.append((builder.timing["encode"] + t2 - t1) * 1e3)
+        enc_ms.append((proposal.timing["encode"] + t2 - t1) * 1e3)
         app_ms.append((t3 - t2) * 1e3)
         sizes.append(len(data))
         dec = decode(codec, manifest, msg.codec_params, msg.blocks, "bench")

@@ -169,7 +169,7 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
             sizes.append(len(msg.to_bytes()))
         else:
             before = [p.clone() for p in trainer.state.params]
-            msg = builder.build(grads, {"lr": cfg.lr})
+            msg = builder.step(grads, {"lr": cfg.lr})
             data = msg.to_bytes()
             rollout.apply_bytes(data, f"{run_id} v{msg.version}")
             digests_equal += rollout.digest == trainer.digest

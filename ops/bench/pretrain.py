@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hilo.producer.tiny_trainer import STOI, build_base
+from hilo.ops.tiny_trainer import STOI, build_base
 
 PROMPT_LEN, ANSWER_LEN = 6, 4  # "ab+cd=" then "sss;"
 VERSION = 2                    # bump to invalidate cached models when this script changes

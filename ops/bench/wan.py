@@ -72,7 +72,7 @@ def measure_cpu(steps: int, shape: str = "qwen3-1.7b") -> dict:
         _say(f"bench wan: cpu step {step}/{steps}")
         grads = stream.next()
         before = [p for p in ref.state.params]
-        ref_builder.build(grads, {"lr": LR})
+        ref_builder.step(grads, {"lr": LR})
         after = ref.state.params
         t0 = time.perf_counter()
         full = full_adapter_payload(after)
@@ -87,7 +87,7 @@ def measure_cpu(steps: int, shape: str = "qwen3-1.7b") -> dict:
         samples = {"full-adapter": (full, t1 - t0, t2 - t1), "lossless-delta": (delta, t3 - t2, t4 - t3)}
         for name, (builder, site) in hilo.items():
             t0 = time.perf_counter()
-            data = builder.build(grads, {"lr": LR}).to_bytes()
+            data = builder.step(grads, {"lr": LR}).to_bytes()
             t1 = time.perf_counter()
             site.apply_bytes(data, name)
             samples[name] = (data, t1 - t0, time.perf_counter() - t1)
@@ -108,7 +108,7 @@ def _run(cmd, **kw):
 
 def measure_network(costs: dict, sites: int, mbit: int, shared: bool, run: str) -> list:
     """Publish each step's message on a shaped WAN and time until every site has it; seconds per step."""
-    from hilo.ops.log import open_log, updates_topic
+    from hilo.log import open_log, updates_topic
     _run([str(OPS / "wan" / "shape.sh"), "--sites", "4", "--rate", f"{mbit}mbit", "--quiet"] + (["--shared"] if shared else []))
     log = open_log(f"kafka://{BROKER}")
     log.create_topics(run)

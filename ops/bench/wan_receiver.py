@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from hilo.ops.log import open_log, updates_topic
+from hilo.log import open_log, updates_topic
 from hilo.schemas.chunks import Reassembler
 
 

@@ -11,6 +11,7 @@ import torch
 
 from hilo.schemas import fields as F
 from hilo.schemas.errors import ConfigError, MalformedMessage
+from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.records import Manifest
 
 BLOCK_OVERHEAD = 32   # bytes of msgpack framing per present block (keys, ints), reserved in budgets
@@ -40,11 +41,23 @@ class Budget:
         return int(total * 0.998) - HEADER_RESERVE  # zstd may expand incompressible data by ~0.1%
 
 
+@dataclass(frozen=True)
+class Encoding:
+    """One encoded gradient, proposed: the payload, what every replica will decode from it, and the
+    encoder state to adopt if (and only if) the message is committed to the log."""
+
+    blocks: list    # per-block payload maps
+    params: dict    # codec params that travel in the message
+    decoded: list   # fp32 tensor per manifest block: exactly what a replica decodes from `blocks`
+    state: dict     # attribute name -> next value (residual, warm starts, cursors)
+
+
 class Encoder:
-    """Trainer-side state and `encode`. Subclasses set `name` and implement `compress`."""
+    """Trainer-side state and `encode`. Subclasses set `name`, `decoder` and implement `compress`."""
 
     name = ""
     lossy = True
+    decoder = None  # staticmethod: the codec's decode(manifest, params, blocks, what, limits)
 
     def __init__(self, manifest: Manifest, budget: Budget = Budget()):
         # Configuration
@@ -57,21 +70,25 @@ class Encoder:
         """Codec parameters that travel in the message (decode may need them)."""
         return {}
 
-    def compress(self, grads: list) -> list:
-        """Per-block payload maps for the error-corrected gradients `grads`."""
+    def compress(self, grads: list) -> tuple:
+        """(per-block payload maps, {attribute: next value}) for the error-corrected `grads`; mutates nothing."""
         raise NotImplementedError
 
-    def encode(self, grads: list) -> tuple:
-        """(payload blocks, codec params, decoded grads); updates the residual from the decoded values."""
-        from . import decode  # the registry; late import avoids a cycle
+    def encode(self, grads: list) -> Encoding:
+        """Compress `grads` with error feedback; the residual update is proposed in the result, not applied."""
         grads = [g.detach().to(torch.float32) for g in grads]
         corrected = [torch.add(g, e) for g, e in zip(grads, self.residual)] if self.lossy else grads
-        blocks = self.compress(corrected)
+        blocks, state = self.compress(corrected)
         params = self.params()
-        decoded = decode(self.name, self.manifest, params, blocks, f"{self.name} encoder self-check")
+        decoded = self.decoder(self.manifest, params, blocks, f"{self.name} encoder self-check", DEFAULT_LIMITS)
         if self.lossy:
-            self.residual = [torch.sub(c, d) for c, d in zip(corrected, decoded)]
-        return blocks, params, decoded
+            state = state | {"residual": [torch.sub(c, d) for c, d in zip(corrected, decoded)]}
+        return Encoding(blocks, params, decoded, state)
+
+    def commit(self, encoding: Encoding) -> None:
+        """Adopt the state of an encoding whose message the log has acknowledged."""
+        for name, value in encoding.state.items():
+            setattr(self, name, value)
 
 
 def payload_size(blocks: list) -> int:

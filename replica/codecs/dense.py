@@ -5,17 +5,6 @@ from hilo.schemas.arrays import from_bytes, to_bytes
 from .base import Encoder, block_entries, block_what
 
 
-class DenseEncoder(Encoder):
-    """Every block as raw fp32: {"i", "g": bin (m*n*4)}."""
-
-    name = "dense"
-    lossy = False
-
-    def compress(self, grads):
-        """Send everything; no residual."""
-        return [{"i": i, "g": to_bytes(g, "float32")} for i, g in enumerate(grads)]
-
-
 def decode(manifest, params, blocks, what, limits):
     """One fp32 tensor per block, straight from the bytes."""
     out = [None] * len(manifest.blocks)
@@ -29,3 +18,14 @@ def max_payload_bytes(manifest):
     """Upper bound on the payload this codec can legitimately produce for `manifest`."""
     return 4 * manifest.numel
 
+
+class DenseEncoder(Encoder):
+    """Every block as raw fp32: {"i", "g": bin (m*n*4)}."""
+
+    name = "dense"
+    lossy = False
+    decoder = staticmethod(decode)
+
+    def compress(self, grads):
+        """Send everything; no residual, no state."""
+        return [{"i": i, "g": to_bytes(g, "float32")} for i, g in enumerate(grads)], {}

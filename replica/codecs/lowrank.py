@@ -1,4 +1,4 @@
-"""Low-rank payload shared by powersgd and spar: k directions s_j * u_j v_j^T, decoded in a fixed order.
+"""The low-rank payload format of powersgd and spar: k directions s_j * u_j v_j^T, decoded in a fixed order.
 
 Block payload: {"i", "k", "u": fp16 (k, m), "v": fp16 (k, n), "s": fp32 (k,)}. Decode sums the rank-1
 outer products j = 0..k-1 with elementwise fp32 ops (no matmul), so every IEEE-754 machine gets the same bits.
@@ -8,7 +8,7 @@ import torch
 from hilo.schemas import fields as F
 from hilo.schemas.arrays import from_bytes, to_bytes
 
-from .base import BLOCK_OVERHEAD
+from .base import BLOCK_OVERHEAD, block_entries, block_what
 
 
 def direction_bytes(shape) -> int:
@@ -47,3 +47,16 @@ def decode_block(entry: dict, shape, what: str, limits) -> torch.Tensor:
 def max_block_bytes(shape) -> int:
     """Largest legitimate payload of one block (full rank)."""
     return min(shape) * direction_bytes(shape) + BLOCK_OVERHEAD
+
+
+def decode(manifest, params, blocks, what, limits):
+    """Rebuild every present block from its factors; absent blocks are zero."""
+    out = [None] * len(manifest.blocks)
+    for i, entry in block_entries(manifest, blocks, what, require_all=False):
+        out[i] = decode_block(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits)
+    return [o if o is not None else torch.zeros(b.shape) for o, b in zip(out, manifest.blocks)]
+
+
+def max_payload_bytes(manifest):
+    """Full rank everywhere."""
+    return sum(max_block_bytes(b.shape) for b in manifest.blocks)

@@ -7,14 +7,15 @@ next blocks round-robin that fit, and error feedback carries the rest.
 """
 import torch
 
-from .base import BLOCK_OVERHEAD, Budget, Encoder, block_entries, block_what
-from .lowrank import decode_block, direction_bytes, factor_payload, max_block_bytes
+from .base import BLOCK_OVERHEAD, Budget, Encoder
+from .lowrank import decode, direction_bytes, factor_payload
 
 
 class PowerSGDEncoder(Encoder):
     """Uniform communication rank across blocks; Q warm start kept here, never sent."""
 
     name = "powersgd"
+    decoder = staticmethod(decode)
 
     def __init__(self, manifest, budget: Budget = Budget(), rank: int | None = None, seed: int = 0):
         super().__init__(manifest, budget)
@@ -36,12 +37,12 @@ class PowerSGDEncoder(Encoder):
         """The rank travels for inspection; decode reads k per block."""
         return {"rank": self.rank}
 
-    def blocks_this_step(self) -> list:
-        """All blocks if the rank fits, else the next round-robin run of blocks whose rank-1 payload fits."""
+    def blocks_this_step(self) -> tuple:
+        """(blocks to send, next cursor): all blocks if the rank fits, else the next round-robin run whose rank-1 payload fits."""
         specs = self.manifest.blocks
         room = self.budget.payload_bytes(self.manifest)
         if sum(self.rank * direction_bytes(b.shape) + BLOCK_OVERHEAD for b in specs) <= room:
-            return list(range(len(specs)))
+            return list(range(len(specs))), self.cursor
         chosen, spent = [], 0
         for j in range(len(specs)):
             i = (self.cursor + j) % len(specs)
@@ -50,29 +51,17 @@ class PowerSGDEncoder(Encoder):
                 break
             chosen.append(i)
             spent += cost
-        self.cursor = (self.cursor + max(1, len(chosen))) % len(specs)
-        return sorted(chosen) or [self.cursor]
+        cursor = (self.cursor + max(1, len(chosen))) % len(specs)
+        return sorted(chosen) or [cursor], cursor
 
     def compress(self, grads):
-        """One power iteration per block sent."""
-        blocks = []
-        for i in self.blocks_this_step():
-            g, q = grads[i], self.q[i]
-            p, _ = torch.linalg.qr(g @ q)        # (m, r) orthonormal
-            q = g.T @ p                          # (n, r)
-            self.q[i] = q
+        """One power iteration per block sent; the new warm starts are proposed, not stored."""
+        blocks, q_next = [], list(self.q)
+        chosen, cursor = self.blocks_this_step()
+        for i in chosen:
+            g = grads[i]
+            p, _ = torch.linalg.qr(g @ self.q[i])   # (m, r) orthonormal
+            q = g.T @ p                             # (n, r)
+            q_next[i] = q
             blocks.append(factor_payload(i, g, p, q))
-        return blocks
-
-
-def decode(manifest, params, blocks, what, limits):
-    """Rebuild every present block from its factors; absent blocks are zero."""
-    out = [None] * len(manifest.blocks)
-    for i, entry in block_entries(manifest, blocks, what, require_all=False):
-        out[i] = decode_block(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits)
-    return [o if o is not None else torch.zeros(b.shape) for o, b in zip(out, manifest.blocks)]
-
-
-def max_payload_bytes(manifest):
-    """Full rank everywhere."""
-    return sum(max_block_bytes(b.shape) for b in manifest.blocks)
+        return blocks, {"q": q_next, "cursor": cursor}

@@ -3,13 +3,12 @@
 For each block G_b (one side <= the LoRA rank) take the thin SVD through the small Gram matrix. Direction
 i of block b is worth sigma_{b,i}^2 (energy kept) and costs direction_bytes(shape_b). Take directions in
 order of worth per byte until the byte budget is spent; within a block worth is decreasing, so each block
-gets a prefix: its communication rank k_b >= 0. The training LoRA rank never changes. Decode is powersgd's.
+gets a prefix: its communication rank k_b >= 0. The training LoRA rank never changes. Payload: lowrank.py.
 """
 import torch
 
 from .base import BLOCK_OVERHEAD, Encoder, payload_size
-from .lowrank import direction_bytes, factor_payload
-from .powersgd import decode, max_payload_bytes  # noqa: F401  (same payload format)
+from .lowrank import decode, direction_bytes, factor_payload
 
 
 def thin_svd_small_side(g: torch.Tensor):
@@ -27,6 +26,7 @@ class SparEncoder(Encoder):
     """Global byte budget split across blocks by worth per byte."""
 
     name = "spar"
+    decoder = staticmethod(decode)
 
     def params(self):
         """The payload byte budget the message was cut to."""
@@ -55,7 +55,7 @@ class SparEncoder(Encoder):
             worst = min(range(len(blocks)), key=lambda j: float(svds[blocks[j]["i"]][0][blocks[j]["k"] - 1]) ** 2 / direction_bytes(grads[blocks[j]["i"]].shape))
             b, k = blocks[worst]["i"], blocks[worst]["k"] - 1
             blocks[worst:worst + 1] = [self._block(b, grads[b], svds[b], k)] if k else []
-        return blocks
+        return blocks, {}
 
     @staticmethod
     def _block(b, g, svd, k):

@@ -14,10 +14,34 @@ from .base import BLOCK_OVERHEAD, Encoder, block_entries, block_what
 ENTRY_BYTES = 6  # uint32 index delta + fp16 value
 
 
+def decode(manifest, params, blocks, what, limits):
+    """Scatter each block's values into zeros; positions must be strictly increasing and in range."""
+    out = [torch.zeros(b.shape) for b in manifest.blocks]
+    for i, entry in block_entries(manifest, blocks, what, require_all=False):
+        bw, spec = block_what(what, manifest, i), manifest.blocks[i]
+        n = F.get_int(entry, "n", bw, 1, spec.numel)
+        deltas = from_bytes(F.req(entry, "idx", bw), "uint32", (n,), f"{bw} field 'idx'", limits)
+        vals = from_bytes(F.req(entry, "val", bw), "float16", (n,), f"{bw} field 'val'", limits)
+        scale = F.get_float(entry, "scale", bw)
+        if n > 1 and int(deltas[1:].min()) < 1:
+            raise MalformedMessage(f"{bw}: field 'idx' positions are not strictly increasing")
+        idx = torch.cumsum(deltas, 0)
+        if int(idx[-1]) >= spec.numel:
+            raise MalformedMessage(f"{bw}: field 'idx' position {int(idx[-1])} >= block size {spec.numel}")
+        out[i].view(-1)[idx] = torch.mul(vals, torch.tensor(scale, dtype=torch.float32))
+    return out
+
+
+def max_payload_bytes(manifest):
+    """Every element sent."""
+    return sum(ENTRY_BYTES * b.numel + BLOCK_OVERHEAD for b in manifest.blocks)
+
+
 class TopKEncoder(Encoder):
     """Global top-k by magnitude across all blocks."""
 
     name = "topk"
+    decoder = staticmethod(decode)
 
     def k(self) -> int:
         """Entries that fit the budget after per-block overhead."""
@@ -41,27 +65,4 @@ class TopKEncoder(Encoder):
                     blocks.append({"i": i, "n": len(idx), "idx": to_bytes(deltas, "uint32"),
                                    "val": to_bytes((vals / scale).to(torch.float16), "float16"), "scale": scale})
             start = end
-        return blocks
-
-
-def decode(manifest, params, blocks, what, limits):
-    """Scatter each block's values into zeros; positions must be strictly increasing and in range."""
-    out = [torch.zeros(b.shape) for b in manifest.blocks]
-    for i, entry in block_entries(manifest, blocks, what, require_all=False):
-        bw, spec = block_what(what, manifest, i), manifest.blocks[i]
-        n = F.get_int(entry, "n", bw, 1, spec.numel)
-        deltas = from_bytes(F.req(entry, "idx", bw), "uint32", (n,), f"{bw} field 'idx'", limits)
-        vals = from_bytes(F.req(entry, "val", bw), "float16", (n,), f"{bw} field 'val'", limits)
-        scale = F.get_float(entry, "scale", bw)
-        if n > 1 and int(deltas[1:].min()) < 1:
-            raise MalformedMessage(f"{bw}: field 'idx' positions are not strictly increasing")
-        idx = torch.cumsum(deltas, 0)
-        if int(idx[-1]) >= spec.numel:
-            raise MalformedMessage(f"{bw}: field 'idx' position {int(idx[-1])} >= block size {spec.numel}")
-        out[i].view(-1)[idx] = torch.mul(vals, torch.tensor(scale, dtype=torch.float32))
-    return out
-
-
-def max_payload_bytes(manifest):
-    """Every element sent."""
-    return sum(ENTRY_BYTES * b.numel + BLOCK_OVERHEAD for b in manifest.blocks)
+        return blocks, {}

@@ -6,7 +6,7 @@ import torch
 
 from hilo.consumer.site import Site, SiteConfig
 from hilo.ops.lag import lag_rows
-from hilo.ops.log import open_log, updates_topic
+from hilo.log import open_log, updates_topic
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.schemas.chunks import split
 from hilo.schemas.errors import ChainError, LogError
@@ -23,7 +23,7 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
     from peft import PeftModel
 
     from hilo.producer.lora_params import lora_parameters
-    from hilo.producer.tiny_trainer import build_base
+    from hilo.ops.tiny_trainer import build_base
     run = new_run()
     producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url))
     publish_random(producer, 12)

@@ -10,7 +10,7 @@ import pytest
 
 from hilo.consumer.site import Site, SiteConfig
 from hilo.ops.lag import lag_rows
-from hilo.ops.log import open_log
+from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from tests.conftest import KAFKA_URL, new_run, publish_random, small_model
 

@@ -1,7 +1,7 @@
 """One contract, two backends: the embedded file log and Apache Kafka behave the same for hilo-sync."""
 import pytest
 
-from hilo.ops.log import checkpoints_topic, open_log, updates_topic
+from hilo.log import checkpoints_topic, open_log, updates_topic
 from hilo.schemas.errors import LogError
 from tests.conftest import KAFKA_URL, new_run
 

@@ -1,7 +1,7 @@
 """HiLoProducer's own guarantees: a failed publish leaves no trace; config errors name the field."""
 import pytest
 
-from hilo.ops.log import open_log
+from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import publish_random, small_model

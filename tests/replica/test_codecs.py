@@ -18,7 +18,9 @@ def test_error_feedback_conserves_the_gradient(manifest, grads, codec):
     sent_sum = [torch.zeros(b.shape, dtype=torch.float64) for b in manifest.blocks]
     for _ in range(30):
         g = grads.next()
-        _, _, decoded = enc.encode(g)
+        encoding = enc.encode(g)
+        enc.commit(encoding)
+        decoded = encoding.decoded
         for t, s, gi, di in zip(true_sum, sent_sum, g, decoded):
             t += gi.double()
             s += di.double()
@@ -32,9 +34,9 @@ def test_error_feedback_conserves_the_gradient(manifest, grads, codec):
 def test_decoded_equals_what_replicas_decode(manifest, grads, codec):
     """The encoder's own view of the message is exactly what a replica decodes from the bytes."""
     enc = make_encoder(codec, manifest, Budget(0.3))
-    blocks, params, decoded = enc.encode(grads.next())
-    again = decode(codec, manifest, params, blocks, "test")
-    assert all(torch.equal(a, b) for a, b in zip(decoded, again))
+    e = enc.encode(grads.next())
+    again = decode(codec, manifest, e.params, e.blocks, "test")
+    assert all(torch.equal(a, b) for a, b in zip(e.decoded, again))
 
 
 @pytest.mark.parametrize("fraction", (0.004, 0.016, 0.05))
@@ -47,7 +49,9 @@ def test_message_fits_budget(codec, fraction):
     budget = Budget(fraction)
     enc = make_encoder(codec, manifest, budget)
     for v in range(3):
-        blocks, params, _ = enc.encode(stream.next())
+        e = enc.encode(stream.next())
+        enc.commit(e)
+        blocks, params = e.blocks, e.params
         msg = UpdateMessage("run-with-a-long-name", v + 1, b"x" * 16, b"y" * 16, manifest.manifest_id, codec, params,
                             "adamw", {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0},
                             blocks, {"loss": 1.2345, "trainer_time_s": 12.5})
@@ -67,9 +71,11 @@ def test_spar_keeps_more_energy_than_uniform_powersgd_at_same_bytes():
     manifest = type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules, manifest.blocks[:56])
     g = GradientStream(manifest, seed=5).next()
     psgd = make_encoder("powersgd", manifest, Budget(0.02))
-    blocks_p, _, dec_p = psgd.encode(g)
+    e_p = psgd.encode(g)
+    blocks_p, dec_p = e_p.blocks, e_p.decoded
     spar = make_encoder("spar", manifest, Budget(bytes=payload_size(blocks_p) + 1024 + 8))  # same payload bytes
-    blocks_s, _, dec_s = spar.encode(g)
+    e_s = spar.encode(g)
+    blocks_s, dec_s = e_s.blocks, e_s.decoded
     assert payload_size(blocks_s) <= payload_size(blocks_p) * 1.002
     ks = [b["k"] for b in blocks_s]
     assert max(ks) > psgd.rank and len(ks) < len(manifest.blocks) or min(ks) < psgd.rank, "spar should be non-uniform"

@@ -24,7 +24,7 @@ def test_two_processes_match_trainer_digest_at_every_version(tmp_path, manifest,
             builder = UpdateBuilder(replica, make_encoder(codec, manifest, Budget(0.25)))
             expected[name] = []
             for v in range(1, STEPS + 1):
-                msg = builder.build(grads.next(), {"lr": LR[opt]})
+                msg = builder.step(grads.next(), {"lr": LR[opt]})
                 (d / f"{v:06d}.msg").write_bytes(msg.to_bytes())
                 expected[name].append(replica.digest.hex())
             assert len(set(expected[name])) == STEPS, f"{name}: state did not change every version"

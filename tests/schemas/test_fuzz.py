@@ -25,7 +25,7 @@ def _valid_messages(manifest, grads):
     out = {}
     for codec in ("dense", "topk", "powersgd", "spar"):
         trainer = genesis(manifest, "adamw")
-        out[codec] = UpdateBuilder(trainer, make_encoder(codec, manifest, Budget(0.3))).build(grads.next(), {"lr": 1e-3})
+        out[codec] = UpdateBuilder(trainer, make_encoder(codec, manifest, Budget(0.3))).step(grads.next(), {"lr": 1e-3})
     return out
 
 

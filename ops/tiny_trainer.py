@@ -3,12 +3,10 @@
 Used by `hilo produce` (a standalone producer process) and `hilo demo`. No downloads: the model is
 built from a config and its base weights from a seed, so every machine builds the same one.
 """
-import logging
 import time
 
 import torch
 
-log = logging.getLogger(__name__)
 
 TOKENS = list("0123456789+=;") + ["<pad>"]
 PAD = len(TOKENS) - 1

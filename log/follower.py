@@ -2,16 +2,13 @@
 
 Used by every site (consumer/site.py) and by a restarting trainer to catch up to the log head.
 """
-import logging
-
-from hilo.ops.log import checkpoints_topic, updates_topic
-from hilo.ops.log.tail import last_message
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import LogError, MalformedMessage
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 
-log = logging.getLogger(__name__)
+from .base import checkpoints_topic, updates_topic
+from .tail import last_message
 
 
 def bootstrap_from_log(log_backend, run: str, max_version: int | None = None):

@@ -5,7 +5,6 @@ so chunks of one message land in order. Readers use manual assignment of partiti
 membership); a site's position is committed as its consumer group's offset through the admin API, so
 `kafka-consumer-groups --describe` and `hilo lag` both see it.
 """
-import logging
 import time
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -18,8 +17,8 @@ from hilo.schemas.errors import LogError
 
 from .base import Log, checkpoints_topic, updates_topic
 
-log = logging.getLogger(__name__)
 RETRIABLE_TRIES = 20
+RECORD_OVERHEAD = 64 << 10  # headers + batch framing on top of a chunk's value, bytes
 
 
 def _retry(what, fn, *args, **kwargs):
@@ -35,12 +34,18 @@ def _retry(what, fn, *args, **kwargs):
 
 
 class KafkaLog(Log):
-    """Single-partition topics on a Kafka cluster."""
+    """Single-partition topics on a Kafka cluster.
+
+    chunk_bytes: largest record value this client writes; sizes the producer's max_request_size, the topics'
+        max.message.bytes and the readers' fetch sizes, and is checked against the cluster. Default: 900 KiB
+    request_timeout_ms: per request. Default: 30000
+    """
 
     def __init__(self, bootstrap: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, request_timeout_ms: int = 30_000):
         self.bootstrap = bootstrap
         self.url = f"kafka://{bootstrap}"
         self.chunk_bytes = chunk_bytes
+        self.record_bytes = chunk_bytes + RECORD_OVERHEAD  # one record as the broker counts it
         self.timeout_ms = request_timeout_ms
         self._admin = self._producer = self._consumer = None
         self._positions = {}  # topic -> next offset the consumer will return
@@ -61,11 +66,12 @@ class KafkaLog(Log):
         """Create RUN.updates / RUN.checkpoints with one partition and delete retention; validate existing ones."""
         created = []
         replication = min(3, len(_retry("describe cluster", self.admin.describe_cluster)["brokers"]))
+        self._check_broker_limits()
         for t in (updates_topic(run), checkpoints_topic(run)):
             spec = {t: {"num_partitions": 1, "replication_factor": replication,
                         "configs": {"cleanup.policy": "delete", "retention.ms": str(retention_ms),
                                     "min.insync.replicas": str(max(1, replication - 1)),
-                                    "max.message.bytes": str(max(1 << 20, self.chunk_bytes + (64 << 10)))}}}
+                                    "max.message.bytes": str(max(1 << 20, self.record_bytes))}}}
             try:
                 self.admin.create_topics(spec, timeout_ms=self.timeout_ms, wait_for_metadata=True)
                 created.append(t)
@@ -76,8 +82,20 @@ class KafkaLog(Log):
             self.check_topic(t)
         return created
 
+    def _check_broker_limits(self):
+        """Refuse a chunk size the brokers cannot take in one request (socket.request.max.bytes)."""
+        brokers = _retry("describe cluster", self.admin.describe_cluster)["brokers"]
+        res = _retry("describe broker configs", self.admin.describe_configs,
+                     [ConfigResource(ConfigResourceType.BROKER, str(b["broker_id"])) for b in brokers], config_filter="all")
+        for broker, cfg in res.get("broker", {}).items():
+            cap = int(cfg["socket.request.max.bytes"]["value"])
+            if self.record_bytes > cap:
+                raise LogError(f"{self.url}: chunk_bytes {self.chunk_bytes} needs records of {self.record_bytes} bytes, but broker {broker} "
+                               f"takes requests of at most {cap} bytes (socket.request.max.bytes; message.max.bytes is "
+                               f"{cfg['message.max.bytes']['value']}); lower chunk_bytes")
+
     def check_topic(self, topic):
-        """Exactly one partition and cleanup.policy=delete, or LogError saying what is wrong."""
+        """Exactly one partition, cleanup.policy=delete and room for this client's records, or LogError saying what is wrong."""
         desc = _retry(f"describe topic {topic}", self.admin.describe_topics, [topic])[0]
         if desc["error_code"] == 3:
             raise LogError(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create --log {self.url} --run ...`)")
@@ -87,10 +105,14 @@ class KafkaLog(Log):
             raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs exactly 1 "
                            f"(Kafka orders records only within a partition)")
         cfg = _retry(f"describe configs of {topic}", self.admin.describe_configs,
-                     [ConfigResource(ConfigResourceType.TOPIC, topic, None)], config_filter="all")
-        policy = cfg["topic"][topic]["cleanup.policy"]["value"]
+                     [ConfigResource(ConfigResourceType.TOPIC, topic, None)], config_filter="all")["topic"][topic]
+        policy = cfg["cleanup.policy"]["value"]
         if "compact" in policy:
             raise LogError(f"{self.url}: topic {topic!r} has cleanup.policy={policy}; compaction would delete versions, use delete")
+        room = int(cfg["max.message.bytes"]["value"])
+        if room < self.record_bytes:
+            raise LogError(f"{self.url}: topic {topic!r} takes records of at most {room} bytes (max.message.bytes), chunk_bytes "
+                           f"{self.chunk_bytes} needs {self.record_bytes}; lower chunk_bytes or raise the topic's max.message.bytes")
 
     # -- records ------------------------------------------------------------------------------
     @property
@@ -99,16 +121,16 @@ class KafkaLog(Log):
         if self._producer is None:
             self._producer = KafkaProducer(
                 bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
-                max_in_flight_requests_per_connection=1, max_request_size=self.chunk_bytes + (64 << 10),
+                max_in_flight_requests_per_connection=1, max_request_size=self.record_bytes,
                 request_timeout_ms=self.timeout_ms, client_id="hilo-producer")
         return self._producer
 
     def append(self, topic, records):
         """Send in order and wait for every ack (acks=all)."""
-        futures = [self.producer.send(topic, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
-                   for k, v, h in records]
-        self.producer.flush()
         try:
+            futures = [self.producer.send(topic, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
+                       for k, v, h in records]
+            self.producer.flush()
             return [f.get(timeout=self.timeout_ms / 1000).offset for f in futures]
         except KafkaError as e:
             raise LogError(f"{self.url}: publishing to {topic!r} failed: {type(e).__name__}: {e}") from None
@@ -119,7 +141,7 @@ class KafkaLog(Log):
         if self._consumer is None:
             self._consumer = KafkaConsumer(
                 bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=max(4 << 20, self.chunk_bytes * 2), fetch_max_bytes=64 << 20,
+                max_partition_fetch_bytes=max(4 << 20, 2 * self.record_bytes), fetch_max_bytes=max(64 << 20, 2 * self.record_bytes),
                 request_timeout_ms=self.timeout_ms + 5000, client_id="hilo-reader")
         return self._consumer
 

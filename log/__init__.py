@@ -1,0 +1,20 @@
+"""The log both ends speak: backends behind one interface, chosen by URL (file://DIR or kafka://HOST:PORT).
+
+Also here, because trainer and sites both need them and neither owns them: reading a topic's tail
+(tail.py), the follower/replay loop (follower.py) and the local snapshot store (snapshot.py).
+"""
+from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
+from hilo.schemas.errors import ConfigError
+
+from .base import Log, checkpoints_topic, site_group, updates_topic  # noqa: F401
+
+
+def open_log(url: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Log:
+    """The backend for `url`; Kafka is imported only when asked for. `chunk_bytes`: largest record value written."""
+    if url.startswith("file://"):
+        from .filelog import FileLog
+        return FileLog(url[len("file://"):])
+    if url.startswith("kafka://"):
+        from .kafkalog import KafkaLog
+        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes)
+    raise ConfigError(f"--log {url!r}: expected file://DIR or kafka://HOST:PORT")
