@@ -52,7 +52,8 @@ class SnapshotStore:
         _fsync_dir(tmp)
         self.failpoint("written")
         old = self.dir / f"snapshot.old-{os.getpid()}"
-        if self.path.exists():
+        if self.path.exists():  # whole: it only ever appears by a rename of a complete directory
+            shutil.rmtree(old, ignore_errors=True)  # a crashed save's leftover (PIDs repeat across container restarts)
             os.replace(self.path, old)
         self.failpoint("old-moved")
         os.replace(tmp, self.path)

@@ -134,7 +134,11 @@ def cmd_bench_wan(a):
 
 
 def parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
+    """The argument parser of every subcommand; codec, optimizer and shape names come from their registries."""
+    from hilo.ops.bench.synthetic import QWEN3
+    from hilo.replica.codecs import CODECS
+    from hilo.replica.optimizers import OPTIMIZERS
+    codecs, optimizers, shapes = list(CODECS), list(OPTIMIZERS), list(QWEN3)
     ap = argparse.ArgumentParser(prog="hilo", description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
                                  "compressed gradients over a log (Kafka, or an embedded file log).",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,9 +164,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="run the built-in tiny trainer as a standalone producer")
     common(p)
-    p.add_argument("--codec", default="spar", choices=["dense", "topk", "powersgd", "spar"], help="default: %(default)s")
+    p.add_argument("--codec", default="spar", choices=codecs, help="default: %(default)s")
     p.add_argument("--budget", type=_budget, default="1.6%", help="bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: 1.6%%)")
-    p.add_argument("--optimizer", default="adamw", choices=["sgd", "adamw", "lion", "muon"], help="default: %(default)s")
+    p.add_argument("--optimizer", default="adamw", choices=optimizers, help="default: %(default)s")
     p.add_argument("--steps", type=int, default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="full checkpoint every K versions (default: %(default)s)")
@@ -202,9 +206,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     b = bsub.add_parser("codecs", help="message bytes, encode ms, decode+apply ms, error per codec x optimizer")
-    b.add_argument("--shapes", default="qwen3-1.7b,qwen3-0.6b", help="comma list of qwen3-1.7b, qwen3-0.6b, tiny (default: %(default)s)")
-    b.add_argument("--codecs", default="dense,topk,powersgd,spar", help="default: %(default)s")
-    b.add_argument("--optimizers", default="sgd,adamw,lion,muon", help="default: %(default)s")
+    b.add_argument("--shapes", default="qwen3-1.7b,qwen3-0.6b", help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
+    b.add_argument("--codecs", default=",".join(codecs), help="default: %(default)s")
+    b.add_argument("--optimizers", default=",".join(optimizers), help="default: %(default)s")
     b.add_argument("--steps", type=int, default=3, help="timed messages per row after one warm-up (default: %(default)s)")
     b.add_argument("--budget", type=_budget, default="1.6%", help="default: %(default)s")
     b.add_argument("--json", action="store_true", help="print a JSON list of rows")
@@ -215,7 +219,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--seeds", type=int, help="seeds per cell (default: 1 quick, 3 full)")
     q.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default: %(default)s)")
     q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
-    q.add_argument("--optimizers", help="comma list of adamw, muon, lion, sgd (default: all)")
+    q.add_argument("--optimizers", help=f"comma list of {', '.join(optimizers)} (default: all)")
     q.add_argument("--syncs", help="comma list of full, spar, powersgd, topk, delta (default: all; quick: full,spar)")
     q.add_argument("--budgets", type=_fractions, default="1.6%", help="comma list of per-message budgets as fractions of the bf16 "
                    "adapter; every lossy sync runs at each (default: %(default)s)")
@@ -231,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
                    help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
     w.add_argument("--links", default="100,1000", help="link rates in Mbit/s (default: %(default)s)")
     w.add_argument("--sites", default="1,4", help="site counts (default: %(default)s)")
-    w.add_argument("--shape", default="qwen3-1.7b", help="adapter shape: qwen3-1.7b, qwen3-0.6b, tiny (default: %(default)s)")
+    w.add_argument("--shape", default="qwen3-1.7b", choices=shapes, help="adapter shape (default: %(default)s)")
     w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
     w.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     w.set_defaults(fn=cmd_bench_wan)

@@ -23,7 +23,7 @@ from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
-from hilo.schemas.errors import ConfigError, LogError
+from hilo.schemas.errors import ConfigError, LogError, TrainerError
 
 from .lora_params import lora_parameters
 from .update_builder import Proposal, UpdateBuilder
@@ -88,6 +88,10 @@ class HiLoProducer:
         self.model = model
         self.log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes)
         self.manifest, self.params = lora_parameters(model, config.adapter)
+        room = config.budget.payload_bytes(self.manifest)
+        if config.codec != "dense" and room <= 0:
+            raise ConfigError(f"ProducerConfig.budget: {config.budget.message_bytes(self.manifest)} bytes per message for this "
+                              f"{self.manifest.adapter_bytes()}-byte adapter leave {room} bytes of payload after the header; raise the budget")
         self.updates, self.checkpoints = updates_topic(config.run), checkpoints_topic(config.run)
         self.log.create_topics(config.run)
         self.store = SnapshotStore(config.state_dir) if config.state_dir else None
@@ -95,7 +99,7 @@ class HiLoProducer:
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
-        self._write_back()
+        self.write_back()
 
     @property
     def replica(self) -> PolicyReplica:
@@ -155,14 +159,14 @@ class HiLoProducer:
         elif pending is not None:
             logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", self.config.run, pending.version)
         self.in_doubt = None
-        self._write_back()
+        self.write_back()
 
     def _publish_checkpoint(self, replica, updates_offset, log_bytes):
         data = replica.checkpoint().to_bytes()
         extra = {"hilo-digest": replica.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes)}
         self.log.append(self.checkpoints, split(data, self.config.run, "checkpoint", replica.version, self.config.chunk_bytes, extra))
 
-    def _write_back(self):
+    def write_back(self):
         """Copy the replica's fp32 params into the training model (its dtype)."""
         with torch.no_grad():
             for p, src in zip(self.params, self.replica.state.params):
@@ -185,12 +189,25 @@ class HiLoProducer:
         logger.warning("run %s: publishing v%d reported %s, but the log holds it; continuing", self.config.run, msg.version, error)
         return [end - 1]
 
-    def step(self, meta: dict | None = None, **hparams) -> int:
-        """Encode the LoRA grads, publish, then commit: apply locally, write params back, zero the grads. Returns the version."""
+    def gradients(self) -> list:
+        """The LoRA params' .grad in manifest order (zeros for a block outside the graph); refuses none at all, or NaN/Inf."""
+        if all(p.grad is None for p in self.params):
+            raise TrainerError(f"run {self.config.run}: no LoRA parameter has a gradient (call loss.backward() first; "
+                               f"is adapter {self.config.adapter!r} trainable?)")
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        for b, g in zip(self.manifest.blocks, grads):
+            if not bool(torch.isfinite(g).all()):
+                raise TrainerError(f"run {self.config.run}: the gradient of '{b.key}' has NaN/Inf values; nothing was published "
+                                   f"(skip this step, as a grad scaler does, or lower the learning rate)")
+        return grads
+
+    def step(self, meta: dict | None = None, zero_grad: bool = True, **hparams) -> int:
+        """Encode the LoRA grads, publish, then commit: apply locally, write params back (and zero the grads
+        unless `zero_grad=False`, as torch optimizers leave them). Returns the version."""
         t0 = time.perf_counter()
         if self.in_doubt is not None:
             self.resync()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = self.gradients()
         proposal = self.builder.propose(grads, self.config.hparams | hparams, meta)
         msg = proposal.message
         data = msg.to_bytes()
@@ -202,9 +219,10 @@ class HiLoProducer:
         self.builder.commit(proposal)
         self.log_bytes += len(data)
         self.next_offset = offsets[-1] + 1
-        self._write_back()
-        for p in self.params:
-            p.grad = None
+        self.write_back()
+        if zero_grad:
+            for p in self.params:
+                p.grad = None
         if msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due:
             self._checkpoint()
         self.last_step = {"version": msg.version, "bytes": len(data), "chunks": len(offsets),

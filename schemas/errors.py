@@ -31,3 +31,7 @@ class LogError(HiloError):
 
 class ConfigError(HiloError, ValueError):
     """A configuration value is out of range; the message names the field."""
+
+
+class TrainerError(HiloError):
+    """The training loop handed the trainer something it cannot publish (no gradients, NaN/Inf, a foreign layout)."""

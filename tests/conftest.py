@@ -5,10 +5,13 @@ import uuid
 import pytest
 
 from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.replica.codecs import CODECS as CODEC_REGISTRY
+from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
-CODECS = ("dense", "topk", "powersgd", "spar")
-OPTIMIZERS = ("sgd", "adamw", "lion", "muon")
+CODECS = tuple(CODEC_REGISTRY)
+LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
+OPTIMIZERS = tuple(OPTIMIZER_REGISTRY)
 LR = {"sgd": 0.05, "adamw": 1e-3, "lion": 1e-4, "muon": 0.02}
 
 
@@ -47,6 +50,13 @@ def small_model(seed=0, hidden=64, layers=2, rank=8):
     """The tiny trainer's model at test size."""
     from hilo.ops.tiny_trainer import build_model
     return build_model(seed=seed, rank=rank, hidden=hidden, layers=layers)
+
+
+def producer_config(**kw):
+    """ProducerConfig for the test-size model: a budget that leaves payload room (1.6% of it would not)."""
+    from hilo.producer.producer import ProducerConfig
+    from hilo.replica.codecs import Budget
+    return ProducerConfig(**({"budget": Budget(0.25)} | kw))
 
 
 def publish_random(producer, n, seed=0, scale=0.01):

@@ -26,9 +26,10 @@ import torch
 
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
 from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained
+from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.schemas.errors import ConfigError
 
-OPTIMIZERS = ("adamw", "muon", "lion", "sgd")
+OPTIMIZERS = tuple(OPTIMIZER_REGISTRY)
 TASKS = ("distill", "rl")
 # Half-decade steps; each grid spans the best rate of both tasks with a worse one on either side
 LR_GRID = {"adamw": (1e-4, 3e-4, 1e-3, 3e-3), "muon": (3e-4, 1e-3, 3e-3, 1e-2), "lion": (3e-5, 1e-4, 3e-4, 1e-3),

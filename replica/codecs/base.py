@@ -57,7 +57,8 @@ class Encoder:
 
     name = ""
     lossy = True
-    decoder = None  # staticmethod: the codec's decode(manifest, params, blocks, what, limits)
+    decoder = None              # staticmethod: the codec's decode(manifest, params, blocks, what, limits)
+    state_names = ("residual",)  # attributes that are this encoder's state: what a commit sets, what state_dict keeps
 
     def __init__(self, manifest: Manifest, budget: Budget = Budget()):
         # Configuration
@@ -89,6 +90,24 @@ class Encoder:
         """Adopt the state of an encoding whose message the log has acknowledged."""
         for name, value in encoding.state.items():
             setattr(self, name, value)
+
+    def state_dict(self) -> dict:
+        """The encoder's state (residual, warm starts, cursors): trainer-only, never on the wire."""
+        return {n: getattr(self, n) for n in self.state_names}
+
+    def load_state_dict(self, state: dict, what: str = "encoder state") -> None:
+        """Restore `state_dict()` output; names and tensor shapes must match this encoder's."""
+        if set(state) != set(self.state_names):
+            raise ConfigError(f"{what}: has {sorted(state)}, a {self.name} encoder keeps {sorted(self.state_names)}")
+        for n in self.state_names:
+            mine, theirs = getattr(self, n), state[n]
+            if isinstance(mine, list):
+                if not isinstance(theirs, list) or [tuple(x.shape) for x in theirs] != [tuple(x.shape) for x in mine]:
+                    raise ConfigError(f"{what}: '{n}' does not have this adapter's block shapes")
+                theirs = [x.detach().to("cpu", torch.float32).clone() for x in theirs]
+            elif type(theirs) is not type(mine):
+                raise ConfigError(f"{what}: '{n}' is a {type(theirs).__name__}, expected {type(mine).__name__}")
+            setattr(self, n, theirs)
 
 
 def payload_size(blocks: list) -> int:

@@ -25,6 +25,7 @@ class DenseEncoder(Encoder):
     name = "dense"
     lossy = False
     decoder = staticmethod(decode)
+    state_names = ()
 
     def compress(self, grads):
         """Send everything; no residual, no state."""

@@ -16,6 +16,7 @@ class PowerSGDEncoder(Encoder):
 
     name = "powersgd"
     decoder = staticmethod(decode)
+    state_names = ("residual", "q", "cursor")
 
     def __init__(self, manifest, budget: Budget = Budget(), rank: int | None = None, seed: int = 0):
         super().__init__(manifest, budget)

@@ -6,12 +6,12 @@ import torch
 
 from hilo.consumer.site import Site, SiteConfig
 from hilo.ops.lag import lag_rows
-from hilo.log import open_log, updates_topic
-from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.producer.producer import HiLoProducer
 from hilo.schemas.chunks import split
-from hilo.schemas.errors import ChainError, LogError
+from hilo.schemas.errors import ChainError, DivergenceError, LogError, MalformedMessage
 from hilo.schemas.records import UpdateMessage
-from tests.conftest import new_run, publish_random, small_model
+from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
 
 
 def site(log_url, run, tmp_path, name="s1", **kw):
@@ -25,7 +25,7 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
     from hilo.producer.lora_params import lora_parameters
     from hilo.ops.tiny_trainer import build_base
     run = new_run()
-    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url))
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 12)
     s = site(log_url, run, tmp_path, until_version=12, snapshot_every=4)
     assert s.run(progress=False) == 12
@@ -42,7 +42,7 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
 
 def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
     run = new_run()
-    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32), ProducerConfig(run=run, log=log_url, codec="dense"))
+    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32), producer_config(run=run, log=log_url, codec="dense"))
     publish_random(producer, 3)
     assert producer.last_step["bytes"] > 1 << 20 and producer.last_step["chunks"] >= 2
     s = site(log_url, run, tmp_path, until_version=3, export_adapters=False)
@@ -53,7 +53,7 @@ def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
 
 def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path):
     run = new_run()
-    cfg = ProducerConfig(run=run, log=log_url, codec="dense", chunk_bytes=64 << 10)
+    cfg = producer_config(run=run, log=log_url, codec="dense", chunk_bytes=64 << 10)
     producer = HiLoProducer(small_model(), cfg)
     publish_random(producer, 3)
     # A trainer that died after sending 2 of the 5 chunks of its v4.
@@ -73,7 +73,7 @@ def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path):
 
 def test_late_site_bootstraps_from_newest_checkpoint(log_url, tmp_path):
     run = new_run()
-    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url, checkpoint_every=10))
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, checkpoint_every=10))
     publish_random(producer, 55)
     s = site(log_url, run, tmp_path, until_version=55, export_adapters=False)
     assert s.follower.replica.version == 50  # did not replay from genesis
@@ -89,7 +89,7 @@ def test_late_site_bootstraps_from_newest_checkpoint(log_url, tmp_path):
 
 def test_restarted_trainer_resumes_at_head_and_refuses_another_model(log_url, tmp_path):
     run = new_run()
-    cfg = ProducerConfig(run=run, log=log_url, checkpoint_every=4)
+    cfg = producer_config(run=run, log=log_url, checkpoint_every=4)
     producer = HiLoProducer(small_model(), cfg)
     publish_random(producer, 6)
     head = producer.replica.digest
@@ -118,10 +118,11 @@ def _forge(producer, version=None, parent=None, run=None):
     ("other-run", r"offset 4: record of run 'intruder'"),
     ("gap", r"offset 4 \(v6\): gap: message is version 6, replica is at 4"),
     ("fork", r"offset 4 \(v5\): fork: version 5 starts from 0{32}"),
+    ("divergent", r"offset 4 \(v5\): version 5 produced digest [0-9a-f]{32}, message promises (07){16}"),
 ])
 def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, bad, error):
     run = new_run()
-    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url))
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 4)
     log = open_log(log_url)
     t = updates_topic(run)
@@ -131,13 +132,29 @@ def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, b
         log.append(t, split(_forge(producer, run="intruder"), "intruder", "update", 5))
     elif bad == "gap":
         log.append(t, split(_forge(producer, version=6), run, "update", 6))
-    else:
+    elif bad == "fork":
         log.append(t, split(_forge(producer, parent=bytes(16)), run, "update", 5))
+    else:  # the right chain, but applying it does not give the digest it promises
+        log.append(t, split(_forge(producer), run, "update", 5))
     s = site(log_url, run, tmp_path, export_adapters=False, idle_exit_s=30)
-    with pytest.raises((LogError, ChainError), match=error):
+    with pytest.raises((LogError, ChainError, DivergenceError), match=error):
         s.run(progress=False)
+    assert (s.follower.replica.version, s.follower.replica.digest) == (4, producer.replica.digest)  # untouched in memory
     pos = json.loads((tmp_path / "s1" / "snapshot" / "position.json").read_text())
     assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex() and pos["next_offset"] == 4
+    producer.close()
+
+
+def test_corrupt_checkpoint_on_the_log_is_a_named_error(log_url, tmp_path):
+    run = new_run()
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, checkpoint_every=3))
+    publish_random(producer, 3)
+    log = open_log(log_url)
+    good = producer.replica.checkpoint().to_bytes()
+    bad = good[:-40] + bytes(40)  # whole record, valid chunk headers, damaged zstd frame
+    log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 3, extra={"hilo-updates-offset": "3"}))
+    with pytest.raises(MalformedMessage, match=rf"{run}.checkpoints offset 2 \(checkpoint v3\)"):
+        site(log_url, run, tmp_path)
     producer.close()
 
 
@@ -150,7 +167,7 @@ def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path):
 
 def test_lag_reports_the_known_state(log_url, tmp_path):
     run = new_run()
-    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=log_url, codec="topk"))
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, codec="topk"))
     sizes = publish_random(producer, 10)
     for name, v in (("a", 4), ("b", 7)):
         site(log_url, run, tmp_path, name=name, until_version=v, export_adapters=False).run(progress=False)
@@ -162,3 +179,29 @@ def test_lag_reports_the_known_state(log_url, tmp_path):
         assert r["lag_bytes"] == sum(sizes[v:])
         assert (r["current_offset"], r["log_end_offset"]) == (v, 10)  # one record per message here
     producer.close()
+
+
+@pytest.mark.kafka
+def test_kafka_honours_a_chunk_size_above_the_broker_default(tmp_path):
+    """Bug B: chunk_bytes reached neither the producer nor the topics; a 6 MiB record failed with a raw traceback."""
+    run = new_run()
+    cfg = producer_config(run=run, log=KAFKA_URL, codec="dense", chunk_bytes=8 << 20)
+    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=128), cfg)
+    publish_random(producer, 2)
+    assert producer.last_step["chunks"] == 1 and producer.last_step["bytes"] > 5 << 20  # one record over 4 MiB
+    s = site(KAFKA_URL, run, tmp_path, until_version=2, export_adapters=False)  # a reader that was told nothing
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
+    producer.close()
+
+
+@pytest.mark.kafka
+def test_kafka_refuses_a_chunk_size_the_topic_cannot_take():
+    run = new_run()
+    log = open_log(KAFKA_URL)
+    for t in (updates_topic(run), f"{run}.checkpoints"):  # made by an operator with Kafka's default record limit
+        log.admin.create_topics({t: {"num_partitions": 1, "replication_factor": 1, "configs": {"max.message.bytes": str(1 << 20)}}})
+    with pytest.raises(LogError, match=rf"topic '{run}.updates' takes records of at most 1048576 bytes \(max.message.bytes\), "
+                                       r"chunk_bytes 2097152 needs 2162688; lower chunk_bytes"):
+        HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, chunk_bytes=2 << 20))
+    log.close()

@@ -11,8 +11,8 @@ import pytest
 from hilo.consumer.site import Site, SiteConfig
 from hilo.ops.lag import lag_rows
 from hilo.log import open_log
-from hilo.producer.producer import HiLoProducer, ProducerConfig
-from tests.conftest import KAFKA_URL, new_run, publish_random, small_model
+from hilo.producer.producer import HiLoProducer
+from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path
     rng = random.Random(20)
     run = new_run("kill")
     producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32),
-                            ProducerConfig(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
+                            producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
     publish_random(producer, 2)
     state = str(tmp_path / "victim")
     log = open_log(KAFKA_URL)
@@ -73,8 +73,6 @@ def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp
     time.sleep(random.Random(5).uniform(0.0, 0.5))  # fault injection at a random instant
     first.send_signal(signal.SIGKILL)
     first.wait()
-    killed_at = lag_rows(open_log(KAFKA_URL), run)  # no sites yet: just proves the log is readable
-    assert killed_at == []
     second = _hilo("produce", *common, "--steps", "8")
     out, err = second.communicate(timeout=600)
     assert second.returncode == 0, err[-3000:]
@@ -91,7 +89,7 @@ def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp
 @pytest.mark.parametrize("log_kind", ["file"])
 def test_sigterm_stops_between_versions_and_saves_the_position(tmp_path, log_kind):
     url, run = f"file://{tmp_path}/log", new_run("term")
-    producer = HiLoProducer(small_model(), ProducerConfig(run=run, log=url))
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=url))
     publish_random(producer, 5)
     p = _hilo("consume", "--log", url, "--run", run, "--site", "t", "--state-dir", str(tmp_path / "t"), "--no-progress",
               "--snapshot-every", "1000")

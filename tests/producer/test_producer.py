@@ -1,50 +1,162 @@
-"""HiLoProducer's own guarantees: a failed publish leaves no trace; config errors name the field."""
+"""HiLoProducer's own guarantees: propose, then commit; a publish with an unknown outcome never forks or
+skips a version; config errors name the field."""
 import pytest
+import torch
 
+from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.schemas.errors import HiloError, LogError
-from tests.conftest import publish_random, small_model
+from tests.conftest import producer_config, publish_random, small_model
 
 
-class FailingAppends:
-    """The real file log, except that appends to the updates topic fail while `fail` is set."""
+class FlakyLog:
+    """The real file log, except that while `down` is set every call touching the updates topic raises.
+
+    stored_then_down: the next append is stored, then the log goes down before the ack reaches the trainer
+    (the broker has the message; the trainer cannot tell).
+    """
 
     def __init__(self, log):
-        self.log, self.fail = log, False
+        self.log, self.down, self.stored_then_down = log, False, False
+
+    def _check(self, topic):
+        if self.down and topic.endswith(".updates"):
+            raise LogError("simulated outage: connection refused")
+
+    def append(self, topic, records):
+        self._check(topic)
+        if self.stored_then_down and topic.endswith(".updates"):
+            self.log.append(topic, records)
+            self.stored_then_down, self.down = False, True
+            raise LogError("simulated outage: ack lost")
+        return self.log.append(topic, records)
+
+    def read(self, topic, *a, **kw):
+        self._check(topic)
+        return self.log.read(topic, *a, **kw)
+
+    def end_offset(self, topic):
+        self._check(topic)
+        return self.log.end_offset(topic)
+
+    def begin_offset(self, topic):
+        self._check(topic)
+        return self.log.begin_offset(topic)
 
     def __getattr__(self, name):
         return getattr(self.log, name)
 
-    def append(self, topic, records):
-        if self.fail and topic.endswith(".updates"):
-            raise LogError("simulated broker outage")
-        return self.log.append(topic, records)
+
+def _grads(version, salt=0):
+    """The gradients of one step (seeded by version): the same on the faulty run and on the reference."""
+    return torch.Generator().manual_seed(1000 * salt + version)
 
 
-def test_failed_publish_rolls_back_and_the_next_step_continues_the_chain(tmp_path):
-    from hilo.consumer.site import Site, SiteConfig
+def _step(producer, gen):
+    for p in producer.params:
+        p.grad = torch.randn(p.shape, generator=gen) * 0.01
+    return producer.step(lr=1e-3)
+
+
+def _reference(tmp_path, gens):
+    """A producer that saw no fault, fed `gens` in order: the digest the faulty run must reach."""
+    ref = HiLoProducer(small_model(), producer_config(run="ref", log=f"file://{tmp_path}/ref"))
+    for g in gens:
+        _step(ref, g)
+    return ref.replica.digest
+
+
+def _site_digest(url, run, tmp_path, version):
+    s = Site(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
+    s.run(progress=False)
+    return s.follower.replica.digest
+
+
+def _at_v2(tmp_path):
+    """(url, flaky log, producer) after two clean versions."""
     url = f"file://{tmp_path}/log"
-    log = FailingAppends(open_log(url))
-    producer = HiLoProducer(small_model(), ProducerConfig(run="r", log=url), log_backend=log)
+    log = FlakyLog(open_log(url))
+    producer = HiLoProducer(small_model(), producer_config(run="r", log=url), log_backend=log)
+    for v in (1, 2):
+        _step(producer, _grads(v))
+    return url, log, producer
+
+
+def test_log_down_during_step_leaves_the_trainer_uncommitted_and_the_run_continues_without_a_gap(tmp_path):
+    """Bug A: publish and head() both fail; the old code kept the unpublished version and published v+2 next."""
+    url, log, producer = _at_v2(tmp_path)
+    digest = producer.replica.digest
+    log.down = True
+    with pytest.raises(LogError, match="connection refused"):
+        _step(producer, _grads(3))
+    assert (producer.version, producer.replica.digest) == (2, digest)
+    assert producer.params[0].grad is not None  # the caller's gradients are still there to retry with
+    with pytest.raises(LogError, match="connection refused"):  # still down: the resync fails too, nothing moves
+        _step(producer, _grads(3))
+    assert producer.version == 2
+    log.down = False
+    assert _step(producer, _grads(3, salt=1)) == 3 and _step(producer, _grads(4)) == 4
+    assert _site_digest(url, "r", tmp_path, 4) == producer.replica.digest
+    assert producer.replica.digest == _reference(tmp_path, [_grads(1), _grads(2), _grads(3, salt=1), _grads(4)])
+
+
+def test_publish_stored_but_unacknowledged_is_adopted_from_the_log_with_its_error_feedback(tmp_path):
+    """The log has v3 though the trainer saw an error: the next step resyncs to v3 (and its residual), then v4."""
+    url, log, producer = _at_v2(tmp_path)
+    log.stored_then_down = True
+    with pytest.raises(LogError, match="ack lost"):
+        _step(producer, _grads(3))
+    assert producer.version == 2 and producer.in_doubt is not None
+    log.down = False
+    assert _step(producer, _grads(4)) == 4  # resynced to the log's v3 first, never published a second v3
+    assert _site_digest(url, "r", tmp_path, 4) == producer.replica.digest
+    # Equal to a run that never failed: v3's spar residual was adopted, not lost (spar is lossy).
+    assert producer.replica.digest == _reference(tmp_path, [_grads(1), _grads(2), _grads(3), _grads(4)])
+
+
+def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
+    url = f"file://{tmp_path}/log"
+    log = FlakyLog(open_log(url))
+    producer = HiLoProducer(small_model(), producer_config(run="r", log=url), log_backend=log)
     publish_random(producer, 2)
-    digest, version = producer.replica.digest, producer.version
-    log.fail = True
-    with pytest.raises(LogError, match="simulated broker outage"):
+    digest, residual = producer.replica.digest, [e.clone() for e in producer.builder.encoder.residual]
+    log.append = lambda topic, records: (_ for _ in ()).throw(LogError("simulated: broker refused"))
+    with pytest.raises(LogError, match="broker refused"):
         publish_random(producer, 1, seed=9)
-    assert (producer.version, producer.replica.digest) == (version, digest)
-    log.fail = False
+    assert (producer.version, producer.replica.digest, producer.in_doubt) == (2, digest, None)
+    assert all(torch.equal(a, b) for a, b in zip(residual, producer.builder.encoder.residual))
+    del log.append
     publish_random(producer, 2, seed=10)
-    site = Site(SiteConfig(log=url, run="r", site="s", state_dir=str(tmp_path / "s"), until_version=4, export_adapters=False))
-    site.run(progress=False)
-    assert site.follower.replica.digest == producer.replica.digest
+    assert _site_digest(url, "r", tmp_path, 4) == producer.replica.digest
+
+
+def test_propose_mutates_nothing(tmp_path):
+    producer = HiLoProducer(small_model(), producer_config(run="r", log=f"file://{tmp_path}/log", codec="powersgd"))
+    publish_random(producer, 1)
+    b = producer.builder
+    before = (b.replica.digest, [e.clone() for e in b.encoder.residual], [q.clone() for q in b.encoder.q], b.encoder.cursor)
+    proposal = b.propose([torch.randn(p.shape) for p in producer.params], {"lr": 1e-3})
+    assert proposal.version == 2 and proposal.message.digest != before[0]
+    assert b.replica.digest == before[0] and b.replica.version == 1
+    assert all(torch.equal(x, y) for x, y in zip(before[1], b.encoder.residual))
+    assert all(torch.equal(x, y) for x, y in zip(before[2], b.encoder.q)) and b.encoder.cursor == before[3]
+    b.commit(proposal)
+    assert b.replica.digest == proposal.message.digest and b.encoder.residual is proposal.encoding.state["residual"]
 
 
 @pytest.mark.parametrize("field,value,match", [
     ("run", "a/b", "ProducerConfig.run"), ("codec", "gzip", "ProducerConfig.codec"),
     ("optimizer", "adam", "ProducerConfig.optimizer"), ("checkpoint_every", 0, "ProducerConfig.checkpoint_every"),
+    ("chunk_bytes", 100, "ProducerConfig.chunk_bytes"),
     ("hparams", {"lr": -1.0}, r"hparams\['lr'\] = -1.0 is outside"),
 ])
 def test_config_errors_name_the_field(field, value, match):
     with pytest.raises(HiloError, match=match):
         ProducerConfig(**{"run": "r", field: value})
+
+
+def test_a_budget_with_no_room_for_payload_is_refused(tmp_path):
+    from hilo.replica.codecs import Budget
+    with pytest.raises(HiloError, match=r"ProducerConfig.budget: 524 bytes per message for this 32768-byte adapter leave -502 bytes"):
+        HiLoProducer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log", budget=Budget(0.016)))

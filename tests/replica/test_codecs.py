@@ -6,8 +6,7 @@ from hilo.ops.bench.synthetic import GradientStream, qwen3_manifest
 from hilo.replica.codecs import Budget, decode, make_encoder
 from hilo.replica.codecs.base import payload_size
 from hilo.schemas.records import UpdateMessage
-
-LOSSY = ("topk", "powersgd", "spar")
+from tests.conftest import CODECS, LOSSY
 
 
 @pytest.mark.parametrize("codec", LOSSY)
@@ -30,7 +29,7 @@ def test_error_feedback_conserves_the_gradient(manifest, grads, codec):
     assert err < 1e-5
 
 
-@pytest.mark.parametrize("codec", ("dense",) + LOSSY)
+@pytest.mark.parametrize("codec", CODECS)
 def test_decoded_equals_what_replicas_decode(manifest, grads, codec):
     """The encoder's own view of the message is exactly what a replica decodes from the bytes."""
     enc = make_encoder(codec, manifest, Budget(0.3))

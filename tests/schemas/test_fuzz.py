@@ -15,7 +15,7 @@ from hilo.replica.codecs import Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.errors import HiloError, LimitExceeded, MalformedMessage
 from hilo.schemas.framing import HEADER_BYTES, KIND_UPDATE, frame
-from tests.conftest import genesis
+from tests.conftest import CODECS, genesis
 
 N = 10_000
 
@@ -23,7 +23,7 @@ N = 10_000
 def _valid_messages(manifest, grads):
     """One valid next-version message per codec, all from the same genesis."""
     out = {}
-    for codec in ("dense", "topk", "powersgd", "spar"):
+    for codec in CODECS:
         trainer = genesis(manifest, "adamw")
         out[codec] = UpdateBuilder(trainer, make_encoder(codec, manifest, Budget(0.3))).step(grads.next(), {"lr": 1e-3})
     return out
