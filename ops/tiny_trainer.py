@@ -26,6 +26,18 @@ def build_base(seed: int = 0, hidden: int = 256, layers: int = 4):
     return model
 
 
+def build_tokenizer():
+    """A character-level tokenizer for TOKENS, as a transformers tokenizer (TRL and vLLM need one)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=STOI, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[0-9+=;]"), "isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token=";", bos_token=None,
+                                   padding_side="left", model_max_length=32)
+
+
 def build_model(seed: int = 0, rank: int = 16, hidden: int = 256, layers: int = 4):
     """build_base(seed) wrapped in a PEFT LoRA of `rank` on all 7 projections."""
     from peft import LoraConfig, get_peft_model
