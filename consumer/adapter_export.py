@@ -1,7 +1,8 @@
 """Write a replica's params as a PEFT adapter directory that `PeftModel.from_pretrained` (and vLLM) load.
 
 DIR/v00000017/{adapter_config.json, adapter_model.safetensors}; written to a temp dir and renamed, so a
-reader never sees half an adapter. The newest `keep` versions are kept.
+reader never sees half an adapter. The newest `keep` versions are kept, and any directory in `protect`
+(the one an inference server is serving from) whatever its age.
 """
 import json
 import os
@@ -24,8 +25,8 @@ def adapter_config(manifest) -> dict:
     }
 
 
-def export_adapter(replica, out_root, dtype: str = "bfloat16", keep: int = 3) -> pathlib.Path:
-    """Write version `replica.version` under out_root and prune older versions; returns its directory."""
+def export_adapter(replica, out_root, dtype: str = "bfloat16", keep: int = 3, protect=()) -> pathlib.Path:
+    """Write version `replica.version` under out_root and prune older versions (never those in `protect`); returns its directory."""
     root = pathlib.Path(out_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{replica.version:08d}"
@@ -39,6 +40,13 @@ def export_adapter(replica, out_root, dtype: str = "bfloat16", keep: int = 3) ->
     (tmp / "adapter_config.json").write_text(json.dumps(adapter_config(replica.manifest), indent=2))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    for old in sorted(p for p in root.iterdir() if p.name.startswith("v"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_adapters(root, keep, protect)
     return final
+
+
+def prune_adapters(out_root, keep: int, protect=()) -> None:
+    """Remove all but the newest `keep` version directories, never one in `protect`."""
+    protected = {pathlib.Path(p).name for p in protect}
+    for old in sorted(p for p in pathlib.Path(out_root).iterdir() if p.name.startswith("v"))[:-keep]:
+        if old.name not in protected:
+            shutil.rmtree(old, ignore_errors=True)

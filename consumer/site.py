@@ -6,6 +6,10 @@ Bootstrap order: --from-version (newest checkpoint <= V), else the local snapsho
 checkpoint on RUN.checkpoints (waiting for the producer if there is none yet). The snapshot (state +
 next offset) is replaced atomically every K versions and on exit, so a crash at any instant restarts
 from a whole snapshot and replays the rest; replay is deterministic, so it reaches the same digests.
+
+After each read of the log, the *newest* applied version is exported, handed to the hook and loaded
+into vLLM: a site catching up does not replay a backlog of reloads. If vLLM is down, the site keeps
+applying versions and retries the newest one; the served adapter directory is never pruned.
 """
 import json
 import logging
@@ -22,8 +26,9 @@ from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head, last_message
 from hilo.schemas.errors import ConfigError, HiloError
 
-from .adapter_export import DTYPES, export_adapter
-from .reload_hook import run_hook
+from .adapter_export import DTYPES, export_adapter, prune_adapters
+from .shell_hook import run_hook
+from .vllm_serving import VllmDown, VllmError, VllmServer
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +42,11 @@ class SiteConfig:
     export_adapters: write a PEFT adapter dir per version under STATE_DIR/adapters. Default: True
     export_dtype: bfloat16 | float16 | float32. Default: bfloat16
     keep_adapters: newest N adapter dirs kept. Default: 3
-    on_version: shell command run after each export (HILO_VERSION, HILO_ADAPTER_DIR, HILO_DIGEST). Default: None
+    on_version: shell command run after each export of the newest version (HILO_VERSION, HILO_ADAPTER_DIR,
+        HILO_DIGEST). Default: None
+    vllm: base URL of a vLLM server to load each newest version into (needs export_adapters). Default: None
+    lora_name: the adapter name requests to that server use. Default: policy
+    retry_serve_s: first wait before retrying a load vLLM could not take (doubles up to 60 s). Default: 2
     from_offset: start reading RUN.updates here (already-applied versions are checked and skipped). Default: None
     from_version: ignore the snapshot; bootstrap from the newest checkpoint <= V and replay. Default: None
     until_version: exit 0 once this version is applied. Default: None (follow forever)
@@ -54,6 +63,9 @@ class SiteConfig:
     export_dtype: str = "bfloat16"
     keep_adapters: int = 3
     on_version: str | None = None
+    vllm: str | None = None
+    lora_name: str = "policy"
+    retry_serve_s: float = 2.0
     from_offset: int | None = None
     from_version: int | None = None
     until_version: int | None = None
@@ -71,6 +83,12 @@ class SiteConfig:
             raise ConfigError(f"SiteConfig.from_offset = {self.from_offset}: must be >= 0")
         if not self.site or "/" in self.site:
             raise ConfigError(f"SiteConfig.site = {self.site!r}: must be a non-empty name without '/'")
+        if self.vllm is not None and not self.export_adapters:
+            raise ConfigError("SiteConfig.vllm: vLLM loads exported adapter directories; it cannot be used with export_adapters=False")
+        if self.vllm is not None and not self.vllm.startswith(("http://", "https://")):
+            raise ConfigError(f"SiteConfig.vllm = {self.vllm!r}: expected an http:// or https:// URL")
+        if not self.lora_name or "/" in self.lora_name:
+            raise ConfigError(f"SiteConfig.lora_name = {self.lora_name!r}: must be a non-empty name without '/'")
 
 
 class Site:
@@ -84,6 +102,24 @@ class Site:
         self.stopping = False
         self.follower = self._bootstrap()
         self.since_snapshot = 0
+        self.exported = None          # (version, adapter dir) of the newest export
+        self.serving = None           # (version, adapter dir) vLLM serves, once a load succeeded
+        self.served_versions = []     # every version loaded into vLLM, in order (what a catch-up loaded)
+        self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
+        self.retry_at, self.retry_wait = 0.0, cfg.retry_serve_s
+        if self.server:
+            self._start_serving()
+
+    def _start_serving(self):
+        """Check the server and load the bootstrapped version now: a wrong server or adapter fails here, in one line."""
+        try:
+            version = self.server.check()
+        except VllmDown as e:
+            logger.warning("site %s: %s; applying versions meanwhile, retrying the newest", self.cfg.site, e)
+            self.publish_newest()  # export now; the load is retried
+            return
+        logger.info("site %s: vLLM %s at %s serves %r", self.cfg.site, version, self.cfg.vllm, self.cfg.lora_name)
+        self.publish_newest(strict=True)
 
     def _bootstrap(self) -> Follower:
         cfg = self.cfg
@@ -124,16 +160,52 @@ class Site:
 
     # -- per version ---------------------------------------------------------------------------
     def _on_applied(self, upd, msg):
-        r, cfg = self.follower.replica, self.cfg
-        if cfg.export_adapters:
-            out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters)
-            if cfg.on_version:
-                run_hook(cfg.on_version, r.version, out, r.digest.hex())
+        r = self.follower.replica
         self.since_snapshot += 1
-        if self.since_snapshot >= cfg.snapshot_every:
+        if self.since_snapshot >= self.cfg.snapshot_every:
             self.snapshot()
         self.commit()
-        logger.debug("site %s: applied v%d digest %s (offset %d)", cfg.site, r.version, r.digest.hex()[:12], msg.last_offset)
+        logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, r.version, r.digest.hex()[:12], msg.last_offset)
+
+    def publish_newest(self, strict: bool = False):
+        """Export the newest version (once), run the hook, load it into vLLM; a vLLM that is down is retried later.
+
+        strict: raise on any vLLM failure (at start, where a wrong server or adapter must stop the site).
+        """
+        r, cfg = self.follower.replica, self.cfg
+        if not cfg.export_adapters:
+            return
+        if self.exported is None or self.exported[0] != r.version:
+            keep = [self.serving[1]] if self.serving else []
+            out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters, protect=keep)
+            self.exported = (r.version, out)
+            if cfg.on_version:
+                run_hook(cfg.on_version, r.version, out, r.digest.hex())
+        if self.server is None or (self.serving and self.serving[0] == r.version):
+            return
+        version, out = self.exported
+        try:
+            if self.server.version is None:
+                self.server.check()
+            self.server.load(out, version)
+        except VllmDown as e:
+            self._retry_later(e)
+            return
+        except VllmError as e:
+            if strict:
+                raise
+            self._retry_later(e)
+            return
+        self.serving, self.retry_wait = (version, out), cfg.retry_serve_s
+        self.served_versions.append(version)
+        prune_adapters(out.parent, cfg.keep_adapters, protect=[out])  # the previously served one may go now
+        self.commit()
+
+    def _retry_later(self, error):
+        self.retry_at = time.monotonic() + self.retry_wait
+        logger.warning("site %s: vLLM did not take v%d (%s); still serving %s, retrying the newest in %.0fs", self.cfg.site,
+                       self.exported[0], error, f"v{self.serving[0]}" if self.serving else "nothing", self.retry_wait)
+        self.retry_wait = min(60.0, 2 * self.retry_wait)
 
     def snapshot(self):
         """Atomically save state + position."""
@@ -144,8 +216,11 @@ class Site:
     def commit(self):
         """Commit the position (and what it means) as this site's consumer-group offset."""
         f = self.follower
-        meta = json.dumps({"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
-                           "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}, separators=(",", ":"))
+        meta = {"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
+                "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}
+        if self.server is not None:
+            meta["serving_version"] = self.serving[0] if self.serving else None
+        meta = json.dumps(meta, separators=(",", ":"))
         self.log.commit(self.group, updates_topic(self.cfg.run), f.next_offset, meta)
 
     # -- loop ----------------------------------------------------------------------------------
@@ -165,6 +240,8 @@ class Site:
                 n = f.poll(timeout_s=1.0, should_stop=lambda: self.stopping or (
                     cfg.until_version is not None and f.replica.version >= cfg.until_version),
                     on_applied=self._on_applied)
+                if n or (self.server and self.serving != self.exported and time.monotonic() >= self.retry_at):
+                    self.publish_newest()
                 if n:
                     last_new = time.monotonic()
                     bar.update(min(n, max(0, bar.total - bar.n)))

@@ -75,8 +75,8 @@ def cmd_consume(a):
     from hilo.consumer.site import Site, SiteConfig
     cfg = SiteConfig(log=a.log, run=a.run, site=a.site, state_dir=a.state_dir, snapshot_every=a.snapshot_every,
                      export_adapters=not a.no_export, export_dtype=a.export_dtype, keep_adapters=a.keep_adapters,
-                     on_version=a.on_version, from_offset=a.from_offset, from_version=a.from_version,
-                     until_version=a.until_version, idle_exit_s=a.idle_exit, wait_checkpoint_s=a.wait_checkpoint)
+                     on_version=a.on_version, vllm=a.vllm, lora_name=a.lora_name, from_offset=a.from_offset,
+                     from_version=a.from_version, until_version=a.until_version, idle_exit_s=a.idle_exit, wait_checkpoint_s=a.wait_checkpoint)
     site = Site(cfg)
     site.install_signal_handlers()
     v = site.run(progress=False if a.no_progress else None)
@@ -182,8 +182,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-export", action="store_true", help="do not write PEFT adapter dirs")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="default: %(default)s")
     p.add_argument("--keep-adapters", type=int, default=3, help="newest N adapter dirs kept (default: %(default)s)")
-    p.add_argument("--on-version", metavar="CMD", help="shell command after each version (env HILO_VERSION, HILO_ADAPTER_DIR, "
-                   "HILO_DIGEST); for vLLM: 'python -m hilo.consumer.reload_hook --vllm http://127.0.0.1:8000'")
+    p.add_argument("--on-version", metavar="CMD", help="shell command after each newest version is exported (env HILO_VERSION, "
+                   "HILO_ADAPTER_DIR, HILO_DIGEST); for engines other than vLLM")
+    p.add_argument("--vllm", metavar="URL", help="vLLM server to serve each newest version (started with --enable-lora and "
+                   "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; ops/vllm/start.sh does both)")
+    p.add_argument("--lora-name", default="policy", help="adapter name rollout requests to vLLM use (default: %(default)s)")
     p.add_argument("--from-offset", type=int, help="start reading RUN.updates at this offset")
     p.add_argument("--from-version", type=int, help="ignore the snapshot; replay from the newest checkpoint <= V")
     p.add_argument("--until-version", type=int, help="exit once this version is applied")

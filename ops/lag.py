@@ -5,7 +5,8 @@ import time
 from hilo.log import site_group, updates_topic
 from hilo.log.tail import head
 
-COLUMNS = ("SITE", "APPLIED-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAST-APPLIED")
+COLUMNS = ("SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "CURRENT-OFFSET", "LOG-END-OFFSET",
+           "LAST-APPLIED")
 
 
 def lag_rows(log, run: str, now: float | None = None) -> list:
@@ -29,7 +30,9 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
             m = {}
         version = int(m.get("version", -1))
         rows.append({
-            "site": m.get("site", group[len(prefix):]), "applied_version": version, "head_version": head_version,
+            "site": m.get("site", group[len(prefix):]), "applied_version": version,
+            "serving_version": m.get("serving_version"),  # None: no vLLM configured, or none loaded yet
+            "head_version": head_version,
             "lag": head_version - version if version >= 0 else None,
             "lag_bytes": head_bytes - int(m.get("log_bytes", 0)) if version >= 0 else None,
             "current_offset": offset, "log_end_offset": end,
@@ -47,7 +50,8 @@ def _age(s):
 
 def format_rows(rows) -> str:
     """Fixed-width table."""
-    cells = [COLUMNS] + [(r["site"], str(r["applied_version"]), str(r["head_version"]), str(r["lag"]), str(r["lag_bytes"]),
+    cells = [COLUMNS] + [(r["site"], str(r["applied_version"]), "-" if r["serving_version"] is None else str(r["serving_version"]),
+                          str(r["head_version"]), str(r["lag"]), str(r["lag_bytes"]),
                           str(r["current_offset"]), str(r["log_end_offset"]), _age(r["last_applied_age_s"])) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(COLUMNS))).rstrip() for c in cells)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: installs the project, starts the local Kafka broker (ops/kafka/), runs pytest, stops Kafka.
+# The test suite: installs the project, starts the local Kafka broker (ops/kafka/) and a vLLM CPU server on the
+# tiny base model (ops/vllm/), runs pytest, stops what it started.
 #   ops/test.sh                 # everything, Kafka integration tests included
 #   ops/test.sh -k determinism  # extra arguments go to pytest
 set -euo pipefail
@@ -7,11 +8,20 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 ops/setup.sh
 HILO_VENV=${HILO_VENV:-${HILO_CACHE:-$HOME/.cache/hilo-sync}/venv}
-started=0
+started=0 vllm_started=0
+trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; true' EXIT
 if ! ops/kafka/wait.sh --timeout 1 >/dev/null 2>&1; then
   ops/kafka/start.sh
   started=1
 fi
-trap '[ $started = 1 ] && ops/kafka/stop.sh' EXIT
+# vLLM (its own cached venv): the server serves the tiny Qwen3 base the tests train adapters for.
+source ops/vllm/env.sh
+HILO_VLLM_BASE=${HILO_VLLM_BASE:-$HILO_CACHE/vllm-base/tiny-qwen3-s0-h256-l4}
+[ -f "$HILO_VLLM_BASE/config.json" ] || "$HILO_VENV/bin/python" -m hilo.ops.tiny_trainer "$HILO_VLLM_BASE" >/dev/null
+if ! ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
+  ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16
+  vllm_started=1
+fi
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
+export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
 "$HILO_VENV/bin/python" -m pytest -p no:cacheprovider "$@"

@@ -81,3 +81,25 @@ def train(producer, steps: int, lr: float = 3e-3, seed: int = 0, on_step=None):
         if on_step:
             on_step(version, loss, compute_s, producer.last_step)
     return loss
+
+
+def save_base(out_dir, seed: int = 0, hidden: int = 256, layers: int = 4) -> str:
+    """build_base(...) and its tokenizer as a normal transformers directory (what vLLM loads); returns the dir."""
+    import pathlib
+    out = pathlib.Path(out_dir)
+    model = build_base(seed, hidden, layers)
+    model.generation_config.pad_token_id = PAD
+    model.save_pretrained(out)
+    build_tokenizer().save_pretrained(out)
+    return str(out)
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="Save the tiny Qwen3 base model (and tokenizer) as a transformers directory.")
+    ap.add_argument("out", help="directory to write")
+    ap.add_argument("--seed", type=int, default=0, help="base weights seed (default: %(default)s)")
+    ap.add_argument("--hidden", type=int, default=256, help="hidden size (default: %(default)s)")
+    ap.add_argument("--layers", type=int, default=4, help="layers (default: %(default)s)")
+    a = ap.parse_args()
+    print(save_base(a.out, a.seed, a.hidden, a.layers))

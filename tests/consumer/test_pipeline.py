@@ -27,8 +27,13 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
     run = new_run()
     producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 12)
-    s = site(log_url, run, tmp_path, until_version=12, snapshot_every=4)
-    assert s.run(progress=False) == 12
+    s = site(log_url, run, tmp_path, until_version=9, snapshot_every=4)
+    assert s.run(progress=False) == 9
+    adapters = tmp_path / "s1" / "adapters"
+    assert sorted(p.name for p in adapters.iterdir()) == ["v00000009"]  # caught up: the newest only, no backlog
+    for v in (10, 11, 12):  # a site that follows version by version keeps the newest keep_adapters=3
+        s = site(log_url, run, tmp_path, until_version=v, snapshot_every=4)
+        assert s.run(progress=False) == v
     assert s.follower.replica.digest == producer.replica.digest
     # The exported directory is a PEFT adapter holding exactly the replica's params (bf16).
     out = tmp_path / "s1" / "adapters" / "v00000012"
@@ -36,7 +41,7 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
     _, params = lora_parameters(model)
     for p, ref in zip(params, producer.replica.state.params):
         assert torch.equal(p.detach().to(torch.bfloat16), ref.to(torch.bfloat16))
-    assert sorted(p.name for p in (tmp_path / "s1" / "adapters").iterdir()) == ["v00000010", "v00000011", "v00000012"]
+    assert sorted(p.name for p in adapters.iterdir()) == ["v00000010", "v00000011", "v00000012"]
     producer.close()
 
 

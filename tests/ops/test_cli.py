@@ -43,7 +43,7 @@ def test_produce_consume_lag_inspect(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [(r["site"], r["applied_version"], r["lag"], r["digest"]) for r in rows] == [("x", 4, 0, digest)]
     assert main(["lag", "--log", url, "--run", run]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES",
+    assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES",
                                                                "CURRENT-OFFSET", "LOG-END-OFFSET", "LAST-APPLIED"]
     assert main(["inspect", "--log", url, "--run", run, "--version", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

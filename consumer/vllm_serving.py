@@ -1,0 +1,89 @@
+"""A site's link to its vLLM server: check it at start, load each new version, know which version serves.
+
+    hilo consume ... --vllm http://127.0.0.1:8000 --lora-name policy
+
+Requests naming `lora_name` are served by the newest version the site has loaded. A load is
+`POST /v1/load_lora_adapter` with `load_inplace` on the exported directory of that version; the
+hilo-sync vLLM plugin (ops/vllm/plugin/) makes vLLM read it once (stock vLLM re-reads it on every
+request while the in-place flag stays stored). Either way the site never prunes the directory being
+served. Supported: vLLM 0.32 (the serving layer the plugin patches; other versions work without it,
+re-reading the adapter per request, and the site says so at start).
+"""
+import json
+import logging
+
+import requests
+
+from hilo.schemas.errors import HiloError
+
+logger = logging.getLogger(__name__)
+PLUGIN_MARKER = "(hilo-sync: in-place flag cleared)"  # what ops/vllm/plugin appends to a successful in-place load
+
+
+class VllmError(HiloError):
+    """The vLLM server refused or cannot do what a site needs (the message names the cause)."""
+
+
+class VllmDown(VllmError):
+    """The server did not answer (connection refused, timeout, 5xx): worth retrying later."""
+
+
+class VllmServer:
+    """One vLLM OpenAI-compatible server, seen from a site.
+
+    url: base URL, e.g. http://127.0.0.1:8000
+    lora_name: the adapter name rollout requests use. Default: policy
+    timeout_s: per HTTP request. Default: 120
+    """
+
+    def __init__(self, url: str, lora_name: str = "policy", timeout_s: float = 120.0):
+        self.url, self.lora_name, self.timeout_s = url.rstrip("/"), lora_name, timeout_s
+        self.version = None        # vLLM's version string, once checked
+        self.plugin = None         # whether the hilo-sync plugin answered, once a load succeeded
+
+    def _call(self, method: str, path: str, **kw) -> requests.Response:
+        try:
+            r = requests.request(method, self.url + path, timeout=self.timeout_s, **kw)
+        except requests.RequestException as e:
+            raise VllmDown(f"vLLM at {self.url}: {path}: {type(e).__name__} (is the server running?)") from None
+        if r.status_code >= 500 and "add_lora" not in r.text:  # vLLM reports an adapter its worker rejects as a 500
+            raise VllmDown(f"vLLM at {self.url}: {path} answered HTTP {r.status_code}")
+        return r
+
+    def check(self) -> str:
+        """Raise VllmError unless this is a vLLM server; returns its version (VllmDown if it does not answer)."""
+        r = self._call("GET", "/version")
+        try:
+            version = r.json()["version"] if r.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            version = None
+        if version is None:
+            raise VllmError(f"{self.url} is not a vLLM server (GET /version answered HTTP {r.status_code}, no vLLM version)")
+        self.version = version
+        return version
+
+    def load(self, adapter_dir, version: int) -> None:
+        """Make requests naming `lora_name` use the adapter in `adapter_dir` (policy version `version`)."""
+        r = self._call("POST", "/v1/load_lora_adapter",
+                       json={"lora_name": self.lora_name, "lora_path": str(adapter_dir), "load_inplace": True})
+        if r.status_code == 404 and "lora" not in r.text.lower():
+            raise VllmError(f"vLLM at {self.url} has no runtime LoRA loading (POST /v1/load_lora_adapter: HTTP 404); "
+                            f"start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")
+        if r.status_code != 200:
+            raise VllmError(f"vLLM at {self.url} refused v{version}'s adapter {adapter_dir}: {_reason(r)}")
+        plugin = PLUGIN_MARKER in r.text
+        if self.plugin is None and not plugin:
+            logger.warning("vLLM at %s (%s) runs without the hilo-sync plugin (ops/vllm/plugin): it re-reads the adapter "
+                           "directory on every request; the site keeps the served directory, so this is slow, not wrong",
+                           self.url, self.version)
+        self.plugin = plugin
+        logger.info("vLLM at %s now serves v%d as %r", self.url, version, self.lora_name)
+
+
+def _reason(r: requests.Response) -> str:
+    """vLLM's error message from a JSON error body (or the start of the body)."""
+    try:
+        msg = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = r.text[:300]
+    return f"HTTP {r.status_code}: {json.dumps(msg)[1:-1]}"

