@@ -105,6 +105,7 @@ class Site:
         self.exported = None          # (version, adapter dir) of the newest export
         self.serving = None           # (version, adapter dir) vLLM serves, once a load succeeded
         self.served_versions = []     # every version loaded into vLLM, in order (what a catch-up loaded)
+        self.timing = {}              # seconds the newest export and vLLM load took: {"version", "export_s", "load_s"}
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
         self.retry_at, self.retry_wait = 0.0, cfg.retry_serve_s
         if self.server:
@@ -159,7 +160,8 @@ class Site:
             time.sleep(0.2)  # waiting on another process (the producer); nothing to synchronise with
 
     # -- per version ---------------------------------------------------------------------------
-    def _on_applied(self, upd, msg):
+    def on_applied(self, upd, msg):
+        """Bookkeeping after each applied version: snapshot every K, commit the position."""
         r = self.follower.replica
         self.since_snapshot += 1
         if self.since_snapshot >= self.cfg.snapshot_every:
@@ -175,15 +177,18 @@ class Site:
         r, cfg = self.follower.replica, self.cfg
         if not cfg.export_adapters:
             return
+        t0 = time.perf_counter()
         if self.exported is None or self.exported[0] != r.version:
             keep = [self.serving[1]] if self.serving else []
             out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters, protect=keep)
             self.exported = (r.version, out)
+            self.timing = {"version": r.version, "export_s": time.perf_counter() - t0}
             if cfg.on_version:
                 run_hook(cfg.on_version, r.version, out, r.digest.hex())
         if self.server is None or (self.serving and self.serving[0] == r.version):
             return
         version, out = self.exported
+        t1 = time.perf_counter()
         try:
             if self.server.version is None:
                 self.server.check()
@@ -198,6 +203,7 @@ class Site:
             return
         self.serving, self.retry_wait = (version, out), cfg.retry_serve_s
         self.served_versions.append(version)
+        self.timing["load_s"] = time.perf_counter() - t1
         prune_adapters(out.parent, cfg.keep_adapters, protect=[out])  # the previously served one may go now
         self.commit()
 
@@ -239,7 +245,7 @@ class Site:
                     break
                 n = f.poll(timeout_s=1.0, should_stop=lambda: self.stopping or (
                     cfg.until_version is not None and f.replica.version >= cfg.until_version),
-                    on_applied=self._on_applied)
+                    on_applied=self.on_applied)
                 if n or (self.server and self.serving != self.exported and time.monotonic() >= self.retry_at):
                     self.publish_newest()
                 if n:

@@ -128,6 +128,14 @@ def cmd_bench_quality(a):
     return quality(cfg, a.json, a.out)
 
 
+def cmd_bench_serve(a):
+    from hilo.ops.bench.serve import SHAPES, main as serve
+    bad = [s for s in a.shapes.split(",") if s not in SHAPES]
+    if bad:
+        raise SystemExit(f"hilo bench serve: error: unknown shape(s) {bad}; expected {sorted(SHAPES)}")
+    return serve(a.json, a.shapes.split(","), a.versions, a.out)
+
+
 def cmd_bench_wan(a):
     from hilo.ops.bench.wan import main as wan
     return wan(a.json, a.steps, a.compute_s, a.links, a.sites, a.out, a.shape)
@@ -232,6 +240,12 @@ def parser() -> argparse.ArgumentParser:
                    help="compute nothing: report the runs already saved under --out (a sweep in progress or stopped)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
     q.set_defaults(fn=cmd_bench_quality)
+    s = bsub.add_parser("serve", help="publish -> first vLLM request served by the new version (apply, export, reload), per version")
+    s.add_argument("--shapes", default="tiny,qwen3-0.6b", help="comma list of tiny, qwen3-0.6b (default: %(default)s)")
+    s.add_argument("--versions", type=int, default=5, help="timed versions per shape after one warm-up (default: %(default)s)")
+    s.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/serve-TIME)")
+    s.add_argument("--json", action="store_true", help="print the results object")
+    s.set_defaults(fn=cmd_bench_serve)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
     w.add_argument("--steps", type=int, default=2, help="messages per method and config (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,

@@ -28,7 +28,7 @@ if [ -f "$VLLM_RUN_DIR/pid" ] && kill -0 "$(cat "$VLLM_RUN_DIR/pid")" 2>/dev/nul
 fi
 : > "$VLLM_RUN_DIR/server.log"
 # setsid: the server (and the engine process it spawns) is its own process group, which stop.sh signals.
-VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ALLOW_RUNTIME_LORA_UPDATING=$UPDATING \
+VLLM_TARGET_DEVICE=${VLLM_TARGET_DEVICE:-cpu} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ALLOW_RUNTIME_LORA_UPDATING=$UPDATING \
   OMP_NUM_THREADS=${HILO_VLLM_THREADS:-1} setsid nohup "$HILO_VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
   --model "$MODEL" --host "$VLLM_HOST" --port "$VLLM_PORT" --enable-lora --max-lora-rank "$RANK" --max-loras 2 \
   --max-model-len 32 --enforce-eager --gpu-memory-utilization 0.1 --dtype "$DTYPE" --seed 0 \
