@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
+from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head, last_message
@@ -73,6 +74,7 @@ class SiteConfig:
     wait_checkpoint_s: float = 600.0
 
     def __post_init__(self):
+        check_run(self.run, "SiteConfig.run")
         if self.snapshot_every < 1:
             raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
         if self.export_dtype not in DTYPES:

@@ -2,7 +2,21 @@
 
 A topic here is always a single partition: offset order is the order of policy versions.
 """
+import re
+
 from hilo.schemas.chunks import Record  # noqa: F401  (part of the interface)
+from hilo.schemas.errors import ConfigError
+
+# A run id names topics (RUN.updates), consumer groups and file-log folders: the one rule for every backend.
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,200}$")
+
+
+def check_run(run: str, what: str = "run") -> str:
+    """`run` if it is a valid run id; else ConfigError naming `what` (letters, digits, '_', '-'; no '.', '/')."""
+    if not isinstance(run, str) or not RUN_NAME.match(run):
+        raise ConfigError(f"{what} = {run!r}: a run id is 1-201 letters, digits, '_' or '-', starting with a letter or digit "
+                          f"(topics RUN.updates and RUN.checkpoints derive from it)")
+    return run
 
 
 def updates_topic(run: str) -> str:
@@ -55,6 +69,10 @@ class Log:
 
     def committed(self, group: str, topic: str):
         """(offset, metadata) last committed by `group`, or None."""
+        raise NotImplementedError
+
+    def runs(self) -> list:
+        """Run ids with an updates topic on this log, sorted (nothing is created)."""
         raise NotImplementedError
 
     def groups(self, prefix: str) -> list:

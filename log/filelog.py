@@ -18,7 +18,7 @@ import msgpack
 from hilo.schemas.chunks import Record
 from hilo.schemas.errors import LogError
 
-from .base import Log, checkpoints_topic, updates_topic
+from .base import Log, check_run, checkpoints_topic, updates_topic
 
 _HEAD = struct.Struct("<4sII")
 _MAGIC = b"HREC"
@@ -30,7 +30,6 @@ class FileLog(Log):
     def __init__(self, root: str):
         self.root = pathlib.Path(root)
         self.url = f"file://{self.root}"
-        self.root.mkdir(parents=True, exist_ok=True)
         self._index = {}  # topic -> [file position of each complete record]; extended incrementally
 
     # -- topics -------------------------------------------------------------------------------
@@ -39,6 +38,11 @@ class FileLog(Log):
 
     def create_topics(self, run, retention_ms=-1):
         """Create the run's topic folders (retention is not enforced by the file log)."""
+        check_run(run)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LogError(f"{self.url}: cannot create the log directory ({type(e).__name__}: {e.strerror})") from None
         created = []
         for t in (updates_topic(run), checkpoints_topic(run)):
             if not self._dir(t).exists():
@@ -49,6 +53,8 @@ class FileLog(Log):
 
     def check_topic(self, topic):
         """The file log has only single-partition, non-compacted topics; it must exist."""
+        if not self.root.is_dir():
+            raise LogError(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
         if not (self._dir(topic) / "records").exists():
             raise LogError(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")
 
@@ -147,6 +153,12 @@ class FileLog(Log):
             return None
         d = json.loads(path.read_text())
         return d["offset"], d["metadata"]
+
+    def runs(self):
+        """Folders RUN.updates holding a records file."""
+        if not self.root.is_dir():
+            raise LogError(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
+        return sorted(p.parent.name[: -len(".updates")] for p in self.root.glob("*.updates/records"))
 
     def groups(self, prefix):
         """Groups with a position file in any topic."""

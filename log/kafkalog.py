@@ -15,7 +15,7 @@ from kafka.structs import OffsetAndMetadata
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, Record
 from hilo.schemas.errors import LogError
 
-from .base import Log, checkpoints_topic, updates_topic
+from .base import Log, check_run, checkpoints_topic, updates_topic
 
 RETRIABLE_TRIES = 20
 RECORD_OVERHEAD = 64 << 10  # headers + batch framing on top of a chunk's value, bytes
@@ -39,31 +39,40 @@ class KafkaLog(Log):
     chunk_bytes: largest record value this client writes; sizes the producer's max_request_size, the topics'
         max.message.bytes and the readers' fetch sizes, and is checked against the cluster. Default: 900 KiB
     request_timeout_ms: per request. Default: 30000
+    connect_timeout_ms: how long the first connection may take before the log is reported unreachable. Default: 10000
     """
 
-    def __init__(self, bootstrap: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, request_timeout_ms: int = 30_000):
+    def __init__(self, bootstrap: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, request_timeout_ms: int = 30_000,
+                 connect_timeout_ms: int = 10_000):
         self.bootstrap = bootstrap
         self.url = f"kafka://{bootstrap}"
         self.chunk_bytes = chunk_bytes
         self.record_bytes = chunk_bytes + RECORD_OVERHEAD  # one record as the broker counts it
         self.timeout_ms = request_timeout_ms
+        self.connect_timeout_ms = connect_timeout_ms
+        self._unreachable = None  # the LogError of a failed first connection: reported again at once, not after another wait
         self._admin = self._producer = self._consumer = None
         self._positions = {}  # topic -> next offset the consumer will return
 
     @property
     def admin(self):
         """Lazily connected admin client."""
+        if self._unreachable is not None:
+            raise self._unreachable
         if self._admin is None:
             try:
                 self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=self.timeout_ms,
-                                               client_id="hilo-admin")
+                                               bootstrap_timeout_ms=self.connect_timeout_ms, client_id="hilo-admin")
             except KafkaError as e:
-                raise LogError(f"{self.url}: cannot connect ({type(e).__name__}: {e}); is the broker running? (ops/kafka/start.sh)") from None
+                self._unreachable = LogError(f"{self.url}: cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); "
+                                             f"is the broker running and reachable? (ops/kafka/start.sh starts a local one)")
+                raise self._unreachable from None
         return self._admin
 
     # -- topics -------------------------------------------------------------------------------
     def create_topics(self, run, retention_ms=-1):
         """Create RUN.updates / RUN.checkpoints with one partition and delete retention; validate existing ones."""
+        check_run(run)
         created = []
         replication = min(3, len(_retry("describe cluster", self.admin.describe_cluster)["brokers"]))
         self._check_broker_limits()
@@ -190,6 +199,11 @@ class KafkaLog(Log):
         res = _retry(f"fetch offsets of {group}", self.admin.list_group_offsets, {group: None})
         om = res.get(group, {}).get(TopicPartition(topic, 0))
         return None if om is None or om.offset < 0 else (om.offset, om.metadata)
+
+    def runs(self):
+        """Topics named RUN.updates on the cluster."""
+        topics = _retry("list topics", self.admin.list_topics)
+        return sorted(t[: -len(".updates")] for t in topics if t.endswith(".updates"))
 
     def groups(self, prefix):
         """Consumer groups whose id starts with `prefix`."""

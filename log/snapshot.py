@@ -11,7 +11,7 @@ import pathlib
 import shutil
 
 from hilo.replica.replica import PolicyReplica
-from hilo.schemas.errors import MalformedMessage
+from hilo.schemas.errors import ConfigError, MalformedMessage
 from hilo.schemas.records import Checkpoint, decode_record
 
 # Named crash points of `save`, in order (tests stop a save at each one, as a crash there would).
@@ -26,6 +26,18 @@ def _fsync_dir(path: pathlib.Path):
         os.close(fd)
 
 
+def ensure_writable_dir(path: pathlib.Path, what: str) -> None:
+    """Create `path` if needed and prove it takes a file; ConfigError in one line otherwise (a file in the way, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+        raise ConfigError(f"{what} {path}: cannot be used: {e.strerror or type(e).__name__}{where}") from None
+
+
 class SnapshotStore:
     """save(replica, position) / load() -> (replica, position) for one state directory.
 
@@ -36,6 +48,7 @@ class SnapshotStore:
         self.dir = pathlib.Path(state_dir)
         self.path = self.dir / "snapshot"
         self.failpoint = failpoint or (lambda point: None)
+        ensure_writable_dir(self.dir, "state dir")
 
     def save(self, replica: PolicyReplica, position: dict) -> None:
         """Write state + position (next offset, version, ...) atomically."""

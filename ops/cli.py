@@ -40,9 +40,62 @@ def _fractions(text: str) -> tuple:
     return out
 
 
+def _run(text: str) -> str:
+    """A run id, checked by the one rule every backend uses."""
+    from hilo.log.base import check_run
+    from hilo.schemas.errors import ConfigError
+    try:
+        return check_run(text, "--run")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _at_least(lo: int):
+    """argparse type: an int >= lo."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} is below the minimum {lo}")
+        return v
+    return parse
+
+
+def _names(allowed):
+    """argparse type: a comma list of names from `allowed` (a registry's keys)."""
+    def parse(text: str) -> list:
+        names = [n for n in text.split(",") if n]
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"{text!r}: unknown {bad or 'empty list'}; expected a comma list of {', '.join(allowed)}")
+        return names
+    return parse
+
+
+def _existing_run(log, run: str):
+    """LogError unless `run` has topics on `log`: says which runs do exist (read-only commands create nothing)."""
+    from hilo.log import updates_topic
+    from hilo.schemas.errors import LogError
+    try:
+        log.check_topic(updates_topic(run))
+    except LogError:
+        runs = log.runs()
+        shown = ", ".join(runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "") if runs else "none"
+        raise LogError(f"{log.url}: run {run!r} does not exist; runs here: {shown} (hilo topics list --log {log.url})") from None
+
+
 def cmd_demo(a):
     from hilo.ops.demo import run_demo
     return run_demo(a.log, a.steps, a.json)
+
+
+def cmd_topics_list(a):
+    from hilo.log import open_log
+    for run in open_log(a.log).runs():
+        print(run)
+    return 0
 
 
 def cmd_topics(a):
@@ -87,7 +140,9 @@ def cmd_consume(a):
 def cmd_lag(a):
     from hilo.ops.lag import format_rows, lag_rows
     from hilo.log import open_log
-    rows = lag_rows(open_log(a.log), a.run)
+    log = open_log(a.log)
+    _existing_run(log, a.run)
+    rows = lag_rows(log, a.run)
     print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
     return 0
 
@@ -98,6 +153,7 @@ def cmd_inspect(a):
     from hilo.log.tail import last_message
     from hilo.schemas.records import decode_record
     log = open_log(a.log)
+    _existing_run(log, a.run)
     ck = last_message(log, checkpoints_topic(a.run), a.run)
     manifest = decode_record(ck.data, "checkpoint").manifest if ck else None
     d = describe(log, a.run, a.version, manifest)
@@ -115,7 +171,7 @@ def cmd_inspect(a):
 
 def cmd_bench_codecs(a):
     from hilo.ops.bench.codecs import run, table
-    rows = run(a.shapes.split(","), a.codecs.split(","), a.optimizers.split(","), a.steps, a.budget)
+    rows = run(a.shapes, a.codecs, a.optimizers, a.steps, a.budget)
     print(json.dumps(rows, indent=2) if a.json else table(rows))
     return 0
 
@@ -129,11 +185,8 @@ def cmd_bench_quality(a):
 
 
 def cmd_bench_serve(a):
-    from hilo.ops.bench.serve import SHAPES, main as serve
-    bad = [s for s in a.shapes.split(",") if s not in SHAPES]
-    if bad:
-        raise SystemExit(f"hilo bench serve: error: unknown shape(s) {bad}; expected {sorted(SHAPES)}")
-    return serve(a.json, a.shapes.split(","), a.versions, a.out)
+    from hilo.ops.bench.serve import main as serve
+    return serve(a.json, a.shapes, a.versions, a.out)
 
 
 def cmd_bench_wan(a):
@@ -143,6 +196,7 @@ def cmd_bench_wan(a):
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand; codec, optimizer and shape names come from their registries."""
+    from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
     from hilo.ops.bench.synthetic import QWEN3
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
@@ -155,11 +209,13 @@ def parser() -> argparse.ArgumentParser:
 
     def common(p, log_required=True):
         p.add_argument("--log", required=log_required, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
-        p.add_argument("--run", required=True, help="run id; topics are RUN.updates and RUN.checkpoints")
+        p.add_argument("--run", required=True, type=_run, help="run id (letters, digits, '_', '-'); topics are RUN.updates "
+                       "and RUN.checkpoints")
 
     p = sub.add_parser("demo", help="trainer + 3 sites (one killed and restarted) on an embedded log; exit 0 if all match")
     p.add_argument("--log", default=None, metavar="URL", help="default: file:// log in a temp folder (no broker)")
-    p.add_argument("--steps", type=int, default=40, help="training steps / versions (default: %(default)s)")
+    p.add_argument("--steps", type=_at_least(3), default=40, help="training steps / versions, >= 3: site-2 is killed at a third "
+                   "and restarted at two thirds (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(fn=cmd_demo)
 
@@ -169,15 +225,18 @@ def parser() -> argparse.ArgumentParser:
     common(c)
     c.add_argument("--retention-ms", type=int, default=-1, help="retention of both topics; -1 keeps forever (default)")
     c.set_defaults(fn=cmd_topics)
+    c = tsub.add_parser("list", help="the runs on a log (topics RUN.updates)")
+    c.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
+    c.set_defaults(fn=cmd_topics_list)
 
     p = sub.add_parser("produce", help="run the built-in tiny trainer as a standalone producer")
     common(p)
     p.add_argument("--codec", default="spar", choices=codecs, help="default: %(default)s")
     p.add_argument("--budget", type=_budget, default="1.6%", help="bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: 1.6%%)")
     p.add_argument("--optimizer", default="adamw", choices=optimizers, help="default: %(default)s")
-    p.add_argument("--steps", type=int, default=100, help="training steps to run (default: %(default)s)")
+    p.add_argument("--steps", type=_at_least(1), default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="full checkpoint every K versions (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=_at_least(1), default=50, help="full checkpoint every K versions (default: %(default)s)")
     p.add_argument("--state-dir", default=None, help="trainer snapshot dir for fast restarts (default: resume from the log)")
     p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")
     p.set_defaults(fn=cmd_produce)
@@ -186,18 +245,18 @@ def parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--site", required=True, help="this site's name (its consumer group is hilo.RUN.SITE)")
     p.add_argument("--state-dir", required=True, help="snapshot + exported adapters live here")
-    p.add_argument("--snapshot-every", type=int, default=10, help="snapshot every K versions (default: %(default)s)")
+    p.add_argument("--snapshot-every", type=_at_least(1), default=10, help="snapshot every K versions (default: %(default)s)")
     p.add_argument("--no-export", action="store_true", help="do not write PEFT adapter dirs")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="default: %(default)s")
-    p.add_argument("--keep-adapters", type=int, default=3, help="newest N adapter dirs kept (default: %(default)s)")
+    p.add_argument("--keep-adapters", type=_at_least(1), default=3, help="newest N adapter dirs kept (default: %(default)s)")
     p.add_argument("--on-version", metavar="CMD", help="shell command after each newest version is exported (env HILO_VERSION, "
                    "HILO_ADAPTER_DIR, HILO_DIGEST); for engines other than vLLM")
     p.add_argument("--vllm", metavar="URL", help="vLLM server to serve each newest version (started with --enable-lora and "
                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; ops/vllm/start.sh does both)")
     p.add_argument("--lora-name", default="policy", help="adapter name rollout requests to vLLM use (default: %(default)s)")
-    p.add_argument("--from-offset", type=int, help="start reading RUN.updates at this offset")
-    p.add_argument("--from-version", type=int, help="ignore the snapshot; replay from the newest checkpoint <= V")
-    p.add_argument("--until-version", type=int, help="exit once this version is applied")
+    p.add_argument("--from-offset", type=_at_least(0), help="start reading RUN.updates at this offset")
+    p.add_argument("--from-version", type=_at_least(0), help="ignore the snapshot; replay from the newest checkpoint <= V")
+    p.add_argument("--until-version", type=_at_least(0), help="exit once this version is applied")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS", help="exit after this long with no new version")
     p.add_argument("--wait-checkpoint", type=float, default=600, metavar="SECONDS", help="wait for the first checkpoint (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while catching up")
@@ -210,25 +269,25 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="one update's header fields and per-block rank/k and bytes")
     common(p)
-    p.add_argument("--version", type=int, required=True, help="policy version to show")
+    p.add_argument("--version", type=_at_least(1), required=True, help="policy version to show")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     b = bsub.add_parser("codecs", help="message bytes, encode ms, decode+apply ms, error per codec x optimizer")
-    b.add_argument("--shapes", default="qwen3-1.7b,qwen3-0.6b", help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
-    b.add_argument("--codecs", default=",".join(codecs), help="default: %(default)s")
-    b.add_argument("--optimizers", default=",".join(optimizers), help="default: %(default)s")
-    b.add_argument("--steps", type=int, default=3, help="timed messages per row after one warm-up (default: %(default)s)")
+    b.add_argument("--shapes", type=_names(shapes), default="qwen3-1.7b,qwen3-0.6b", help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
+    b.add_argument("--codecs", type=_names(codecs), default=",".join(codecs), help="default: %(default)s")
+    b.add_argument("--optimizers", type=_names(optimizers), default=",".join(optimizers), help="default: %(default)s")
+    b.add_argument("--steps", type=_at_least(1), default=3, help="timed messages per row after one warm-up (default: %(default)s)")
     b.add_argument("--budget", type=_budget, default="1.6%", help="default: %(default)s")
     b.add_argument("--json", action="store_true", help="print a JSON list of rows")
     b.set_defaults(fn=cmd_bench_codecs)
     q = bsub.add_parser("quality", help="on-policy distillation and RL: pass@1/pass@4 per optimizer x sync method")
     q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
-    q.add_argument("--steps", type=int, help="training steps per run (default: 8 quick, 60 full)")
-    q.add_argument("--seeds", type=int, help="seeds per cell (default: 1 quick, 3 full)")
-    q.add_argument("--workers", type=int, default=2, help="parallel runs, one torch thread each (default: %(default)s)")
+    q.add_argument("--steps", type=_at_least(1), help="training steps per run (default: 8 quick, 60 full)")
+    q.add_argument("--seeds", type=_at_least(1), help="seeds per cell (default: 1 quick, 3 full)")
+    q.add_argument("--workers", type=_at_least(1), default=2, help="parallel runs, one torch thread each (default: %(default)s)")
     q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
     q.add_argument("--optimizers", help=f"comma list of {', '.join(optimizers)} (default: all)")
     q.add_argument("--syncs", help="comma list of full, spar, powersgd, topk, delta (default: all; quick: full,spar)")
@@ -241,13 +300,14 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
     q.set_defaults(fn=cmd_bench_quality)
     s = bsub.add_parser("serve", help="publish -> first vLLM request served by the new version (apply, export, reload), per version")
-    s.add_argument("--shapes", default="tiny,qwen3-0.6b", help="comma list of tiny, qwen3-0.6b (default: %(default)s)")
-    s.add_argument("--versions", type=int, default=5, help="timed versions per shape after one warm-up (default: %(default)s)")
+    s.add_argument("--shapes", type=_names(list(SERVE_SHAPES)), default="tiny,qwen3-0.6b",
+                   help=f"comma list of {', '.join(SERVE_SHAPES)} (default: %(default)s)")
+    s.add_argument("--versions", type=_at_least(1), default=5, help="timed versions per shape after one warm-up (default: %(default)s)")
     s.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/serve-TIME)")
     s.add_argument("--json", action="store_true", help="print the results object")
     s.set_defaults(fn=cmd_bench_serve)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
-    w.add_argument("--steps", type=int, default=2, help="messages per method and config (default: %(default)s)")
+    w.add_argument("--steps", type=_at_least(1), default=2, help="messages per method and config (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
                    help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
     w.add_argument("--links", default="100,1000", help="link rates in Mbit/s (default: %(default)s)")
@@ -261,10 +321,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point of the `hilo` console script."""
+    from hilo.ops.quiet import silence_unavoidable_warnings
+    silence_unavoidable_warnings()
     a = parser().parse_args(argv)
     logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("kafka", "urllib3", "httpx", "transformers"):
+    for noisy in ("urllib3", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # kafka-python logs each retry of what we then report in one line; DEBUG shows it all
+    logging.getLogger("kafka").setLevel(logging.DEBUG if a.log_level == "DEBUG" else logging.CRITICAL)
     try:
         return a.fn(a)
     except HiloError as e:

@@ -9,13 +9,13 @@ The trainer is a replica: its LoRA params are whatever the decoded messages make
 that applies the same messages holds the same policy, bit for bit.
 """
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head, last_message
@@ -29,7 +29,6 @@ from .lora_params import lora_parameters
 from .update_builder import Proposal, UpdateBuilder
 
 logger = logging.getLogger(__name__)
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,7 @@ class ProducerConfig:
     adapter: str = "default"
 
     def __post_init__(self):
-        if not RUN_NAME.match(self.run):
-            raise ConfigError(f"ProducerConfig.run = {self.run!r}: use letters, digits, '.', '_', '-' (topic names derive from it)")
+        check_run(self.run, "ProducerConfig.run")
         if self.codec not in CODECS:
             raise ConfigError(f"ProducerConfig.codec = {self.codec!r}: expected one of {sorted(CODECS)}")
         if self.optimizer not in OPTIMIZERS:

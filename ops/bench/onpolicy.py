@@ -52,14 +52,14 @@ class RunConfig:
 def sample(model, prompts: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Complete prompts (n, 6) with ANSWER_LEN tokens at temperature 1; returns (n, 10)."""
     out = model(input_ids=prompts, use_cache=True)
-    ids, past = prompts, out.past_key_values
+    ids, past = prompts, out.cache
     logits = out.logits[:, -1]
     for t in range(ANSWER_LEN):
         nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
         ids = torch.cat([ids, nxt], 1)
         if t < ANSWER_LEN - 1:
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
+            out = model(input_ids=nxt, cache=past, use_cache=True)
+            past, logits = out.cache, out.logits[:, -1]
     return ids
 
 

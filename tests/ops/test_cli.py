@@ -1,7 +1,10 @@
 """The `hilo` command as an operator uses it, on the embedded log."""
 import json
+import re
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,16 +46,89 @@ def test_produce_consume_lag_inspect(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [(r["site"], r["applied_version"], r["lag"], r["digest"]) for r in rows] == [("x", 4, 0, digest)]
     assert main(["lag", "--log", url, "--run", run]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES",
-                                                               "CURRENT-OFFSET", "LOG-END-OFFSET", "LAST-APPLIED"]
+    assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG",
+                                                               "LAG-BYTES", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAST-APPLIED"]
     assert main(["inspect", "--log", url, "--run", run, "--version", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["version"] == 2 and d["codec"] == "spar" and d["blocks_sent"] == len(d["blocks"]) > 0
     assert all(b["k"] >= 1 and b["block"].endswith(("lora_A", "lora_B")) for b in d["blocks"])
 
 
-def test_errors_are_one_clear_line(tmp_path, capsys):
-    assert main(["lag", "--log", f"file://{tmp_path}/none", "--run", "nope"]) == 1
-    assert "topic 'nope.updates' does not exist" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["produce", "--log", "file:///x", "--run", "r", "--budget", "lots"])
+def hilo(*args, timeout=120):
+    """Run the real `hilo` command: (exit code, stdout, stderr, seconds)."""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "hilo.ops.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
+
+
+def one_line(err: str) -> str:
+    """The error output must be exactly one line."""
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,code,match", [
+    (["demo", "--steps", "0"], 2, r"argument --steps: 0 is below the minimum 3"),
+    (["bench", "codecs", "--shapes", "nope"], 2, r"argument --shapes: 'nope': unknown \['nope'\]; expected a comma list of qwen3-1.7b"),
+    (["produce", "--log", "file:///x", "--run", "r", "--steps", "-1"], 2, r"argument --steps: -1 is below the minimum 1"),
+    (["produce", "--log", "file:///x", "--run", "r", "--budget", "lots"], 2, r"argument --budget: --budget 'lots'"),
+    (["topics", "create", "--log", "file:///x", "--run", "a/b"], 2, r"argument --run: --run = 'a/b': a run id is 1-201 letters"),
+    (["lag", "--log", "file:///x", "--run", "a.b"], 2, r"argument --run: --run = 'a.b'"),
+    (["inspect", "--log", "file:///x", "--run", "r", "--version", "0"], 2, r"argument --version: 0 is below the minimum 1"),
+])
+def test_usage_errors_exit_2_with_one_line(args, code, match):
+    rc, out, err, _ = hilo(*args)
+    assert rc == code and re.search(match, err.strip().splitlines()[-1]), err
+    assert "Traceback" not in err
+
+
+def test_read_only_commands_create_nothing_and_name_the_missing_log(tmp_path):
+    typo = tmp_path / "typo"
+    for cmd in (["lag"], ["inspect", "--version", "1"], ["topics", "list"]):
+        args = [*cmd, "--log", f"file://{typo}"] + (["--run", "r"] if cmd[0] != "topics" else [])
+        rc, _, err, _ = hilo(*args)
+        assert rc == 1 and re.search(rf"file://{typo}: no such log \(directory {typo} does not exist", one_line(err))
+    assert not typo.exists()
+
+
+def test_a_run_that_does_not_exist_lists_the_runs_that_do(tmp_path, capsys):
+    url = f"file://{tmp_path}/log"
+    assert main(["topics", "create", "--log", url, "--run", "alpha"]) == 0
+    rc, _, err, _ = hilo("lag", "--log", url, "--run", "nope")
+    assert rc == 1 and f"{url}: run 'nope' does not exist; runs here: alpha (hilo topics list --log {url})" in one_line(err)
+    rc, out, _, _ = hilo("topics", "list", "--log", url)
+    assert rc == 0 and out.split() == ["alpha"]
+
+
+@pytest.mark.kafka
+def test_kafka_missing_run_answers_within_seconds():
+    from tests.conftest import KAFKA_URL
+    rc, _, err, took = hilo("lag", "--log", KAFKA_URL, "--run", "no-such-run-anywhere")
+    assert rc == 1 and "run 'no-such-run-anywhere' does not exist; runs here:" in one_line(err)
+    assert took < 30, f"took {took:.0f}s"  # was: minutes of 'Topic not found' retries
+
+
+def test_unreachable_broker_is_one_line_within_a_bounded_time():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for cmd in (["lag"], ["inspect", "--version", "1"]):
+        rc, _, err, took = hilo(*cmd, "--log", f"kafka://127.0.0.1:{port}", "--run", "r")
+        assert rc == 1 and f"kafka://127.0.0.1:{port}: cannot connect within 10s" in one_line(err)
+        assert took < 45, f"took {took:.0f}s"  # was: a raw KafkaTimeoutError after 30 s, then more
+
+
+@pytest.mark.parametrize("obstacle", ["file", "file-parent"])
+def test_a_state_dir_that_cannot_be_used_is_one_line(tmp_path, obstacle):
+    url = f"file://{tmp_path}/log"
+    assert main(["topics", "create", "--log", url, "--run", "r"]) == 0
+    (tmp_path / "blocker").write_text("x")
+    state = tmp_path / "blocker" if obstacle == "file" else tmp_path / "blocker" / "site"
+    rc, _, err, _ = hilo("consume", "--log", url, "--run", "r", "--site", "s", "--state-dir", str(state), "--wait-checkpoint", "1")
+    assert rc == 1 and re.search(rf"state dir {state}: cannot be used: (File exists|Not a directory)", one_line(err))
+
+
+def test_demo_and_produce_print_no_deprecation_noise(tmp_path):
+    rc, out, err, _ = hilo("produce", "--log", f"file://{tmp_path}/log", "--run", "quiet", "--steps", "2", "--budget", "5%")
+    assert rc == 0 and "FutureWarning" not in err and "DeprecationWarning" not in err, err

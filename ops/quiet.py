@@ -1,0 +1,11 @@
+"""Warnings the project cannot avoid, silenced by their exact text (everything else still shows)."""
+import warnings
+
+# PEFT reads `model.is_gradient_checkpointing` when it wraps a model; transformers 5 deprecated the name.
+UNAVOIDABLE = (("`is_gradient_checkpointing` is deprecated", FutureWarning),)
+
+
+def silence_unavoidable_warnings() -> None:
+    """Filter exactly the warnings in UNAVOIDABLE."""
+    for text, category in UNAVOIDABLE:
+        warnings.filterwarnings("ignore", message=text, category=category)
