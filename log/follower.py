@@ -2,35 +2,54 @@
 
 Used by every site (consumer/site.py) and by a restarting trainer to catch up to the log head.
 """
+import logging
+
+from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Reassembler
-from hilo.schemas.errors import LogError, MalformedMessage
+from hilo.schemas.errors import DivergenceError, LogError, MalformedMessage
+from hilo.schemas.framing import frame_bound
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 
 from .base import checkpoints_topic, updates_topic
 from .tail import last_message
 
+logger = logging.getLogger(__name__)
+
 
 def bootstrap_from_log(log_backend, run: str, max_version: int | None = None):
-    """(replica, position) from the newest checkpoint on RUN.checkpoints (at most `max_version`)."""
+    """(replica, position) from the newest valid checkpoint on RUN.checkpoints (at most `max_version`).
+
+    A checkpoint that does not decode or verify is reported and the previous one is tried: a corrupt newest
+    checkpoint costs a longer replay, not the site.
+    """
     topic = checkpoints_topic(run)
-    before = None
+    before, skipped = None, None
     while True:
         msg = last_message(log_backend, topic, run, before)
         if msg is None:
+            if skipped is not None:
+                raise skipped  # every checkpoint in reach is unusable: report the newest one's problem
             raise LogError(f"{log_backend.url}: no checkpoint{'' if max_version is None else f' at or before v{max_version}'} "
                            f"on {topic} (has the producer started?)")
-        if max_version is None or msg.version <= max_version:
-            break
         before = msg.first_offset
-    what = f"{topic} offset {msg.first_offset} (checkpoint v{msg.version})"
-    ckpt = decode_record(msg.data, what)
-    if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
-        raise LogError(f"{what}: not a checkpoint of run {run!r}")
-    if "hilo-updates-offset" not in msg.headers:
-        raise MalformedMessage(f"{what}: missing header 'hilo-updates-offset'")
-    replica = PolicyReplica.from_checkpoint(ckpt, what)
-    return replica, {"next_offset": int(msg.headers["hilo-updates-offset"]), "log_bytes": int(msg.headers.get("hilo-log-bytes", 0))}
+        if max_version is not None and msg.version > max_version:
+            continue
+        what = f"{topic} offset {msg.first_offset} (checkpoint v{msg.version})"
+        try:
+            ckpt = decode_record(msg.data, what)
+            if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
+                raise LogError(f"{what}: not a checkpoint of run {run!r}")
+            if "hilo-updates-offset" not in msg.headers:
+                raise MalformedMessage(f"{what}: missing header 'hilo-updates-offset'")
+            replica = PolicyReplica.from_checkpoint(ckpt, what)
+        except (MalformedMessage, DivergenceError, LogError) as e:
+            logger.warning("%s; falling back to the previous checkpoint", e)
+            skipped = skipped or e
+            continue
+        if skipped is not None:
+            logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
+        return replica, {"next_offset": int(msg.headers["hilo-updates-offset"]), "log_bytes": int(msg.headers.get("hilo-log-bytes", 0))}
 
 
 class Follower:
@@ -42,7 +61,8 @@ class Follower:
         self.next_offset = next_offset     # resume point: a snapshot stores this
         self.read_offset = next_offset     # where the next read starts (may be inside a message)
         self.log_bytes = log_bytes         # cumulative bytes of update messages through the replica's version
-        self.reassembler = Reassembler(run, self.topic)
+        # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
+        self.reassembler = Reassembler(run, self.topic, max_bytes=frame_bound(update_size_bound(replica.manifest)))
         begin = self.log.begin_offset(self.topic)
         if next_offset < begin:
             raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "

@@ -54,14 +54,15 @@ class Reassembler:
     arrives: the writer died mid-message and the restarted writer sent that version again.
     """
 
-    def __init__(self, run: str, topic: str, limits: Limits = DEFAULT_LIMITS):
+    def __init__(self, run: str, topic: str, limits: Limits = DEFAULT_LIMITS, max_bytes: int | None = None):
         self.run, self.topic, self.limits = run, topic, limits
-        self.max_bytes = limits.max_frame_bytes
-        self.parts, self.head, self.discarded = [], None, 0
+        # The largest message accepted: the caller's bound (from the manifest) or the global frame limit.
+        self.max_bytes = min(max_bytes, limits.max_frame_bytes) if max_bytes else limits.max_frame_bytes
+        self.parts, self.head, self.discarded, self.buffered = [], None, 0, 0
 
     def reset(self) -> None:
         """Forget a partly read message (the reader will read it again from its first chunk)."""
-        self.parts, self.head = [], None
+        self.parts, self.head, self.buffered = [], None, 0
 
     def feed(self, rec: Record) -> Message | None:
         """Add one record; raise LogError/MalformedMessage naming the offset for foreign or broken records."""
@@ -83,20 +84,23 @@ class Reassembler:
         if i == 0:
             if self.parts:
                 self.discarded += 1
-            self.parts, self.head = [rec], ident
+            self.parts, self.head, self.buffered = [], ident, 0
         elif self.head != ident or i != len(self.parts):
             # A continuation without its beginning (we started mid-message, or chunks of a dead writer).
             if self.parts:
                 self.discarded += 1
-            self.parts, self.head = [], None
+            self.reset()
             return None
-        else:
-            self.parts.append(rec)
+        if self.buffered + len(rec.value) > size:  # refuse at the chunk that overflows, before buffering it
+            self.reset()
+            raise MalformedMessage(f"{what} (v{version}): chunk {i}/{n} brings the message past its declared {size} bytes")
+        self.parts.append(rec)
+        self.buffered += len(rec.value)
         if len(self.parts) < n:
             return None
         data = b"".join(p.value for p in self.parts)
         first = self.parts[0].offset
-        self.parts, self.head = [], None
+        self.reset()
         if len(data) != size or xxhash.xxh3_64_hexdigest(data) != h.get("hilo-sum"):
             raise MalformedMessage(f"{self.topic} offsets {first}..{rec.offset} (v{version}): reassembled {len(data)} bytes "
                                    f"do not match header size {size} / checksum {h.get('hilo-sum')}")

@@ -17,6 +17,11 @@ HEADER_BYTES = _HEADER.size          # 16
 ZSTD_LEVEL = 3
 
 
+def frame_bound(decompressed: int) -> int:
+    """Largest framed record a body of `decompressed` bytes can legitimately become (header + zstd's worst case)."""
+    return HEADER_BYTES + decompressed + (decompressed >> 8) + (64 << 10)
+
+
 def frame(kind: int, body: dict, level: int = ZSTD_LEVEL) -> bytes:
     """Serialise `body` with msgpack, compress with zstd, and prepend the 16-byte header."""
     raw = msgpack.packb(body, use_bin_type=True)

@@ -1,5 +1,6 @@
 """Producer -> log -> sites, on both backends: digests, chunking, bootstrap, restarts, bad input, lag."""
 import json
+import re
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path):
     publish_random(producer, 3)
     # A trainer that died after sending 2 of the 5 chunks of its v4.
     log = open_log(log_url)
-    doomed = split(b"\x01" * (300 << 10), run, "update", 4, 64 << 10)
+    doomed = split(b"\x01" * (150 << 10), run, "update", 4, 64 << 10)  # 3 chunks, under the adapter's update bound
     log.append(updates_topic(run), doomed[:2])
     producer.close()
     restarted = HiLoProducer(small_model(), cfg)
@@ -150,17 +151,34 @@ def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, b
     producer.close()
 
 
-def test_corrupt_checkpoint_on_the_log_is_a_named_error(log_url, tmp_path):
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp_path, caplog):
     run = new_run()
     producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, checkpoint_every=3))
-    publish_random(producer, 3)
+    publish_random(producer, 4)
     log = open_log(log_url)
     good = producer.replica.checkpoint().to_bytes()
     bad = good[:-40] + bytes(40)  # whole record, valid chunk headers, damaged zstd frame
-    log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 3, extra={"hilo-updates-offset": "3"}))
-    with pytest.raises(MalformedMessage, match=rf"{run}.checkpoints offset 2 \(checkpoint v3\)"):
-        site(log_url, run, tmp_path)
+    log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
+    s = site(log_url, run, tmp_path, until_version=4, export_adapters=False)
+    assert s.follower.replica.version == 3  # the v3 checkpoint before the corrupt v4 one
+    assert re.search(rf"{run}.checkpoints offset 2 \(checkpoint v4\).*falling back to the previous checkpoint", caplog.text)
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
     producer.close()
+
+
+def test_only_corrupt_checkpoints_is_a_named_error(log_url, tmp_path):
+    run = new_run()
+    log = open_log(log_url)
+    log.create_topics(run)
+    producer_model = small_model()
+    from hilo.producer.lora_params import lora_parameters
+    from hilo.replica.replica import PolicyReplica
+    manifest, params = lora_parameters(producer_model)
+    data = PolicyReplica.genesis(run, manifest, [p.detach() for p in params], "adamw").checkpoint().to_bytes()
+    log.append(checkpoints_topic(run), split(data[:-40] + bytes(40), run, "checkpoint", 0, extra={"hilo-updates-offset": "0"}))
+    with pytest.raises(MalformedMessage, match=rf"{run}.checkpoints offset 0 \(checkpoint v0\)"):
+        site(log_url, run, tmp_path)
 
 
 def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path):

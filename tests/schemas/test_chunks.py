@@ -74,3 +74,18 @@ def test_mixed_chunks_of_two_messages_are_discarded_not_spliced():
 def test_foreign_records_are_named(headers, error):
     with pytest.raises(LogError, match=error):
         Reassembler(RUN, TOPIC).feed(Record(0, None, b"x", headers))
+
+
+def test_chunks_past_the_declared_size_are_refused_at_the_overflowing_chunk():
+    """A sequence declaring 1,000 bytes whose chunks carry more: refused at the chunk that overflows."""
+    recs = [Record(i, b"1", b"x" * 600, h) for i, (_, _, h) in enumerate(split(b"y" * 1000, RUN, "update", 1, 500))]
+    r = Reassembler(RUN, TOPIC)
+    with pytest.raises(MalformedMessage, match=r"r.updates offset 1 \(v1\): chunk 1/2 brings the message past its declared 1000 bytes"):
+        feed_all(r, recs)
+    assert r.buffered == 0 and r.parts == []
+
+
+def test_a_caller_bound_is_enforced_at_the_first_chunk():
+    recs = records(b"x" * 5000, 2, chunk_bytes=1000)
+    with pytest.raises(LimitExceeded, match=r"r.updates offset 0 \(v2\): message of 5000 bytes > limit 4096"):
+        Reassembler(RUN, TOPIC, max_bytes=4096).feed(recs[0])

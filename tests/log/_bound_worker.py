@@ -1,0 +1,27 @@
+"""Subprocess side of test_memory_bounds: follow a file log until the site refuses; print the peak RSS growth.
+
+    python _bound_worker.py LOG_DIR RUN    ->  {"error": "...", "grew_mib": N}
+"""
+import json
+import resource
+import sys
+
+from hilo.log import open_log
+from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.schemas.errors import HiloError
+
+
+def rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+log = open_log(f"file://{sys.argv[1]}")
+run = sys.argv[2]
+replica, pos = bootstrap_from_log(log, run)
+base = rss_mib()
+error = None
+try:
+    Follower(log, run, replica, pos["next_offset"]).catch_up()
+except HiloError as e:
+    error = str(e)
+print(json.dumps({"error": error, "grew_mib": rss_mib() - base}))
