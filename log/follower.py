@@ -7,7 +7,7 @@ import logging
 from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Reassembler
-from hilo.schemas.errors import DivergenceError, LogError, MalformedMessage
+from hilo.schemas.errors import DivergenceError, ForeignRecord, LogError, MalformedMessage
 from hilo.schemas.framing import frame_bound
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 
@@ -53,7 +53,13 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None):
 
 
 class Follower:
-    """Applies RUN.updates to a replica. `next_offset` is always just past the last complete message handled."""
+    """Applies RUN.updates to a replica. `next_offset` is always just past the last complete message handled.
+
+    Each message is classified as a replica does: the next version is applied, a harmless duplicate of an
+    applied one is skipped, a gap, fork or divergence stops it (raises). A record that is not this run's
+    cannot move the replica: it is skipped with a warning (counted in `foreign`), so one stray write does not
+    halt every site and the trainer.
+    """
 
     def __init__(self, log_backend, run: str, replica: PolicyReplica, next_offset: int, log_bytes: int = 0):
         self.log, self.run, self.replica = log_backend, run, replica
@@ -63,6 +69,7 @@ class Follower:
         self.log_bytes = log_bytes         # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = Reassembler(run, self.topic, max_bytes=frame_bound(update_size_bound(replica.manifest)))
+        self.foreign = 0                   # records skipped because they are not this run's
         begin = self.log.begin_offset(self.topic)
         if next_offset < begin:
             raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
@@ -73,7 +80,12 @@ class Follower:
         applied = 0
         for rec in self.log.read(self.topic, self.read_offset, timeout_s):
             self.read_offset = rec.offset + 1
-            msg = self.reassembler.feed(rec)
+            try:
+                msg = self.reassembler.feed(rec)
+            except ForeignRecord as e:
+                self.foreign += 1
+                logger.warning("%s: skipped (a record that is not this run's cannot change its policy; find who writes it)", e)
+                continue
             if msg is None:
                 continue
             what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"

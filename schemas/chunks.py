@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .errors import LimitExceeded, LogError, MalformedMessage
+from .errors import ForeignRecord, LimitExceeded, MalformedMessage
 from .limits import DEFAULT_LIMITS, Limits
 
 DEFAULT_CHUNK_BYTES = 900 * 1024  # under Kafka's default 1 MiB max.message.bytes, with room for headers
@@ -69,9 +69,9 @@ class Reassembler:
         what = f"{self.topic} offset {rec.offset}"
         h = rec.headers
         if "hilo-chunk" not in h or "hilo-run" not in h:
-            raise LogError(f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
+            raise ForeignRecord(f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
         if h["hilo-run"] != self.run:
-            raise LogError(f"{what}: record of run {h['hilo-run']!r} in the topic of run {self.run!r}")
+            raise ForeignRecord(f"{what}: record of run {h['hilo-run']!r} in the topic of run {self.run!r}")
         i_s, _, n_s = h["hilo-chunk"].partition("/")
         if not (i_s.isdigit() and n_s.isdigit()) or not 0 <= int(i_s) < int(n_s) <= self.limits.max_chunks:
             raise MalformedMessage(f"{what}: header 'hilo-chunk' = {h['hilo-chunk']!r}, expected i/n with 0 <= i < n <= {self.limits.max_chunks}")

@@ -29,6 +29,10 @@ class LogError(HiloError):
     """The log (topic) is missing, misconfigured or holds records that do not belong to this run."""
 
 
+class ForeignRecord(LogError):
+    """A record that is not this run's (another run's, or not hilo-sync's at all): it cannot move the replica."""
+
+
 class ConfigError(HiloError, ValueError):
     """A configuration value is out of range; the message names the field."""
 
