@@ -25,7 +25,7 @@ from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head, last_message
-from hilo.schemas.errors import ConfigError, HiloError
+from hilo.schemas.errors import ConfigError, HiloError, LogError
 
 from .adapter_export import DTYPES, export_adapter, prune_adapters
 from .shell_hook import run_hook
@@ -134,14 +134,36 @@ class Site:
         else:
             replica, pos = bootstrap_from_log(self.log, cfg.run, cfg.from_version)
             source = "checkpoint"
+        if local is not None:
+            self._same_history(replica, pos)
         if local is not None and pos["next_offset"] < self.log.begin_offset(updates_topic(cfg.run)):
-            logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint", cfg.site, replica.version)
-            replica, pos = bootstrap_from_log(self.log, cfg.run)
+            newer, newer_pos = bootstrap_from_log(self.log, cfg.run)
+            if newer.genesis != replica.genesis or newer.version < replica.version:
+                raise LogError(f"site {cfg.site}: holds v{replica.version} (history {replica.genesis.hex()[:12]}); the log kept only "
+                               f"v{newer.version} of history {newer.genesis.hex()[:12]}: refusing to move backwards or to another "
+                               f"history (remove {cfg.state_dir} to follow what the log holds now)")
+            logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
+                           cfg.site, replica.version, newer.version)
+            replica, pos = newer, newer_pos
             source = "checkpoint (snapshot fell out of retention)"
         offset = pos["next_offset"] if cfg.from_offset is None else cfg.from_offset
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                  cfg.site, replica.version, replica.digest.hex()[:12], source, updates_topic(cfg.run), offset)
         return Follower(self.log, cfg.run, replica, offset, pos.get("log_bytes", 0))
+
+    def _same_history(self, replica, pos):
+        """A local snapshot must belong to the history the log holds: same genesis, and a log at least as long."""
+        cfg, topic = self.cfg, updates_topic(self.cfg.run)
+        h = head(self.log, checkpoints_topic(cfg.run), cfg.run) or {}
+        theirs = h.get("hilo-genesis")
+        if theirs is not None and theirs != replica.genesis.hex():
+            raise LogError(f"site {cfg.site}: its snapshot v{replica.version} is of history {replica.genesis.hex()[:12]}, the log's "
+                           f"checkpoints are of history {theirs[:12]} (the run was started again under the same name): refusing "
+                           f"it (remove {cfg.state_dir} to follow the new history)")
+        end = self.log.end_offset(topic)
+        if pos["next_offset"] > end:
+            raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos['next_offset']}, the log ends at {end} "
+                           f"(the topic was deleted and made again?): refusing to move backwards (remove {cfg.state_dir} to start over)")
 
     def _wait_for_topics(self):
         deadline = time.monotonic() + self.cfg.wait_checkpoint_s

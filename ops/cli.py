@@ -111,7 +111,7 @@ def cmd_produce(a):
     from hilo.producer.producer import HiLoProducer, ProducerConfig
     from hilo.ops.tiny_trainer import build_model, train
     cfg = ProducerConfig(run=a.run, log=a.log, codec=a.codec, budget=a.budget, optimizer=a.optimizer,
-                         checkpoint_every=a.checkpoint_every, state_dir=a.state_dir)
+                         checkpoint_every=a.checkpoint_every, state_dir=a.state_dir, new_history=a.new_history)
     producer = HiLoProducer(build_model(seed=a.seed), cfg)
     adapter = producer.manifest.adapter_bytes()
 
@@ -239,6 +239,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=_at_least(1), default=50, help="full checkpoint every K versions (default: %(default)s)")
     p.add_argument("--state-dir", default=None, help="trainer snapshot dir for fast restarts (default: resume from the log)")
     p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")
+    p.add_argument("--new-history", action="store_true", help="start a new genesis although this run's earlier records expired "
+                   "(sites of the old history refuse it until reset); without it the trainer refuses")
     p.set_defaults(fn=cmd_produce)
 
     p = sub.add_parser("consume", help="follow a run at a rollout site: apply, export adapters, snapshot")

@@ -8,13 +8,14 @@
 The trainer is a replica: its LoRA params are whatever the decoded messages make them, so every site
 that applies the same messages holds the same policy, bit for bit.
 """
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
@@ -46,6 +47,7 @@ class ProducerConfig:
         to it, and a cluster that cannot take it is refused at start. Default: 900 KiB (Kafka's 1 MiB default)
     state_dir: the trainer's own snapshot, for fast restarts. Default: None (resume from the log)
     adapter: PEFT adapter name. Default: "default"
+    new_history: start a new genesis even where the run's earlier records expired (sites of the old one refuse it). Default: False
     """
 
     run: str
@@ -58,6 +60,7 @@ class ProducerConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     state_dir: str | None = None
     adapter: str = "default"
+    new_history: bool = False
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
@@ -112,26 +115,73 @@ class HiLoProducer:
     def _start(self):
         """(replica, cumulative update bytes, next updates offset): genesis on an empty log, else resume."""
         run = self.config.run
+        local = self.store.load() if self.store else None
+        if local is not None:
+            self._check_layout(local[0])
         if last_message(self.log, self.checkpoints, run) is None:
             if self.log.end_offset(self.updates) > self.log.begin_offset(self.updates):
                 raise LogError(f"{self.log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
+            had = max(self.log.end_offset(self.updates), self.log.end_offset(self.checkpoints))  # offsets survive retention
+            if had and local is not None:
+                return self._continue_expired(*local)
+            if had and not self.config.new_history:
+                raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records have all expired, "
+                               f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
+                               f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
+                               f"to start over (sites that followed the old history refuse the new one until their state is reset)")
             replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in self.params], self.config.optimizer)
             offset = self.log.end_offset(self.updates)
             self._publish_checkpoint(replica, offset, 0)
+            if had:
+                logger.warning("run %s: STARTED A NEW HISTORY (genesis %s) over an expired one, as asked (new_history)", run, replica.digest.hex()[:12])
             logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
             return replica, 0, offset
-        local = self.store.load() if self.store else None
-        replica, position = local if local else bootstrap_from_log(self.log, run)
+        begin = self.log.begin_offset(self.updates)
+        if local is not None and local[1]["next_offset"] >= begin:
+            (replica, position), source = local, "local snapshot"
+        else:
+            (replica, position), source = bootstrap_from_log(self.log, run), "the log"
+            self._check_layout(replica)
+            if position["next_offset"] < begin:
+                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position['next_offset']}.."
+                               f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
+                               f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
+                               f"state dir, or start over with new_history=True (--new-history)")
+        follower = self._catch_up(replica, position["next_offset"], position.get("log_bytes", 0))
+        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], source)
+        newest = last_message(self.log, self.checkpoints, run)
+        if int(newest.headers.get("hilo-updates-offset", 0)) < begin:  # its updates expired: no site could bootstrap from it
+            self._publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
+            logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
+        return replica, follower.log_bytes, follower.next_offset
+
+    def _check_layout(self, replica):
+        """The model and config must be the run's: same adapter layout, same optimizer."""
+        run = self.config.run
         if replica.manifest.manifest_id != self.manifest.manifest_id:
             raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
                            f"(model: {self.manifest.base_model}, rank {self.manifest.rank}, {len(self.manifest.blocks)} blocks; "
                            f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
         if replica.state.optimizer != self.config.optimizer:
             raise ConfigError(f"run {run} uses optimizer {replica.state.optimizer!r}, config says {self.config.optimizer!r}")
-        follower = self._catch_up(replica, position["next_offset"], position.get("log_bytes", 0))
-        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12],
-                    "local snapshot" if local else "the log")
-        return replica, follower.log_bytes, follower.next_offset
+
+    def _continue_expired(self, replica, position):
+        """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
+        run = self.config.run
+        for group in self.log.groups(site_group(run, "")):  # sites' committed positions outlive the records
+            c = self.log.committed(group, self.updates)
+            try:
+                seen = json.loads(c[1] or "{}").get("version", -1) if c else -1
+            except ValueError:
+                seen = -1
+            if seen > replica.version:
+                raise LogError(f"run {run}: site group {group} is at v{seen}, beyond this trainer's snapshot v{replica.version}; "
+                               f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
+        offset = self.log.end_offset(self.updates)
+        self._publish_checkpoint(replica, offset, position.get("log_bytes", 0))
+        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",
+                       run, replica.version)
+        return replica, position.get("log_bytes", 0), offset
 
     def _catch_up(self, replica, next_offset, log_bytes) -> Follower:
         """Apply the log from `next_offset` to its end on `replica`, classifying every record as a site does:
@@ -158,7 +208,8 @@ class HiLoProducer:
 
     def _publish_checkpoint(self, replica, updates_offset, log_bytes):
         data = replica.checkpoint().to_bytes()
-        extra = {"hilo-digest": replica.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes)}
+        extra = {"hilo-digest": replica.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes),
+                 "hilo-genesis": replica.genesis.hex()}
         self.log.append(self.checkpoints, split(data, self.config.run, "checkpoint", replica.version, self.config.chunk_bytes, extra))
 
     def write_back(self):
@@ -237,5 +288,7 @@ class HiLoProducer:
             self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes})
 
     def close(self):
-        """Release the log."""
+        """Save the trainer's snapshot (a clean stop leaves one at the head) and release the log."""
+        if self.store and self.in_doubt is None:
+            self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes})
         self.log.close()

@@ -18,11 +18,13 @@ RECENT = 4096  # versions whose digests are remembered, to tell a harmless dupli
 class PolicyReplica:
     """One copy of the policy: state, its digest, and atomic, chained `apply`."""
 
-    def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS, digest: bytes | None = None):
+    def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS, digest: bytes | None = None,
+                 genesis: bytes | None = None):
         self.state = state
         self.run = run
         self.limits = limits
         self.digest = digest if digest is not None else state.digest()  # `digest`: already verified by the caller
+        self.genesis = genesis if genesis is not None else self.digest   # the run's v0 digest: which history this is
         self.recent = collections.OrderedDict({state.version: self.digest})
 
     @staticmethod
@@ -39,11 +41,11 @@ class PolicyReplica:
     @staticmethod
     def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint") -> "PolicyReplica":
         """Load a checkpoint after verifying its digest (hashed once: the check is the replica's digest)."""
-        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest)
+        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest, genesis=ckpt.genesis)
 
     def checkpoint(self) -> Checkpoint:
         """The full state as a checkpoint record."""
-        return self.state.to_checkpoint(self.run, self.digest)
+        return self.state.to_checkpoint(self.run, self.genesis, self.digest)
 
     @property
     def version(self) -> int:

@@ -155,13 +155,14 @@ class Checkpoint:
     slots: list                  # optimizer slot names, e.g. ["m", "v"]
     slot_tensors: list           # per slot: bytes per block, fp32
     scalars: dict                # optimizer scalars (step count, running beta powers), float64
+    genesis: bytes = ZERO_DIGEST  # digest of the run's v0: which history this is (set by every writer)
 
     def to_bytes(self) -> bytes:
         """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible)."""
         return frame(KIND_CHECKPOINT, {
             "run": self.run, "version": self.version, "digest": self.digest, "manifest": self.manifest.to_dict(),
             "optimizer": self.optimizer, "params": self.params, "slots": self.slots,
-            "slot_tensors": self.slot_tensors, "scalars": self.scalars,
+            "slot_tensors": self.slot_tensors, "scalars": self.scalars, "genesis": self.genesis,
         }, level=1)
 
     @staticmethod
@@ -184,9 +185,12 @@ class Checkpoint:
                 if not isinstance(buf, bytes) or len(buf) != want:
                     raise MalformedMessage(f"{what}: {name} block '{spec.key}' is {len(buf) if isinstance(buf, bytes) else type(buf).__name__} bytes, expected {want}")
         scalars = F.get_scalar_map(body, "scalars", what, limits.max_params)
-        return Checkpoint(F.get_str(body, "run", what), F.get_int(body, "version", what), F.get_bytes(body, "digest", what, DIGEST_BYTES),
-                          manifest, F.get_str(body, "optimizer", what), params, slots, slot_tensors,
-                          {k: float(v) for k, v in scalars.items()})
+        version, digest = F.get_int(body, "version", what), F.get_bytes(body, "digest", what, DIGEST_BYTES)
+        genesis = F.get_bytes(body, "genesis", what, DIGEST_BYTES)
+        if version == 0 and genesis != digest:
+            raise MalformedMessage(f"{what}: a v0 checkpoint's genesis {genesis.hex()} must be its own digest {digest.hex()}")
+        return Checkpoint(F.get_str(body, "run", what), version, digest, manifest, F.get_str(body, "optimizer", what), params,
+                          slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis)
 
 
 def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):

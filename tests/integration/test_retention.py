@@ -1,0 +1,96 @@
+"""Retention edges on the real broker: records expire (Kafka's DeleteRecords moves the log start, as retention does).
+
+A run's history must never fork silently: a trainer without the history refuses to start a second one
+under the same name unless told to; one with its snapshot continues it; a site never moves backwards or
+onto another history.
+"""
+import pytest
+from kafka import TopicPartition
+
+from hilo.consumer.site import Site, SiteConfig
+from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.producer.producer import HiLoProducer
+from hilo.schemas.errors import LogError
+from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
+
+pytestmark = pytest.mark.kafka
+
+
+def expire(run, topics=("updates", "checkpoints")):
+    """Delete every record of the run's topics so far, as retention would."""
+    log = open_log(KAFKA_URL)
+    for t in topics:
+        topic = f"{run}.{t}"
+        log.admin.delete_records({TopicPartition(topic, 0): log.end_offset(topic)})
+        assert log.begin_offset(topic) == log.end_offset(topic) > 0
+    log.close()
+
+
+def site(run, tmp_path, **kw):
+    return Site(SiteConfig(log=KAFKA_URL, run=run, site="s", state_dir=str(tmp_path / "s"), export_adapters=False,
+                           wait_checkpoint_s=5, **kw))
+
+
+def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_the_new_one(tmp_path, caplog):
+    run = new_run("expired")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL))
+    publish_random(producer, 5)
+    site(run, tmp_path, until_version=5).run(progress=False)
+    producer.close()
+    expire(run)
+    with pytest.raises(LogError, match=r"held a history of the run .* whose records have all expired.*--new-history"):
+        HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL))
+    fresh = HiLoProducer(small_model(seed=3), producer_config(run=run, log=KAFKA_URL, new_history=True))  # loud, explicit
+    assert fresh.version == 0 and "STARTED A NEW HISTORY" in caplog.text
+    publish_random(fresh, 2)
+    with pytest.raises(LogError, match=r"site s: its snapshot v5 is of history [0-9a-f]{12}, the log's checkpoints are of "
+                                       r"history [0-9a-f]{12} \(the run was started again"):
+        site(run, tmp_path, until_version=2)  # was: rolled back from v5 to v2 with a warning
+    fresh.close()
+
+
+def test_a_trainer_with_its_snapshot_continues_an_expired_run_and_sites_follow(tmp_path):
+    run = new_run("continue")
+    cfg = producer_config(run=run, log=KAFKA_URL, state_dir=str(tmp_path / "trainer"), checkpoint_every=4)
+    producer = HiLoProducer(small_model(), cfg)
+    publish_random(producer, 4)
+    site(run, tmp_path, until_version=2).run(progress=False)
+    publish_random(producer, 1, seed=1)
+    producer.close()  # a clean stop saves the trainer's snapshot at v5
+    expire(run)
+    again = HiLoProducer(small_model(), cfg)
+    assert again.version == 5
+    publish_random(again, 1, seed=2)
+    s = site(run, tmp_path, until_version=6)  # its snapshot (v2) fell out of retention: the fresh v5 checkpoint serves
+    assert s.follower.replica.version == 5
+    s.run(progress=False)
+    assert s.follower.replica.digest == again.replica.digest
+    again.close()
+
+
+def test_updates_after_the_newest_checkpoint_expired(tmp_path):
+    run = new_run("gap")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+    publish_random(producer, 5)
+    producer.close()
+    expire(run, topics=("updates",))
+    with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets 3..4\) have expired; the versions after v3 "
+                                       r"cannot be rebuilt without a trainer snapshot"):
+        HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+
+
+def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_updates_expired(tmp_path, caplog):
+    run = new_run("headsnap")
+    cfg = producer_config(run=run, log=KAFKA_URL, checkpoint_every=4, state_dir=str(tmp_path / "trainer"))
+    producer = HiLoProducer(small_model(), cfg)
+    publish_random(producer, 5)
+    producer.close()  # snapshot at v5
+    expire(run, topics=("updates",))
+    again = HiLoProducer(small_model(), cfg)
+    assert again.version == 5 and "published a fresh checkpoint at v5" in caplog.text
+    publish_random(again, 1, seed=5)
+    s = site(run, tmp_path, until_version=6)  # a new site: bootstraps from the fresh checkpoint, not the orphaned v4
+    assert s.follower.replica.version == 5
+    s.run(progress=False)
+    assert s.follower.replica.digest == again.replica.digest
+    again.close()
