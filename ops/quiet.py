@@ -2,7 +2,9 @@
 import warnings
 
 # PEFT reads `model.is_gradient_checkpointing` when it wraps a model; transformers 5 deprecated the name.
-UNAVOIDABLE = (("`is_gradient_checkpointing` is deprecated", FutureWarning),)
+# transformers' own generate() (used by TRL) still passes `past_key_values` to the model (ours passes `cache`).
+UNAVOIDABLE = (("`is_gradient_checkpointing` is deprecated", FutureWarning),
+               ("`past_key_values` is deprecated", FutureWarning))
 
 
 def silence_unavoidable_warnings() -> None:

@@ -29,6 +29,46 @@ def frame(kind: int, body: dict, level: int = ZSTD_LEVEL) -> bytes:
     return _HEADER.pack(MAGIC, SCHEMA_VERSION, kind, 0, len(raw)) + comp
 
 
+PEEK_LIMIT = 16 << 20  # bytes of a body read to find a leading field before anything large is decompressed
+
+
+def peek_field(data: bytes, key: str, what: str, limits: Limits = DEFAULT_LIMITS):
+    """The value of `key` in a record's body map, streaming only as far as it (writers put small fields first).
+
+    Decompresses at most PEEK_LIMIT bytes of the body, so a forged declared size costs nothing here.
+    Raises MalformedMessage when `key` is not among the fields within that prefix.
+    """
+    if len(data) < HEADER_BYTES:
+        raise MalformedMessage(f"{what}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=PEEK_LIMIT, max_bin_len=PEEK_LIMIT,
+                                max_str_len=1 << 20, max_array_len=max(limits.max_blocks, limits.max_chunks),
+                                max_map_len=max(limits.max_params, 64), max_ext_len=0)
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(memoryview(data)[HEADER_BYTES:], read_across_frames=False)
+        fed, entries, seen = 0, None, 0
+        while fed < PEEK_LIMIT:
+            chunk = reader.read(1 << 16)
+            if not chunk:
+                break
+            unpacker.feed(chunk)
+            fed += len(chunk)
+            try:
+                if entries is None:
+                    entries = unpacker.read_map_header()
+                while seen < entries:
+                    k = unpacker.unpack()
+                    if k == key:
+                        return unpacker.unpack()
+                    unpacker.skip()
+                    seen += 1
+                break
+            except msgpack.OutOfData:
+                continue
+    except (zstandard.ZstdError, ValueError, TypeError, msgpack.exceptions.UnpackException) as e:
+        raise MalformedMessage(f"{what}: body is invalid before field {key!r} ({type(e).__name__}: {e})") from None
+    raise MalformedMessage(f"{what}: no field {key!r} in the first {PEEK_LIMIT >> 20} MiB of the body (writers put it first)")
+
+
 def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):
     """Check the header, decompress at most the declared size and unpack; returns (kind, body dict).
 

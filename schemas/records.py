@@ -8,7 +8,7 @@ import xxhash
 from . import fields as F
 from .arrays import nbytes
 from .errors import LimitExceeded, MalformedMessage
-from .framing import KIND_CHECKPOINT, KIND_NAMES, KIND_UPDATE, frame, unframe
+from .framing import HEADER_BYTES, KIND_CHECKPOINT, KIND_NAMES, KIND_UPDATE, frame, peek_field, unframe
 from .limits import DEFAULT_LIMITS, Limits
 
 DIGEST_BYTES = 16  # xxh3-128
@@ -193,8 +193,23 @@ class Checkpoint:
                           slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis)
 
 
+MAX_SLOTS = 8  # optimizer state tensors per block a checkpoint may hold (Checkpoint.from_body's limit)
+
+
+def checkpoint_size_bound(manifest: Manifest) -> int:
+    """Largest body a checkpoint of `manifest` can legitimately have: fp32 params and up to MAX_SLOTS slots, + headroom."""
+    return 4 * manifest.numel * (1 + MAX_SLOTS) + len(msgpack.packb(manifest.to_dict(), use_bin_type=True)) + (64 << 10)
+
+
 def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):
-    """Unframe any record and return an UpdateMessage or a Checkpoint."""
+    """Unframe any record and return an UpdateMessage or a Checkpoint.
+
+    A checkpoint's decompressed size is bounded by what its own manifest allows, read first by streaming
+    only the body's leading fields: a small record that would inflate to gigabytes is refused unread.
+    """
+    if len(data) >= HEADER_BYTES and data[6] == KIND_CHECKPOINT and max_decompressed is None:
+        manifest = Manifest.from_dict(peek_field(data, "manifest", what, limits), what, limits)
+        max_decompressed = checkpoint_size_bound(manifest)
     kind, body = unframe(data, what, limits, max_decompressed)
     if kind == KIND_UPDATE:
         return UpdateMessage.from_body(body, f"{what} (update v{body.get('version', '?')})", limits)
