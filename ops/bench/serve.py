@@ -16,7 +16,6 @@ version, timed one after another on this 2-core machine (nothing overlaps):
   total_s    publish -> first request served by the new version = the sum.
 Results: JSON in --out (default ~/.cache/hilo-sync/bench/serve-TIME/serve.json).
 """
-import json
 import os
 import pathlib
 import statistics
@@ -29,6 +28,7 @@ import requests
 import torch
 
 from hilo.consumer.site import Site, SiteConfig
+from hilo.ops.bench.report import results_dir, save
 from hilo.ops.bench.synthetic import QWEN3
 from hilo.ops.tiny_trainer import PAD, STOI, TOKENS, build_tokenizer
 from hilo.producer.producer import HiLoProducer, ProducerConfig
@@ -123,14 +123,10 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
 
 def main(as_json: bool, shapes: list, versions: int, out: str | None) -> int:
     """Run the benchmark per shape; print a table or JSON."""
-    out_dir = pathlib.Path(out or os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")), "bench", f"serve-{int(time.time())}"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = results_dir("serve", out)
     with tempfile.TemporaryDirectory(prefix="hilo-serve-") as work:
         res = {"torch_threads": torch.get_num_threads(), "shapes": [bench_shape(s, versions, pathlib.Path(work)) for s in shapes]}
-    (out_dir / "serve.json").write_text(json.dumps(res, indent=2))
-    _say(f"bench serve: results in {out_dir}")
-    if as_json:
-        print(json.dumps(res, indent=2))
+    if save(res, out_dir, "serve", as_json):
         return 0
     print("| shape | LoRA params | adapter bf16 | publish s | apply s | export s | reload s | first request s | publish -> served s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

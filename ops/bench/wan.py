@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, full_adapter_payload, lossless_delta_payload
+from hilo.ops.bench.report import results_dir, save
 from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replica.codecs import Budget, make_encoder
@@ -214,13 +215,9 @@ def plot(res: dict, costs: dict, out_dir: pathlib.Path) -> str:
 
 def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, out: str | None, shape: str = "qwen3-1.7b") -> int:
     """Run the benchmark; print the table or JSON."""
-    out_dir = pathlib.Path(out or os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")), "bench", f"wan-{int(time.time())}"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = results_dir("wan", out)
     res = run_bench(steps, compute_s, [int(x) for x in links.split(",")], [int(x) for x in sites.split(",")], out_dir, shape)
-    (out_dir / "wan.json").write_text(json.dumps(res, indent=2))
-    _say(f"bench wan: results in {out_dir}")
-    if as_json:
-        print(json.dumps(res, indent=2))
+    if save(res, out_dir, "wan", as_json):
         return 0
     print("| method | sites | link Mbit/s | uplink | bytes/step | encode s | network s | apply s | freshness s | step s |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")

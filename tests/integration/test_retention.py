@@ -8,7 +8,7 @@ import pytest
 from kafka import TopicPartition
 
 from hilo.consumer.site import Site, SiteConfig
-from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import LogError
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model

@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 from hilo.log import open_log, updates_topic
 from hilo.producer.producer import HiLoProducer

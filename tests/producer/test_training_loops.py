@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from hilo.log import open_log, updates_topic
+from hilo.log import open_log
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.ops.tiny_trainer import batch, build_base, build_tokenizer
 from hilo.producer.optimizer import HiLoOptimizer
