@@ -50,14 +50,15 @@ class SnapshotStore:
         self.failpoint = failpoint or (lambda point: None)
         ensure_writable_dir(self.dir, "state dir")
 
-    def save(self, replica: PolicyReplica, position: dict) -> None:
-        """Write state + position (next offset, version, ...) atomically."""
+    def save(self, replica: PolicyReplica, position: dict, extra: dict | None = None) -> None:
+        """Write state + position (next offset, version, ...) and `extra` files ({name: bytes}) atomically, together."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f"snapshot.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for name, data in (("state.ckpt", replica.checkpoint().to_bytes()),
-                           ("position.json", json.dumps(position | {"version": replica.version, "digest": replica.digest.hex()}).encode())):
+        files = {"state.ckpt": replica.checkpoint().to_bytes(),
+                 "position.json": json.dumps(position | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
+        for name, data in (files | (extra or {})).items():
             with open(tmp / name, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -74,6 +75,11 @@ class SnapshotStore:
         self.failpoint("new-in-place")
         for stale in self.dir.glob("snapshot.*-*"):  # this save's old copy, and leftovers of crashed saves
             shutil.rmtree(stale, ignore_errors=True)
+
+    def load_extra(self, name: str) -> bytes | None:
+        """An `extra` file saved with the snapshot that `load` returned (None if that snapshot has none)."""
+        f = getattr(self, "loaded_from", self.path) / name
+        return f.read_bytes() if f.exists() else None
 
     def load(self):
         """(replica, position) from the newest whole snapshot, or None when there is none."""
@@ -93,6 +99,7 @@ class SnapshotStore:
         if not (path / "state.ckpt").exists():
             raise MalformedMessage(f"{what}/state.ckpt: missing; remove {path} to bootstrap from the log")
         ckpt = decode_record((path / "state.ckpt").read_bytes(), f"{what}/state.ckpt")
+        self.loaded_from = path
         if not isinstance(ckpt, Checkpoint):
             raise MalformedMessage(f"{what}/state.ckpt: holds an update record, expected a checkpoint")
         return PolicyReplica.from_checkpoint(ckpt, f"{what}/state.ckpt"), position

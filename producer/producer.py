@@ -8,6 +8,7 @@
 The trainer is a replica: its LoRA params are whatever the decoded messages make them, so every site
 that applies the same messages holds the same policy, bit for bit.
 """
+import io
 import json
 import logging
 import time
@@ -98,8 +99,10 @@ class HiLoProducer:
         self.store = SnapshotStore(config.state_dir) if config.state_dir else None
         self.in_doubt: Proposal | None = None   # published with an unknown outcome; settled by the next resync
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
+        self.snapshot_version = None  # the version of the trainer snapshot this start used, if any
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
+        self._restore_encoder()
         self.write_back()
 
     @property
@@ -139,6 +142,7 @@ class HiLoProducer:
         begin = self.log.begin_offset(self.updates)
         if local is not None and local[1]["next_offset"] >= begin:
             (replica, position), source = local, "local snapshot"
+            self.snapshot_version = replica.version
         else:
             (replica, position), source = bootstrap_from_log(self.log, run), "the log"
             self._check_layout(replica)
@@ -179,9 +183,29 @@ class HiLoProducer:
                                f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
         offset = self.log.end_offset(self.updates)
         self._publish_checkpoint(replica, offset, position.get("log_bytes", 0))
+        self.snapshot_version = replica.version
         logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",
                        run, replica.version)
         return replica, position.get("log_bytes", 0), offset
+
+    def _restore_encoder(self):
+        """Resume the error feedback (and PowerSGD's Q) from the snapshot when the run has not moved past it."""
+        if self.snapshot_version is None:
+            return
+        data = self.store.load_extra("encoder.pt")
+        if data is None or self.replica.version != self.snapshot_version:
+            logger.warning("run %s: resuming at v%d without the encoder state of that version (%s); error feedback restarts "
+                           "from zero", self.config.run, self.replica.version,
+                           "the snapshot has none" if data is None else f"the snapshot is of v{self.snapshot_version}")
+            return
+        self.builder.encoder.load_state_dict(torch.load(io.BytesIO(data), weights_only=True), f"{self.store.dir}/snapshot/encoder.pt")
+        logger.info("run %s: error-feedback state restored from the trainer snapshot (v%d)", self.config.run, self.replica.version)
+
+    def save_snapshot(self):
+        """The trainer's own snapshot: replica, position and encoder state (never published), replaced atomically."""
+        buf = io.BytesIO()
+        torch.save(self.builder.encoder.state_dict(), buf)
+        self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes}, {"encoder.pt": buf.getvalue()})
 
     def _catch_up(self, replica, next_offset, log_bytes) -> Follower:
         """Apply the log from `next_offset` to its end on `replica`, classifying every record as a site does:
@@ -285,10 +309,10 @@ class HiLoProducer:
             self.checkpoint_due = True
             logger.warning("run %s: checkpoint at v%d not published (%s); retrying after the next version", self.config.run, self.version, e)
         if self.store:
-            self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes})
+            self.save_snapshot()
 
     def close(self):
         """Save the trainer's snapshot (a clean stop leaves one at the head) and release the log."""
         if self.store and self.in_doubt is None:
-            self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes})
+            self.save_snapshot()
         self.log.close()

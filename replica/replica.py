@@ -15,6 +15,14 @@ from .state import ReplicaState
 RECENT = 4096  # versions whose digests are remembered, to tell a harmless duplicate from a fork
 
 
+def _finite(kind: str, tensors: list, manifest: Manifest, msg: UpdateMessage, what: str) -> None:
+    """MalformedMessage naming the first block of `tensors` with a NaN/Inf: such a state is never adopted, whatever its digest."""
+    for b, t in zip(manifest.blocks, tensors):
+        if not bool(torch.isfinite(t).all()):
+            raise MalformedMessage(f"{what}: version {msg.version} would leave NaN/Inf in the {kind} of '{b.key}'; refused "
+                                   f"(the replica stays at v{msg.version - 1})")
+
+
 class PolicyReplica:
     """One copy of the policy: state, its digest, and atomic, chained `apply`."""
 
@@ -92,8 +100,12 @@ class PolicyReplica:
         opt = get_optimizer(msg.optimizer, what)
         hparams = opt.check_hparams(msg.hparams, what)
         grads = decoded if decoded is not None else decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
+        _finite("decoded gradient", grads, self.manifest, msg, what)  # finite factors can still multiply to Inf
         s = self.state
         params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams)
+        _finite("params", params, self.manifest, msg, what)
+        for name, tensors in slots.items():
+            _finite(f"optimizer state '{name}'", tensors, self.manifest, msg, what)
         return ReplicaState(s.manifest, s.optimizer, msg.version, params, slots, scalars)
 
     def commit(self, state: ReplicaState, digest: bytes) -> None:

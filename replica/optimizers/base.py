@@ -44,6 +44,8 @@ class Optimizer:
             v = F.get_float(h, k, f"{what} hparams")
             if not (lo <= v <= hi) or (k in self.open_hi and v == hi):
                 raise MalformedMessage(f"{what}: hparams['{k}'] = {v} is outside [{lo}, {hi}{')' if k in self.open_hi else ']'}")
+            if not math.isfinite(float(f32(v))):  # the step uses the fp32 value: 1e39 is finite only in float64
+                raise MalformedMessage(f"{what}: hparams['{k}'] = {v} is infinite as the fp32 value the step uses")
             out[k] = v
         return out
 

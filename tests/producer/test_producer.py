@@ -160,3 +160,23 @@ def test_a_budget_with_no_room_for_payload_is_refused(tmp_path):
     from hilo.replica.codecs import Budget
     with pytest.raises(HiloError, match=r"ProducerConfig.budget: 524 bytes per message for this 32768-byte adapter leave -502 bytes"):
         HiLoProducer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log", budget=Budget(0.016)))
+
+
+def _run(tmp_path, name, plan, codec, state=True):
+    """Publish versions per `plan` (a list of step counts; a trainer restart between entries); returns the digest."""
+    cfg = producer_config(run=name, log=f"file://{tmp_path}/{name}", codec=codec, checkpoint_every=100,
+                          state_dir=str(tmp_path / f"{name}-trainer") if state else None)
+    for steps in plan:
+        producer = HiLoProducer(small_model(), cfg)
+        for _ in range(steps):
+            _step(producer, _grads(producer.version + 1))
+        producer.close()
+    return producer.replica.digest
+
+
+@pytest.mark.parametrize("codec", ["spar", "powersgd"])
+def test_a_restarted_trainer_continues_the_same_trajectory_from_its_snapshot(tmp_path, codec):
+    """The error-feedback residual (and PowerSGD's Q) live in the trainer's snapshot: a restart changes nothing."""
+    uninterrupted = _run(tmp_path, "a", [6], codec)
+    assert _run(tmp_path, "b", [3, 3], codec) == uninterrupted
+    assert _run(tmp_path, "c", [3, 3], codec, state=False) != uninterrupted  # without it the trajectory differs
