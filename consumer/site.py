@@ -108,6 +108,7 @@ class Site:
         self.serving = None           # (version, adapter dir) vLLM serves, once a load succeeded
         self.served_versions = []     # every version loaded into vLLM, in order (what a catch-up loaded)
         self.timing = {}              # seconds the newest export and vLLM load took: {"version", "export_s", "load_s"}
+        self.commit_failing = False   # the last group commit failed (reported once per streak)
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
         self.retry_at, self.retry_wait = 0.0, cfg.retry_serve_s
         if self.server:
@@ -244,14 +245,28 @@ class Site:
         self.since_snapshot = 0
 
     def commit(self):
-        """Commit the position (and what it means) as this site's consumer-group offset."""
+        """Commit the position (and what it means) as this site's consumer-group offset.
+
+        Advisory: the site's own snapshot is its truth, so a failed commit (a group coordinator moving, a broker
+        down) is reported once and retried with the next one, never fatal.
+        """
         f = self.follower
         meta = {"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
                 "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}
         if self.server is not None:
             meta["serving_version"] = self.serving[0] if self.serving else None
         meta = json.dumps(meta, separators=(",", ":"))
-        self.log.commit(self.group, updates_topic(self.cfg.run), f.next_offset, meta)
+        try:
+            self.log.commit(self.group, updates_topic(self.cfg.run), f.next_offset, meta)
+        except HiloError as e:
+            if not self.commit_failing:
+                logger.warning("site %s: committing its position failed (%s); applying and serving go on, the commit is "
+                               "retried with the next one (hilo lag shows the last committed position meanwhile)", self.cfg.site, e)
+            self.commit_failing = True
+            return
+        if self.commit_failing:
+            logger.info("site %s: position committed again (v%d)", self.cfg.site, f.replica.version)
+        self.commit_failing = False
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> int:

@@ -263,3 +263,38 @@ def test_kafka_refuses_a_chunk_size_the_topic_cannot_take():
                                        r"chunk_bytes 2097152 needs 2162688; lower chunk_bytes"):
         HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, chunk_bytes=2 << 20))
     log.close()
+
+
+class FailingCommits:
+    """The real log, except that group commits fail while `fail` is set (a coordinator moving, a broker down)."""
+
+    def __init__(self, log):
+        self.log, self.fail = log, True
+
+    def commit(self, *a, **kw):
+        if self.fail:
+            raise LogError("simulated: NotCoordinatorError")
+        return self.log.commit(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.log, name)
+
+
+def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog):
+    """The snapshot is the site's truth; the group commit is advisory (was: the site exited with the commit's error)."""
+    run = new_run()
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    publish_random(producer, 5)
+    log = FailingCommits(open_log(log_url))
+    s = Site(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
+             log_backend=log)
+    assert s.run(progress=False) == 5 and s.follower.replica.digest == producer.replica.digest
+    assert caplog.text.count("committing its position failed") == 1  # reported once, not per version
+    assert lag_rows(open_log(log_url), run) == []  # nothing committed while it failed
+    log.fail = False
+    publish_random(producer, 1, seed=2)
+    s = Site(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=6, export_adapters=False),
+             log_backend=log)
+    s.run(progress=False)
+    assert [r["applied_version"] for r in lag_rows(open_log(log_url), run)] == [6]
+    producer.close()
