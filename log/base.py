@@ -63,6 +63,14 @@ class Log:
         """Offset the next appended record will get."""
         raise NotImplementedError
 
+    def retention(self, topic: str) -> dict:
+        """How the backend retains `topic`: {"retention.ms", "retention.bytes"} on Kafka; the file log keeps everything."""
+        raise NotImplementedError
+
+    def trim(self, topic: str, before: int) -> bool:
+        """Delete the records before offset `before` (as retention would); False where the backend keeps everything."""
+        raise NotImplementedError
+
     def commit(self, group: str, topic: str, offset: int, metadata: str) -> None:
         """Store a group's next offset with a metadata string."""
         raise NotImplementedError

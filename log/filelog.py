@@ -134,6 +134,16 @@ class FileLog(Log):
         with open(self._dir(topic) / "records", "rb") as f:
             return len(self._scan(topic, f))
 
+    def retention(self, topic):
+        """Nothing expires in the embedded log."""
+        self.check_topic(topic)
+        return {"retention.ms": "-1 (the embedded log keeps everything)", "retention.bytes": "-1"}
+
+    def trim(self, topic, before):
+        """The embedded log keeps every record (one machine, no retention): nothing is deleted."""
+        self.check_topic(topic)
+        return False
+
     # -- groups -------------------------------------------------------------------------------
     def commit(self, group, topic, offset, metadata):
         """Atomically replace the group's position file."""

@@ -184,6 +184,18 @@ class KafkaLog(Log):
         tp = TopicPartition(topic, 0)
         return _retry(f"end offset of {topic}", self.consumer.end_offsets, [tp])[tp]
 
+    def retention(self, topic):
+        """The topic's retention.ms and retention.bytes as the broker reports them."""
+        cfg = _retry(f"describe configs of {topic}", self.admin.describe_configs,
+                     [ConfigResource(ConfigResourceType.TOPIC, topic, None)], config_filter="all")["topic"][topic]
+        return {k: cfg[k]["value"] for k in ("retention.ms", "retention.bytes")}
+
+    def trim(self, topic, before):
+        """DeleteRecords up to `before`: the log start moves exactly there, whatever the segment layout."""
+        tp = TopicPartition(topic, 0)
+        _retry(f"trimming {topic} before offset {before}", self.admin.delete_records, {tp: before})
+        return True
+
     # -- groups -------------------------------------------------------------------------------
     def commit(self, group, topic, offset, metadata):
         """Commit a group offset through the admin API (the group has no live members)."""

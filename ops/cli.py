@@ -98,6 +98,16 @@ def cmd_topics_list(a):
     return 0
 
 
+def cmd_topics_describe(a):
+    from hilo.log import open_log
+    from hilo.ops.describe import describe_run, format_rows
+    log = open_log(a.log)
+    _existing_run(log, a.run)
+    rows = describe_run(log, a.run)
+    print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
+    return 0
+
+
 def cmd_topics(a):
     from hilo.log import open_log
     log = open_log(a.log)
@@ -228,6 +238,10 @@ def parser() -> argparse.ArgumentParser:
     c = tsub.add_parser("list", help="the runs on a log (topics RUN.updates)")
     c.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
     c.set_defaults(fn=cmd_topics_list)
+    c = tsub.add_parser("describe", help="a run's topics: retained offsets and versions, retention")
+    common(c)
+    c.add_argument("--json", action="store_true", help="print a JSON list")
+    c.set_defaults(fn=cmd_topics_describe)
 
     p = sub.add_parser("produce", help="run the built-in tiny trainer as a standalone producer")
     common(p)

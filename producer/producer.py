@@ -49,6 +49,8 @@ class ProducerConfig:
     state_dir: the trainer's own snapshot, for fast restarts. Default: None (resume from the log)
     adapter: PEFT adapter name. Default: "default"
     new_history: start a new genesis even where the run's earlier records expired (sites of the old one refuse it). Default: False
+    keep_checkpoints: the checkpoints topic keeps the newest K this trainer published (older ones are deleted with
+        Kafka's DeleteRecords; the file log keeps everything). Default: 3
     """
 
     run: str
@@ -62,6 +64,7 @@ class ProducerConfig:
     state_dir: str | None = None
     adapter: str = "default"
     new_history: bool = False
+    keep_checkpoints: int = 3
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
@@ -69,6 +72,8 @@ class ProducerConfig:
             raise ConfigError(f"ProducerConfig.codec = {self.codec!r}: expected one of {sorted(CODECS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"ProducerConfig.optimizer = {self.optimizer!r}: expected one of {sorted(OPTIMIZERS)}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"ProducerConfig.keep_checkpoints = {self.keep_checkpoints}: must be >= 1")
         if self.checkpoint_every < 1:
             raise ConfigError(f"ProducerConfig.checkpoint_every = {self.checkpoint_every}: must be >= 1")
         if not 1024 <= self.chunk_bytes <= 64 << 20:
@@ -99,6 +104,7 @@ class HiLoProducer:
         self.store = SnapshotStore(config.state_dir) if config.state_dir else None
         self.in_doubt: Proposal | None = None   # published with an unknown outcome; settled by the next resync
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
+        self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
         self.snapshot_version = None  # the version of the trainer snapshot this start used, if any
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
@@ -234,7 +240,17 @@ class HiLoProducer:
         data = replica.checkpoint().to_bytes()
         extra = {"hilo-digest": replica.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes),
                  "hilo-genesis": replica.genesis.hex()}
-        self.log.append(self.checkpoints, split(data, self.config.run, "checkpoint", replica.version, self.config.chunk_bytes, extra))
+        offsets = self.log.append(self.checkpoints, split(data, self.config.run, "checkpoint", replica.version, self.config.chunk_bytes, extra))
+        self.checkpoint_starts.append(offsets[0])
+        keep = self.config.keep_checkpoints
+        if len(self.checkpoint_starts) > keep:  # bounded storage: older checkpoints only make bootstrap replay longer
+            before = self.checkpoint_starts[-keep]
+            try:
+                if self.log.trim(self.checkpoints, before):
+                    logger.info("run %s: checkpoints before offset %d deleted (keeping the newest %d)", self.config.run, before, keep)
+                self.checkpoint_starts = self.checkpoint_starts[-keep:]
+            except LogError as e:  # the checkpoint itself is published; the trim is retried after the next one
+                logger.warning("run %s: deleting old checkpoints failed (%s); retried after the next checkpoint", self.config.run, e)
 
     def write_back(self):
         """Copy the replica's fp32 params into the training model (its dtype)."""

@@ -20,7 +20,8 @@ while [ $# -gt 0 ]; do
 done
 "$VLLM_SCRIPTS/install.sh"
 "$HILO_VLLM_VENV/bin/python" -m pip install -q --no-deps --no-build-isolation "$VLLM_SCRIPTS/plugin" >/dev/null 2>&1 \
-  || "$HILO_VLLM_VENV/bin/python" -m pip install -q --no-deps "$VLLM_SCRIPTS/plugin"
+  || "$HILO_VLLM_VENV/bin/python" -m pip install -q --no-deps "$VLLM_SCRIPTS/plugin" \
+  || { echo "start.sh: installing the hilo-sync vLLM plugin ($VLLM_SCRIPTS/plugin) failed" >&2; exit 1; }
 mkdir -p "$VLLM_RUN_DIR"
 if [ -f "$VLLM_RUN_DIR/pid" ] && kill -0 "$(cat "$VLLM_RUN_DIR/pid")" 2>/dev/null; then
   echo "start.sh: vLLM already running (pid $(cat "$VLLM_RUN_DIR/pid"))" >&2

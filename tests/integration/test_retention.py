@@ -94,3 +94,17 @@ def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_update
     s.run(progress=False)
     assert s.follower.replica.digest == again.replica.digest
     again.close()
+
+
+def test_the_checkpoints_topic_keeps_the_newest_k(tmp_path):
+    """Bounded storage: checkpoint K+1 deletes the oldest (was: every checkpoint kept forever)."""
+    run = new_run("keep")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
+    publish_random(producer, 8)  # checkpoints v0, v2, v4, v6, v8
+    log = open_log(KAFKA_URL)
+    topic = f"{run}.checkpoints"
+    versions = sorted({int(r.headers["hilo-version"]) for r in log.read(topic, log.begin_offset(topic), timeout_s=5)})
+    assert versions == [6, 8]
+    s = site(run, tmp_path, until_version=8)  # a new site bootstraps from the newest, as before
+    assert s.follower.replica.version == 8
+    producer.close()

@@ -132,3 +132,14 @@ def test_a_state_dir_that_cannot_be_used_is_one_line(tmp_path, obstacle):
 def test_demo_and_produce_print_no_deprecation_noise(tmp_path):
     rc, out, err, _ = hilo("produce", "--log", f"file://{tmp_path}/log", "--run", "quiet", "--steps", "2", "--budget", "5%")
     assert rc == 0 and "FutureWarning" not in err and "DeprecationWarning" not in err, err
+
+
+def test_topics_describe_shows_retained_versions(tmp_path, capsys):
+    url, run = f"file://{tmp_path}/log", "desc"
+    assert main(["produce", "--log", url, "--run", run, "--steps", "3", "--budget", "5%", "--checkpoint-every", "2"]) == 0
+    capsys.readouterr()
+    assert main(["topics", "describe", "--log", url, "--run", run, "--json"]) == 0
+    rows = {r["topic"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows[f"{run}.updates"]["oldest_version"], rows[f"{run}.updates"]["newest_version"]) == (1, 3)
+    assert (rows[f"{run}.checkpoints"]["oldest_version"], rows[f"{run}.checkpoints"]["newest_version"]) == (0, 2)
+    assert rows[f"{run}.updates"]["retention.ms"].startswith("-1")
