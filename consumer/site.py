@@ -26,6 +26,7 @@ from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head, last_message
 from hilo.schemas.errors import ConfigError, HiloError, LogError
+from hilo.schemas.signing import Verifier
 
 from .adapter_export import DTYPES, export_adapter, prune_adapters
 from .shell_hook import run_hook
@@ -48,6 +49,7 @@ class SiteConfig:
     vllm: base URL of a vLLM server to load each newest version into (needs export_adapters). Default: None
     lora_name: the adapter name requests to that server use. Default: policy
     retry_serve_s: first wait before retrying a load vLLM could not take (doubles up to 60 s). Default: 2
+    trust: the trainer's Ed25519 public key (PEM); only records it signed are applied. Default: None (verify nothing)
     from_offset: start reading RUN.updates here (already-applied versions are checked and skipped). Default: None
     from_version: ignore the snapshot; bootstrap from the newest checkpoint <= V and replay. Default: None
     until_version: exit 0 once this version is applied. Default: None (follow forever)
@@ -67,6 +69,7 @@ class SiteConfig:
     vllm: str | None = None
     lora_name: str = "policy"
     retry_serve_s: float = 2.0
+    trust: str | None = None
     from_offset: int | None = None
     from_version: int | None = None
     until_version: int | None = None
@@ -100,6 +103,7 @@ class Site:
         self.cfg, self.clock = cfg, clock
         self.log = log_backend or open_log(cfg.log)
         self.store = SnapshotStore(cfg.state_dir)
+        self.verifier = Verifier.load(cfg.trust) if cfg.trust else None
         self.group = site_group(cfg.run, cfg.site)
         self.stopping = False
         self.follower = self._bootstrap()
@@ -133,12 +137,12 @@ class Site:
             replica, pos = local
             source = "local snapshot"
         else:
-            replica, pos = bootstrap_from_log(self.log, cfg.run, cfg.from_version)
+            replica, pos = bootstrap_from_log(self.log, cfg.run, cfg.from_version, self.verifier)
             source = "checkpoint"
         if local is not None:
             self._same_history(replica, pos)
         if local is not None and pos["next_offset"] < self.log.begin_offset(updates_topic(cfg.run)):
-            newer, newer_pos = bootstrap_from_log(self.log, cfg.run)
+            newer, newer_pos = bootstrap_from_log(self.log, cfg.run, verifier=self.verifier)
             if newer.genesis != replica.genesis or newer.version < replica.version:
                 raise LogError(f"site {cfg.site}: holds v{replica.version} (history {replica.genesis.hex()[:12]}); the log kept only "
                                f"v{newer.version} of history {newer.genesis.hex()[:12]}: refusing to move backwards or to another "
@@ -147,6 +151,7 @@ class Site:
                            cfg.site, replica.version, newer.version)
             replica, pos = newer, newer_pos
             source = "checkpoint (snapshot fell out of retention)"
+        replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
         offset = pos["next_offset"] if cfg.from_offset is None else cfg.from_offset
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                  cfg.site, replica.version, replica.digest.hex()[:12], source, updates_topic(cfg.run), offset)

@@ -8,20 +8,32 @@ from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import DivergenceError, ForeignRecord, LogError, MalformedMessage
-from hilo.schemas.framing import frame_bound
+from hilo.schemas.framing import frame_bound, split_trailer
+from hilo.schemas.signing import SignatureError
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 
 from .base import checkpoints_topic, updates_topic
 from .tail import last_message
 
 logger = logging.getLogger(__name__)
+_warned_unverified = set()  # runs this process follows signed but unverified: said once each
 
 
-def bootstrap_from_log(log_backend, run: str, max_version: int | None = None):
+def warn_if_signed(data: bytes, run: str, what: str) -> None:
+    """Once per run: a signed record read without a trusted key (the site should be started with --trust)."""
+    trailer = split_trailer(data, what)[1]
+    if trailer is not None and run not in _warned_unverified:
+        _warned_unverified.add(run)
+        logger.warning("%s: run %s is signed (key %s) but this reader verifies nothing: start it with --trust TRAINER.pub "
+                       "to refuse forged checkpoints and updates", what, run, trailer[:8].hex())
+
+
+def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, verifier=None):
     """(replica, position) from the newest valid checkpoint on RUN.checkpoints (at most `max_version`).
 
     A checkpoint that does not decode or verify is reported and the previous one is tried: a corrupt newest
-    checkpoint costs a longer replay, not the site.
+    checkpoint costs a longer replay, not the site. With `verifier` (a signing.Verifier) only checkpoints the
+    trusted key signed are used, and the replica then refuses every update that key did not sign.
     """
     topic = checkpoints_topic(run)
     before, skipped = None, None
@@ -37,18 +49,23 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None):
             continue
         what = f"{topic} offset {msg.first_offset} (checkpoint v{msg.version})"
         try:
+            if verifier is not None:
+                verifier.verify(*split_trailer(msg.data, what), what)
+            else:
+                warn_if_signed(msg.data, run, what)
             ckpt = decode_record(msg.data, what)
             if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
                 raise LogError(f"{what}: not a checkpoint of run {run!r}")
             if "hilo-updates-offset" not in msg.headers:
                 raise MalformedMessage(f"{what}: missing header 'hilo-updates-offset'")
             replica = PolicyReplica.from_checkpoint(ckpt, what)
-        except (MalformedMessage, DivergenceError, LogError) as e:
+        except (MalformedMessage, DivergenceError, LogError, SignatureError) as e:
             logger.warning("%s; falling back to the previous checkpoint", e)
             skipped = skipped or e
             continue
         if skipped is not None:
             logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
+        replica.verifier = verifier
         return replica, {"next_offset": int(msg.headers["hilo-updates-offset"]), "log_bytes": int(msg.headers.get("hilo-log-bytes", 0))}
 
 
@@ -91,6 +108,8 @@ class Follower:
             what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
             if msg.kind != "update":
                 raise LogError(f"{what}: a {msg.kind!r} record in the updates topic")
+            if self.replica.verifier is None:
+                warn_if_signed(msg.data, self.run, what)
             upd: UpdateMessage = self.replica.parse(msg.data, what)
             if upd.version != msg.version:
                 raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")

@@ -91,6 +91,14 @@ def cmd_demo(a):
     return run_demo(a.log, a.steps, a.json)
 
 
+def cmd_keys_generate(a):
+    from hilo.schemas.signing import Verifier, generate
+    private, public = generate(a.out)
+    print(f"{private} (the trainer's: --signing-key; mode 0600)\n{public} (for every site: --trust; key id "
+          f"{Verifier.load(public).key_id.hex()})")
+    return 0
+
+
 def cmd_topics_list(a):
     from hilo.log import open_log
     for run in open_log(a.log).runs():
@@ -121,7 +129,8 @@ def cmd_produce(a):
     from hilo.producer.producer import HiLoProducer, ProducerConfig
     from hilo.ops.tiny_trainer import build_model, train
     cfg = ProducerConfig(run=a.run, log=a.log, codec=a.codec, budget=a.budget, optimizer=a.optimizer,
-                         checkpoint_every=a.checkpoint_every, state_dir=a.state_dir, new_history=a.new_history)
+                         checkpoint_every=a.checkpoint_every, state_dir=a.state_dir, new_history=a.new_history,
+                         signing_key=a.signing_key)
     producer = HiLoProducer(build_model(seed=a.seed), cfg)
     adapter = producer.manifest.adapter_bytes()
 
@@ -139,7 +148,8 @@ def cmd_consume(a):
     cfg = SiteConfig(log=a.log, run=a.run, site=a.site, state_dir=a.state_dir, snapshot_every=a.snapshot_every,
                      export_adapters=not a.no_export, export_dtype=a.export_dtype, keep_adapters=a.keep_adapters,
                      on_version=a.on_version, vllm=a.vllm, lora_name=a.lora_name, from_offset=a.from_offset,
-                     from_version=a.from_version, until_version=a.until_version, idle_exit_s=a.idle_exit, wait_checkpoint_s=a.wait_checkpoint)
+                     from_version=a.from_version, until_version=a.until_version, trust=a.trust, idle_exit_s=a.idle_exit,
+                     wait_checkpoint_s=a.wait_checkpoint)
     site = Site(cfg)
     site.install_signal_handlers()
     v = site.run(progress=False if a.no_progress else None)
@@ -243,6 +253,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print a JSON list")
     c.set_defaults(fn=cmd_topics_describe)
 
+    p = sub.add_parser("keys", help="signing keys for a run")
+    ksub = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    k = ksub.add_parser("generate", help="an Ed25519 key pair: OUT/trainer.key (mode 0600) and OUT/trainer.pub")
+    k.add_argument("--out", required=True, metavar="DIR", help="directory to write the two files into (never overwrites)")
+    k.set_defaults(fn=cmd_keys_generate)
+
     p = sub.add_parser("produce", help="run the built-in tiny trainer as a standalone producer")
     common(p)
     p.add_argument("--codec", default="spar", choices=codecs, help="default: %(default)s")
@@ -253,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=_at_least(1), default=50, help="full checkpoint every K versions (default: %(default)s)")
     p.add_argument("--state-dir", default=None, help="trainer snapshot dir for fast restarts (default: resume from the log)")
     p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")
+    p.add_argument("--signing-key", metavar="FILE", help="Ed25519 private key (hilo keys generate) that signs every update "
+                   "and checkpoint")
     p.add_argument("--new-history", action="store_true", help="start a new genesis although this run's earlier records expired "
                    "(sites of the old history refuse it until reset); without it the trainer refuses")
     p.set_defaults(fn=cmd_produce)
@@ -269,6 +287,7 @@ def parser() -> argparse.ArgumentParser:
                    "HILO_ADAPTER_DIR, HILO_DIGEST); for engines other than vLLM")
     p.add_argument("--vllm", metavar="URL", help="vLLM server to serve each newest version (started with --enable-lora and "
                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; ops/vllm/start.sh does both)")
+    p.add_argument("--trust", metavar="FILE", help="the trainer's public key (trainer.pub): apply only what it signed")
     p.add_argument("--lora-name", default="policy", help="adapter name rollout requests to vLLM use (default: %(default)s)")
     p.add_argument("--from-offset", type=_at_least(0), help="start reading RUN.updates at this offset")
     p.add_argument("--from-version", type=_at_least(0), help="ignore the snapshot; replay from the newest checkpoint <= V")

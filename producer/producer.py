@@ -26,6 +26,7 @@ from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
 from hilo.schemas.errors import ConfigError, LogError, TrainerError
+from hilo.schemas.signing import Signer
 
 from .lora_params import lora_parameters
 from .update_builder import Proposal, UpdateBuilder
@@ -51,6 +52,8 @@ class ProducerConfig:
     new_history: start a new genesis even where the run's earlier records expired (sites of the old one refuse it). Default: False
     keep_checkpoints: the checkpoints topic keeps the newest K this trainer published (older ones are deleted with
         Kafka's DeleteRecords; the file log keeps everything). Default: 3
+    signing_key: Ed25519 private key (PEM, mode 0600; `hilo keys generate`) that signs every update and checkpoint.
+        Default: None (unsigned)
     """
 
     run: str
@@ -65,6 +68,7 @@ class ProducerConfig:
     adapter: str = "default"
     new_history: bool = False
     keep_checkpoints: int = 3
+    signing_key: str | None = None
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
@@ -93,6 +97,7 @@ class HiLoProducer:
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None):
         self.config = config
         self.model = model
+        self.signer = Signer.load(config.signing_key) if config.signing_key else None
         self.log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes)
         self.manifest, self.params = lora_parameters(model, config.adapter)
         room = config.budget.payload_bytes(self.manifest)
@@ -150,7 +155,7 @@ class HiLoProducer:
             (replica, position), source = local, "local snapshot"
             self.snapshot_version = replica.version
         else:
-            (replica, position), source = bootstrap_from_log(self.log, run), "the log"
+            (replica, position), source = bootstrap_from_log(self.log, run, verifier=self.signer and self.signer.verifier()), "the log"
             self._check_layout(replica)
             if position["next_offset"] < begin:
                 raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position['next_offset']}.."
@@ -237,7 +242,7 @@ class HiLoProducer:
         self.write_back()
 
     def _publish_checkpoint(self, replica, updates_offset, log_bytes):
-        data = replica.checkpoint().to_bytes()
+        data = replica.checkpoint().to_bytes(self.signer)
         extra = {"hilo-digest": replica.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes),
                  "hilo-genesis": replica.genesis.hex()}
         offsets = self.log.append(self.checkpoints, split(data, self.config.run, "checkpoint", replica.version, self.config.chunk_bytes, extra))
@@ -296,7 +301,7 @@ class HiLoProducer:
         grads = self.gradients()
         proposal = self.builder.propose(grads, self.config.hparams | hparams, meta)
         msg = proposal.message
-        data = msg.to_bytes()
+        data = msg.to_bytes(self.signer)
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
         try:
             offsets = self.log.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))

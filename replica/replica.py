@@ -4,6 +4,7 @@ import collections
 import torch
 
 from hilo.schemas.errors import ChainError, DivergenceError, MalformedMessage
+from hilo.schemas.framing import split_trailer
 from hilo.schemas.limits import DEFAULT_LIMITS, Limits
 from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record
 
@@ -33,6 +34,7 @@ class PolicyReplica:
         self.limits = limits
         self.digest = digest if digest is not None else state.digest()  # `digest`: already verified by the caller
         self.genesis = genesis if genesis is not None else self.digest   # the run's v0 digest: which history this is
+        self.verifier = None  # signing.Verifier: when set, only records signed by the trusted key are parsed
         self.recent = collections.OrderedDict({state.version: self.digest})
 
     @staticmethod
@@ -66,7 +68,9 @@ class PolicyReplica:
         return self.state.manifest
 
     def parse(self, data: bytes, what: str) -> UpdateMessage:
-        """Unframe an update record, bounding its decompressed size by what this manifest allows."""
+        """Verify the signature (if this replica trusts a key), then unframe, bounding the size by this manifest."""
+        if self.verifier is not None:
+            self.verifier.verify(*split_trailer(data, what), what)
         msg = decode_record(data, what, self.limits, update_size_bound(self.manifest))
         if not isinstance(msg, UpdateMessage):
             raise MalformedMessage(f"{what}: expected an update record, got a checkpoint")

@@ -1,4 +1,8 @@
-"""Frame = magic + schema version + kind + declared size + zstd(msgpack(body)). See SPEC.md, "Framing"."""
+"""Frame = magic + schema version + kind + flags + declared size + zstd(msgpack(body)) [+ signature trailer].
+
+See SPEC.md, "Framing". Flag bit 0: the frame ends with a 72-byte trailer (key id + Ed25519 signature over
+everything before it); signing.py makes and checks it.
+"""
 import struct
 
 import msgpack
@@ -8,25 +12,39 @@ from .errors import LimitExceeded, MalformedMessage, UnsupportedVersion
 from .limits import DEFAULT_LIMITS, Limits
 
 MAGIC = b"HILO"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: flags byte (was reserved) and the optional signature trailer
+FLAG_SIGNED = 1
+TRAILER_BYTES = 72  # signing.TRAILER_BYTES: key id (8) + Ed25519 signature (64)
 KIND_UPDATE = 1
 KIND_CHECKPOINT = 2
 KIND_NAMES = {KIND_UPDATE: "update", KIND_CHECKPOINT: "checkpoint"}
-_HEADER = struct.Struct("<4sHBBQ")  # magic, schema version, kind, reserved, decompressed size
+_HEADER = struct.Struct("<4sHBBQ")  # magic, schema version, kind, flags, decompressed size
 HEADER_BYTES = _HEADER.size          # 16
 ZSTD_LEVEL = 3
 
 
 def frame_bound(decompressed: int) -> int:
     """Largest framed record a body of `decompressed` bytes can legitimately become (header + zstd's worst case)."""
-    return HEADER_BYTES + decompressed + (decompressed >> 8) + (64 << 10)
+    return HEADER_BYTES + decompressed + (decompressed >> 8) + (64 << 10) + TRAILER_BYTES
 
 
-def frame(kind: int, body: dict, level: int = ZSTD_LEVEL) -> bytes:
-    """Serialise `body` with msgpack, compress with zstd, and prepend the 16-byte header."""
+def frame(kind: int, body: dict, level: int = ZSTD_LEVEL, signer=None) -> bytes:
+    """Serialise `body` with msgpack, compress with zstd, prepend the 16-byte header; signed by `signer` if given."""
     raw = msgpack.packb(body, use_bin_type=True)
     comp = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(raw)
-    return _HEADER.pack(MAGIC, SCHEMA_VERSION, kind, 0, len(raw)) + comp
+    data = _HEADER.pack(MAGIC, SCHEMA_VERSION, kind, FLAG_SIGNED if signer else 0, len(raw)) + comp
+    return data + signer.sign(data) if signer else data
+
+
+def split_trailer(data: bytes, what: str) -> tuple:
+    """(signed part, trailer or None): a signed frame without its trailer, and the trailer."""
+    if len(data) < HEADER_BYTES:
+        raise MalformedMessage(f"{what}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
+    if not data[7] & FLAG_SIGNED:
+        return data, None
+    if len(data) < HEADER_BYTES + TRAILER_BYTES:
+        raise MalformedMessage(f"{what}: flagged as signed but too short for the {TRAILER_BYTES}-byte signature trailer")
+    return data[:-TRAILER_BYTES], data[-TRAILER_BYTES:]
 
 
 PEEK_LIMIT = 16 << 20  # bytes of a body read to find a leading field before anything large is decompressed
@@ -38,8 +56,7 @@ def peek_field(data: bytes, key: str, what: str, limits: Limits = DEFAULT_LIMITS
     Decompresses at most PEEK_LIMIT bytes of the body, so a forged declared size costs nothing here.
     Raises MalformedMessage when `key` is not among the fields within that prefix.
     """
-    if len(data) < HEADER_BYTES:
-        raise MalformedMessage(f"{what}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
+    data, _ = split_trailer(data, what)
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=PEEK_LIMIT, max_bin_len=PEEK_LIMIT,
                                 max_str_len=1 << 20, max_array_len=max(limits.max_blocks, limits.max_chunks),
                                 max_map_len=max(limits.max_params, 64), max_ext_len=0)
@@ -81,15 +98,19 @@ def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompr
         raise LimitExceeded(f"{what}: frame is {len(data)} bytes > limit {limits.max_frame_bytes}")
     if len(data) < HEADER_BYTES:
         raise MalformedMessage(f"{what}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
-    magic, version, kind, reserved, size = _HEADER.unpack_from(data)
+    magic, version, kind, flags, size = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise MalformedMessage(f"{what}: magic {bytes(magic)!r} != {MAGIC!r} (not a hilo-sync record)")
+    if version == 1:
+        raise UnsupportedVersion(f"{what}: schema version 1 (unsigned frames of hilo-sync 0.1); this build reads {SCHEMA_VERSION}: "
+                                 f"start the run again with a current trainer")
     if version != SCHEMA_VERSION:
         raise UnsupportedVersion(f"{what}: schema version {version}, this build reads {SCHEMA_VERSION}")
     if kind not in KIND_NAMES:
         raise MalformedMessage(f"{what}: unknown kind {kind} (expected one of {sorted(KIND_NAMES)})")
-    if reserved != 0:
-        raise MalformedMessage(f"{what}: reserved header byte is {reserved}, must be 0")
+    if flags & ~FLAG_SIGNED:
+        raise MalformedMessage(f"{what}: unknown header flags {flags:#04x} (this build knows {FLAG_SIGNED:#04x}, signed)")
+    data, _ = split_trailer(data, what)  # verification, where wanted, happened before (PolicyReplica.parse)
     cap = limits.max_decompressed_bytes if max_decompressed is None else min(max_decompressed, limits.max_decompressed_bytes)
     if size > cap:
         raise LimitExceeded(f"{what}: declared decompressed size {size} > limit {cap}")

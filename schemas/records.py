@@ -116,13 +116,13 @@ class UpdateMessage:
     blocks: list                 # codec-specific per-block payload maps, each with "i" = manifest block index
     meta: dict = field(default_factory=dict)  # informational (trainer loss, wall time); never affects state
 
-    def to_bytes(self) -> bytes:
-        """Frame as an update record."""
+    def to_bytes(self, signer=None) -> bytes:
+        """Frame as an update record (signed by `signer`, a signing.Signer, if given)."""
         return frame(KIND_UPDATE, {
             "run": self.run, "version": self.version, "parent_digest": self.parent_digest, "digest": self.digest,
             "manifest_id": self.manifest_id, "codec": self.codec, "codec_params": self.codec_params,
             "optimizer": self.optimizer, "hparams": self.hparams, "blocks": self.blocks, "meta": self.meta,
-        })
+        }, signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "UpdateMessage":
@@ -157,13 +157,13 @@ class Checkpoint:
     scalars: dict                # optimizer scalars (step count, running beta powers), float64
     genesis: bytes = ZERO_DIGEST  # digest of the run's v0: which history this is (set by every writer)
 
-    def to_bytes(self) -> bytes:
-        """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible)."""
+    def to_bytes(self, signer=None) -> bytes:
+        """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible); signed if `signer`."""
         return frame(KIND_CHECKPOINT, {
             "run": self.run, "version": self.version, "digest": self.digest, "manifest": self.manifest.to_dict(),
             "optimizer": self.optimizer, "params": self.params, "slots": self.slots,
             "slot_tensors": self.slot_tensors, "scalars": self.scalars, "genesis": self.genesis,
-        }, level=1)
+        }, level=1, signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "Checkpoint":

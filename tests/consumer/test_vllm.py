@@ -229,7 +229,7 @@ def test_an_adapter_for_another_architecture_is_refused_at_start(vllm, tmp_path)
     from transformers import GPT2Config, GPT2LMHeadModel
     vllm_url, _ = vllm
     gpt2 = get_peft_model(GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=14, n_positions=32)),
-                          LoraConfig(r=8, target_modules=["c_attn"]))
+                          LoraConfig(r=8, target_modules=["c_attn"], fan_in_fan_out=True))
     url, run = f"file://{tmp_path}/log", new_run("arch")
     producer = HiLoProducer(gpt2, producer_config(run=run, log=url, codec="dense"))
     with pytest.raises(VllmError, match=r"refused v0's adapter .*expected target modules in .* but received \['transformer.h.0.attn.c_attn'"):

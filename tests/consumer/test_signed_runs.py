@@ -1,0 +1,69 @@
+"""Signed runs end to end on both backends: a site with --trust applies only the trainer's records."""
+import json
+
+import pytest
+
+from hilo.consumer.site import Site, SiteConfig
+from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.producer.producer import HiLoProducer
+from hilo.replica.state import ReplicaState
+from hilo.schemas.chunks import split
+from hilo.schemas.records import UpdateMessage
+from hilo.schemas.signing import SignatureError, Signer, generate
+from tests.conftest import new_run, producer_config, publish_random, small_model
+
+
+def site(url, run, tmp_path, name="s", **kw):
+    return Site(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), export_adapters=False,
+                           wait_checkpoint_s=5, **kw))
+
+
+def _crafted_next(producer):
+    """The attack the issue tried: a next update with a correct chain and a recomputed digest (a big step on block 0)."""
+    r = producer.replica
+    hp = {"lr": 0.5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+    blocks = [{"i": i, "g": bytes(4 * b.numel) if i else b"\x00\x00\x80\x3f" * b.numel} for i, b in enumerate(r.manifest.blocks)]
+    msg = UpdateMessage(r.run, r.version + 1, r.digest, bytes(16), r.manifest.manifest_id, "dense", {}, "adamw", hp, blocks)
+    state = r.compute(msg, "crafted")
+    msg.digest = state.digest() if isinstance(state, ReplicaState) else None
+    return msg
+
+
+@pytest.mark.parametrize("forger", ["unsigned", "another key"])
+def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, forger):
+    """Was accepted: anyone who can write the topic and knows the algorithm moved every site."""
+    keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
+    run = new_run()
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
+    publish_random(producer, 3)
+    crafted = _crafted_next(producer)
+    data = crafted.to_bytes() if forger == "unsigned" else crafted.to_bytes(Signer.load(other[0]))
+    open_log(log_url).append(updates_topic(run), split(data, run, "update", 4))
+    # Without --trust the crafted update would be applied (its chain is right): that is what signatures close.
+    s = site(log_url, run, tmp_path, trust=str(keys[1]), idle_exit_s=30)
+    with pytest.raises(SignatureError, match=r"offset 3 \(v4\): (unsigned|signed by key)"):
+        s.run(progress=False)
+    assert (s.follower.replica.version, s.follower.replica.digest) == (3, producer.replica.digest)
+    pos = json.loads((tmp_path / "s" / "snapshot" / "position.json").read_text())
+    assert pos["version"] == 3
+    unprotected = site(log_url, run, tmp_path, name="open", until_version=4)
+    unprotected.run(progress=False)
+    assert unprotected.follower.replica.digest == crafted.digest  # the old behaviour, for contrast
+    producer.close()
+
+
+def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_url, tmp_path, caplog):
+    keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
+    run = new_run()
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0]), checkpoint_every=3))
+    publish_random(producer, 4)
+    forged = producer.replica.checkpoint().to_bytes(Signer.load(other[0]))  # newest, but not the trainer's
+    open_log(log_url).append(checkpoints_topic(run), split(forged, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
+    s = site(log_url, run, tmp_path, trust=str(keys[1]), until_version=4)
+    assert s.follower.replica.version == 3 and "signed by key" in caplog.text  # fell back to the genuine v3
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
+    plain = site(log_url, run, tmp_path, name="plain", until_version=4)
+    plain.run(progress=False)
+    assert caplog.text.count("is signed (key") == 1  # a site without --trust is told once
+    producer.close()
