@@ -1,4 +1,5 @@
-"""10,000 mutated, truncated and random messages through decode + apply: a project error or a correct apply.
+"""40,000 mutated, truncated and random messages through decode + apply (and 60,000 checkpoints, snapshot files and
+chunk headers in fresh processes): a project error or a correct result.
 
 Every rejection must be a HiloError whose text names the record; the replica's digest must not move;
 peak memory must stay bounded (forged sizes are refused before allocation).
@@ -17,7 +18,7 @@ from hilo.schemas.errors import HiloError, LimitExceeded, MalformedMessage
 from hilo.schemas.framing import HEADER_BYTES, KIND_UPDATE, frame
 from tests.conftest import CODECS, genesis
 
-N = 10_000
+N = 40_000
 
 
 def _valid_messages(manifest, grads):
@@ -138,3 +139,20 @@ def test_nan_is_refused(manifest, grads):
     body["blocks"][2]["g"] = bytes(g)
     with pytest.raises(MalformedMessage, match="block 2 .* field 'g': contains NaN or Inf"):
         replica.apply_bytes(frame(KIND_UPDATE, body), "offset 5")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,n", [("checkpoint", 30_000), ("snapshot", 10_000), ("chunks", 20_000)])
+def test_fuzzed_checkpoints_snapshots_and_chunk_headers(tmp_path, kind, n):
+    """With the 40,000 updates above: 100,000 inputs. Each is accepted as exactly the original or refused by name,
+    in a fresh process whose peak memory growth is its own."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    worker = pathlib.Path(__file__).with_name("_fuzz_worker.py")
+    out = subprocess.run([sys.executable, str(worker), kind, str(n), "7", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    assert r["tried"] == n and r["rejected"] > 0.3 * n, r  # the rest: harmless mutations, accepted as exactly the original
+    assert r["grew_mib"] < 64, f"peak RSS grew {r['grew_mib']:.0f} MiB"
