@@ -152,10 +152,15 @@ class Site:
             replica, pos = newer, newer_pos
             source = "checkpoint (snapshot fell out of retention)"
         replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
+        rotations = [tuple(r) for r in pos.get("keys", [])] if local is not None and source == "local snapshot" else []
+        if self.verifier is not None and rotations:  # key rotations this site verified before its restart
+            replica.verifier = Verifier.from_raw(bytes.fromhex(rotations[-1][1]))
         offset = pos["next_offset"] if cfg.from_offset is None else cfg.from_offset
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                  cfg.site, replica.version, replica.digest.hex()[:12], source, updates_topic(cfg.run), offset)
-        return Follower(self.log, cfg.run, replica, offset, pos.get("log_bytes", 0))
+        follower = Follower(self.log, cfg.run, replica, offset, pos.get("log_bytes", 0))
+        follower.rotations = rotations
+        return follower
 
     def _same_history(self, replica, pos):
         """A local snapshot must belong to the history the log holds: same genesis, and a log at least as long."""
@@ -246,7 +251,8 @@ class Site:
     def snapshot(self):
         """Atomically save state + position."""
         f = self.follower
-        self.store.save(f.replica, {"next_offset": f.next_offset, "log_bytes": f.log_bytes, "saved_at": self.clock()})
+        self.store.save(f.replica, {"next_offset": f.next_offset, "log_bytes": f.log_bytes, "saved_at": self.clock(),
+                                    "keys": f.rotations})
         self.since_snapshot = 0
 
     def commit(self):

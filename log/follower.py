@@ -9,8 +9,8 @@ from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import DivergenceError, ForeignRecord, LogError, MalformedMessage
 from hilo.schemas.framing import frame_bound, split_trailer
-from hilo.schemas.signing import SignatureError
-from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
+from hilo.schemas.signing import SignatureError, Verifier
+from hilo.schemas.records import Checkpoint, KeyRotation, UpdateMessage, decode_record
 
 from .base import checkpoints_topic, updates_topic
 from .tail import last_message
@@ -87,6 +87,9 @@ class Follower:
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = Reassembler(run, self.topic, max_bytes=frame_bound(update_size_bound(replica.manifest)))
         self.foreign = 0                   # records skipped because they are not this run's
+        # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
+        # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
+        self.rotations = []
         begin = self.log.begin_offset(self.topic)
         if next_offset < begin:
             raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
@@ -106,6 +109,9 @@ class Follower:
             if msg is None:
                 continue
             what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
+            if msg.kind == "key":
+                self._rotate(msg, what)
+                continue
             if msg.kind != "update":
                 raise LogError(f"{what}: a {msg.kind!r} record in the updates topic")
             if self.replica.verifier is None:
@@ -126,6 +132,26 @@ class Follower:
                 self.reassembler.reset()
                 break
         return applied
+
+    def _rotate(self, msg, what):
+        """A signed 'next key' record: verified with the key trusted now, it moves trust to the new key."""
+        what = f"{self.topic} offset {msg.first_offset} (key record)"
+        verifier = self.replica.verifier
+        if verifier is not None:
+            verifier.verify(*split_trailer(msg.data, what), what)
+        rot = decode_record(msg.data, what)
+        if not isinstance(rot, KeyRotation) or rot.run != self.run:
+            raise LogError(f"{what}: not a key record of run {self.run!r}")
+        if rot.from_version <= self.replica.version:
+            return  # an old rotation this replica is already past (replaying): trust is already the new key
+        if verifier is None:
+            logger.warning("%s: run %s moves to key %s from v%d; this reader verifies nothing", what, self.run,
+                           Verifier.from_raw(rot.public_key).key_id.hex(), rot.from_version)
+            return
+        self.replica.verifier = Verifier.from_raw(rot.public_key)
+        self.rotations.append((rot.from_version, rot.public_key.hex()))
+        logger.info("%s: from v%d the run is signed by key %s (rotation signed by %s)", what, rot.from_version,
+                    self.replica.verifier.key_id.hex(), verifier.key_id.hex())
 
     def catch_up(self, on_applied=None) -> int:
         """Apply everything up to the current log end; returns versions applied."""

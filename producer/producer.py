@@ -26,6 +26,7 @@ from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
 from hilo.schemas.errors import ConfigError, LogError, TrainerError
+from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
 
 from .lora_params import lora_parameters
@@ -256,6 +257,21 @@ class HiLoProducer:
                 self.checkpoint_starts = self.checkpoint_starts[-keep:]
             except LogError as e:  # the checkpoint itself is published; the trim is retried after the next one
                 logger.warning("run %s: deleting old checkpoints failed (%s); retried after the next checkpoint", self.config.run, e)
+
+    def rotate_key(self, new_key_path: str) -> None:
+        """Move the run to a new signing key: a 'next key' record signed by the current key (sites that trust it
+        follow), then a checkpoint signed by the new one (so a trainer restarted with the new key resumes from it)."""
+        if self.signer is None:
+            raise ConfigError(f"run {self.config.run}: rotate_key needs a signing_key to sign the rotation with")
+        new = Signer.load(new_key_path)
+        rot = KeyRotation(self.config.run, self.version + 1, new.public_bytes())
+        extra = {"hilo-digest": self.replica.digest.hex(), "hilo-log-bytes": str(self.log_bytes)}  # what `head` readers expect
+        self.log.append(self.updates, split(rot.to_bytes(self.signer), self.config.run, "key", self.version, self.config.chunk_bytes, extra))
+        logger.warning("run %s: from v%d signed by key %s (was %s)", self.config.run, self.version + 1, new.key_id.hex(),
+                       self.signer.key_id.hex())
+        self.signer = new
+        self.next_offset = self.log.end_offset(self.updates)
+        self._checkpoint()
 
     def write_back(self):
         """Copy the replica's fp32 params into the training model (its dtype)."""

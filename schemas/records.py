@@ -8,7 +8,7 @@ import xxhash
 from . import fields as F
 from .arrays import nbytes
 from .errors import LimitExceeded, MalformedMessage
-from .framing import HEADER_BYTES, KIND_CHECKPOINT, KIND_NAMES, KIND_UPDATE, frame, peek_field, unframe
+from .framing import HEADER_BYTES, KIND_CHECKPOINT, KIND_KEY, KIND_NAMES, KIND_UPDATE, frame, peek_field, unframe
 from .limits import DEFAULT_LIMITS, Limits
 
 DIGEST_BYTES = 16  # xxh3-128
@@ -196,6 +196,25 @@ class Checkpoint:
                           slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis)
 
 
+@dataclass
+class KeyRotation:
+    """From version `from_version` on, the run is signed by `public_key` (raw Ed25519, 32 bytes); signed by the old key."""
+
+    run: str
+    from_version: int
+    public_key: bytes
+
+    def to_bytes(self, signer=None) -> bytes:
+        """Frame as a key record (signed by the key being replaced)."""
+        return frame(KIND_KEY, {"run": self.run, "from_version": self.from_version, "public_key": self.public_key}, signer=signer)
+
+    @staticmethod
+    def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "KeyRotation":
+        """Validate the three fields."""
+        return KeyRotation(F.get_str(body, "run", what, limits.max_name_bytes), F.get_int(body, "from_version", what, 1),
+                           F.get_bytes(body, "public_key", what, 32))
+
+
 MAX_SLOTS = 8  # optimizer state tensors per block a checkpoint may hold (Checkpoint.from_body's limit)
 
 
@@ -205,7 +224,7 @@ def checkpoint_size_bound(manifest: Manifest) -> int:
 
 
 def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):
-    """Unframe any record and return an UpdateMessage or a Checkpoint.
+    """Unframe any record and return an UpdateMessage, a Checkpoint or a KeyRotation.
 
     A checkpoint's decompressed size is bounded by what its own manifest allows, read first by streaming
     only the body's leading fields: a small record that would inflate to gigabytes is refused unread.
@@ -214,6 +233,8 @@ def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_d
         manifest = Manifest.from_dict(peek_field(data, "manifest", what, limits), what, limits)
         max_decompressed = checkpoint_size_bound(manifest)
     kind, body = unframe(data, what, limits, max_decompressed)
+    if kind == KIND_KEY:
+        return KeyRotation.from_body(body, f"{what} (key from v{body.get('from_version', '?')})", limits)
     if kind == KIND_UPDATE:
         return UpdateMessage.from_body(body, f"{what} (update v{body.get('version', '?')})", limits)
     return Checkpoint.from_body(body, f"{what} ({KIND_NAMES[kind]} v{body.get('version', '?')})", limits)

@@ -63,6 +63,10 @@ class Signer:
         """The trailer for `data`: key id + Ed25519 over SHA-256(data) (one fast hash pass instead of Ed25519's two)."""
         return self.key_id + self._key.sign(hashlib.sha256(data).digest())
 
+    def public_bytes(self) -> bytes:
+        """The raw 32-byte public key (what a key-rotation record carries)."""
+        return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
     def verifier(self) -> "Verifier":
         """A Verifier of this key's own signatures (a trainer resuming from the log trusts only itself)."""
         return Verifier(self._key.public_key())
@@ -74,6 +78,11 @@ class Verifier:
     def __init__(self, public: Ed25519PublicKey):
         self._key = public
         self.key_id = key_id(public)
+
+    @staticmethod
+    def from_raw(raw: bytes) -> "Verifier":
+        """A Verifier of a raw 32-byte Ed25519 public key (from a key-rotation record)."""
+        return Verifier(Ed25519PublicKey.from_public_bytes(raw))
 
     @staticmethod
     def load(path) -> "Verifier":

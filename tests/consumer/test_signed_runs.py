@@ -67,3 +67,34 @@ def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_
     plain.run(progress=False)
     assert caplog.text.count("is signed (key") == 1  # a site without --trust is told once
     producer.close()
+
+
+def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, caplog):
+    """A signed 'next key' record moves every trusting site to the new key; a forged one is refused."""
+    old, new, intruder = (generate(tmp_path / n) for n in ("old", "new", "intruder"))
+    run = new_run()
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(old[0]), checkpoint_every=100))
+    publish_random(producer, 3)
+    follower = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=3)
+    follower.run(progress=False)
+    producer.rotate_key(str(new[0]))
+    publish_random(producer, 3, seed=1)  # v4..v6 signed by the new key only
+    follower = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=6)  # restarted from its snapshot
+    follower.run(progress=False)
+    assert follower.follower.replica.digest == producer.replica.digest
+    publish_random(producer, 1, seed=2)
+    again = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=7)  # its snapshot remembers the rotation
+    again.run(progress=False)
+    assert again.follower.replica.digest == producer.replica.digest
+    fresh = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), until_version=7)  # new-key checkpoint refused: replays
+    fresh.run(progress=False)
+    assert fresh.follower.replica.digest == producer.replica.digest
+    # A rotation record the intruder signed: refused, nothing moves.
+    from hilo.schemas.records import KeyRotation
+    forged = KeyRotation(run, 8, Signer.load(intruder[0]).public_bytes()).to_bytes(Signer.load(intruder[0]))
+    open_log(log_url).append(updates_topic(run), split(forged, run, "key", 7))
+    victim = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), idle_exit_s=30)
+    with pytest.raises(SignatureError, match=r"\(key record\): signed by key [0-9a-f]{16}, this site trusts key"):
+        victim.run(progress=False)
+    assert victim.follower.replica.version == 7
+    producer.close()
