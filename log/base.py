@@ -67,6 +67,11 @@ class Log:
         """How the backend retains `topic`: {"retention.ms", "retention.bytes"} on Kafka; the file log keeps everything."""
         raise NotImplementedError
 
+    def become_writer(self, run: str, version: int):
+        """Make this client the run's only writer (fencing any earlier one); returns the fencing token, or None
+        where the backend has no fencing (Kafka, until transactional publishing)."""
+        raise NotImplementedError
+
     def trim(self, topic: str, before: int) -> bool:
         """Delete the records before offset `before` (as retention would); False where the backend keeps everything."""
         raise NotImplementedError

@@ -190,6 +190,10 @@ class KafkaLog(Log):
                      [ConfigResource(ConfigResourceType.TOPIC, topic, None)], config_filter="all")["topic"][topic]
         return {k: cfg[k]["value"] for k in ("retention.ms", "retention.bytes")}
 
+    def become_writer(self, run, version):
+        """No fencing on Kafka yet (it comes with transactional producers): None."""
+        return None
+
     def trim(self, topic, before):
         """DeleteRecords up to `before`: the log start moves exactly there, whatever the segment layout."""
         tp = TopicPartition(topic, 0)

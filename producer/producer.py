@@ -25,7 +25,7 @@ from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
-from hilo.schemas.errors import ConfigError, LogError, TrainerError
+from hilo.schemas.errors import ConfigError, FencedError, LogError, TrainerError
 from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
 
@@ -113,6 +113,7 @@ class HiLoProducer:
         self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
         self.snapshot_version = None  # the version of the trainer snapshot this start used, if any
         replica, self.log_bytes, self.next_offset = self._start()
+        self.fencing_token = self.log.become_writer(config.run, replica.version)  # an earlier trainer of the run is fenced
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
         self._restore_encoder()
         self.write_back()
@@ -321,6 +322,8 @@ class HiLoProducer:
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
         try:
             offsets = self.log.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
+        except FencedError:
+            raise  # certain: nothing was written, and nothing more will be
         except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)
             offsets = self._settle(proposal, e)
         self.builder.commit(proposal)

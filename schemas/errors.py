@@ -29,6 +29,10 @@ class LogError(HiloError):
     """The log (topic) is missing, misconfigured or holds records that do not belong to this run."""
 
 
+class FencedError(LogError):
+    """A newer writer took over the run: this trainer must publish nothing more."""
+
+
 class ForeignRecord(LogError):
     """A record that is not this run's (another run's, or not hilo-sync's at all): it cannot move the replica."""
 

@@ -180,3 +180,19 @@ def test_a_restarted_trainer_continues_the_same_trajectory_from_its_snapshot(tmp
     uninterrupted = _run(tmp_path, "a", [6], codec)
     assert _run(tmp_path, "b", [3, 3], codec) == uninterrupted
     assert _run(tmp_path, "c", [3, 3], codec, state=False) != uninterrupted  # without it the trajectory differs
+
+
+def test_a_second_trainer_fences_the_first_on_the_file_log(tmp_path):
+    """The zombie: trainer A paused, B started on the same run, A resumes. A is refused in one line, publishes
+    nothing more; sites never stop and end at B's digest."""
+    from hilo.schemas.errors import FencedError
+    url = f"file://{tmp_path}/log"
+    a = HiLoProducer(small_model(), producer_config(run="r", log=url))
+    publish_random(a, 3)
+    b = HiLoProducer(small_model(), producer_config(run="r", log=url))  # takes over at v3
+    publish_random(b, 2, seed=1)
+    with pytest.raises(FencedError, match=r"run r: this trainer \(token 1\) was fenced by a newer trainer \(pid \d+ on .*, "
+                                          r"token 2\) that took over at v3; it publishes nothing more"):
+        publish_random(a, 1, seed=2)
+    assert open_log(url).end_offset("r.updates") == 5 and a.version == 3
+    assert _site_digest(url, "r", tmp_path, 5) == b.replica.digest
