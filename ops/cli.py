@@ -106,14 +106,19 @@ def cmd_topics_list(a):
     return 0
 
 
-def cmd_topics_describe(a):
+def _report(a, rows_of, format_rows):
+    """Open the log, check that the run exists, print `rows_of(log, run)` as JSON or as a table."""
     from hilo.log import open_log
-    from hilo.ops.describe import describe_run, format_rows
     log = open_log(a.log)
     _existing_run(log, a.run)
-    rows = describe_run(log, a.run)
+    rows = rows_of(log, a.run)
     print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
     return 0
+
+
+def cmd_topics_describe(a):
+    from hilo.ops.describe import describe_run, format_rows
+    return _report(a, describe_run, format_rows)
 
 
 def cmd_topics(a):
@@ -159,12 +164,7 @@ def cmd_consume(a):
 
 def cmd_lag(a):
     from hilo.ops.lag import format_rows, lag_rows
-    from hilo.log import open_log
-    log = open_log(a.log)
-    _existing_run(log, a.run)
-    rows = lag_rows(log, a.run)
-    print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
-    return 0
+    return _report(a, lag_rows, format_rows)
 
 
 def cmd_inspect(a):
@@ -227,6 +227,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    def report(subparsers, name, summary, fn):
+        """A read-only command over one run that prints a table, or JSON with --json."""
+        p = subparsers.add_parser(name, help=summary)
+        common(p)
+        p.add_argument("--json", action="store_true", help="print a JSON list")
+        p.set_defaults(fn=fn)
+
     def common(p, log_required=True):
         p.add_argument("--log", required=log_required, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
         p.add_argument("--run", required=True, type=_run, help="run id (letters, digits, '_', '-'); topics are RUN.updates "
@@ -248,10 +255,7 @@ def parser() -> argparse.ArgumentParser:
     c = tsub.add_parser("list", help="the runs on a log (topics RUN.updates)")
     c.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
     c.set_defaults(fn=cmd_topics_list)
-    c = tsub.add_parser("describe", help="a run's topics: retained offsets and versions, retention")
-    common(c)
-    c.add_argument("--json", action="store_true", help="print a JSON list")
-    c.set_defaults(fn=cmd_topics_describe)
+    report(tsub, "describe", "a run's topics: retained offsets and versions, retention", cmd_topics_describe)
 
     p = sub.add_parser("keys", help="signing keys for a run")
     ksub = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
@@ -297,10 +301,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar while catching up")
     p.set_defaults(fn=cmd_consume)
 
-    p = sub.add_parser("lag", help="applied version, lag in versions and bytes, offsets, age: one row per site")
-    common(p)
-    p.add_argument("--json", action="store_true", help="print a JSON list")
-    p.set_defaults(fn=cmd_lag)
+    report(sub, "lag", "applied and serving version, lag in versions and bytes, offsets, age: one row per site", cmd_lag)
 
     p = sub.add_parser("inspect", help="one update's header fields and per-block rank/k and bytes")
     common(p)

@@ -31,6 +31,16 @@ def site(run, tmp_path, **kw):
                            wait_checkpoint_s=5, **kw))
 
 
+def _a_site_follows_from_the_fresh_checkpoint(producer, run, tmp_path):
+    """One more version, then a site bootstraps from the trainer's fresh v5 checkpoint and reaches its digest."""
+    publish_random(producer, 1, seed=2)
+    s = site(run, tmp_path, until_version=6)
+    assert s.follower.replica.version == 5
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
+    producer.close()
+
+
 def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_the_new_one(tmp_path, caplog):
     run = new_run("expired")
     producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL))
@@ -60,12 +70,7 @@ def test_a_trainer_with_its_snapshot_continues_an_expired_run_and_sites_follow(t
     expire(run)
     again = HiLoProducer(small_model(), cfg)
     assert again.version == 5
-    publish_random(again, 1, seed=2)
-    s = site(run, tmp_path, until_version=6)  # its snapshot (v2) fell out of retention: the fresh v5 checkpoint serves
-    assert s.follower.replica.version == 5
-    s.run(progress=False)
-    assert s.follower.replica.digest == again.replica.digest
-    again.close()
+    _a_site_follows_from_the_fresh_checkpoint(again, run, tmp_path)  # its snapshot (v2) fell out of retention
 
 
 def test_updates_after_the_newest_checkpoint_expired(tmp_path):
@@ -88,12 +93,7 @@ def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_update
     expire(run, topics=("updates",))
     again = HiLoProducer(small_model(), cfg)
     assert again.version == 5 and "published a fresh checkpoint at v5" in caplog.text
-    publish_random(again, 1, seed=5)
-    s = site(run, tmp_path, until_version=6)  # a new site: bootstraps from the fresh checkpoint, not the orphaned v4
-    assert s.follower.replica.version == 5
-    s.run(progress=False)
-    assert s.follower.replica.digest == again.replica.digest
-    again.close()
+    _a_site_follows_from_the_fresh_checkpoint(again, run, tmp_path)  # a new site: not from the orphaned v4
 
 
 def test_the_checkpoints_topic_keeps_the_newest_k(tmp_path):
