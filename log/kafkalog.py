@@ -19,6 +19,7 @@ from .base import Log, check_run, checkpoints_topic, updates_topic
 
 RETRIABLE_TRIES = 20
 RECORD_OVERHEAD = 64 << 10  # headers + batch framing on top of a chunk's value, bytes
+DELIVERY_TIMEOUT_MS = 120_000  # how long a publish may retry (a leader election takes ~10-30 s), then a clear error
 
 
 def _retry(what, fn, *args, **kwargs):
@@ -88,8 +89,21 @@ class KafkaLog(Log):
                 pass
             except KafkaError as e:
                 raise LogError(f"{self.url}: creating topic {t!r} failed: {type(e).__name__}: {e}") from None
+            self._await_topic(t)
             self.check_topic(t)
         return created
+
+    def _await_topic(self, topic, timeout_s: float = 30.0):
+        """Wait until the brokers we ask know a topic just created: on a fresh multi-node cluster the metadata of a
+        new topic reaches the brokers one by one, and a describe answered by a late one says "does not exist"."""
+        deadline, seen = time.monotonic() + timeout_s, 0
+        while seen < 3:  # three answers in a row (the admin client spreads requests over the brokers)
+            desc = _retry(f"describe topic {topic}", self.admin.describe_topics, [topic])[0]
+            seen = seen + 1 if desc["error_code"] == 0 else 0
+            if seen < 3:
+                if time.monotonic() >= deadline:
+                    raise LogError(f"{self.url}: topic {topic!r} was created but the cluster does not show it after {timeout_s:.0f}s")
+                time.sleep(0.1)  # polling the cluster's metadata propagation; nothing of ours to synchronise with
 
     def _check_broker_limits(self):
         """Refuse a chunk size the brokers cannot take in one request (socket.request.max.bytes)."""
@@ -131,7 +145,7 @@ class KafkaLog(Log):
             self._producer = KafkaProducer(
                 bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
                 max_in_flight_requests_per_connection=1, max_request_size=self.record_bytes,
-                request_timeout_ms=self.timeout_ms, client_id="hilo-producer")
+                request_timeout_ms=self.timeout_ms, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, client_id="hilo-producer")
         return self._producer
 
     def append(self, topic, records):
@@ -140,7 +154,8 @@ class KafkaLog(Log):
             futures = [self.producer.send(topic, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
                        for k, v, h in records]
             self.producer.flush()
-            return [f.get(timeout=self.timeout_ms / 1000).offset for f in futures]
+            # The producer retries through a leader election up to its delivery timeout; wait for that, not less.
+            return [f.get(timeout=DELIVERY_TIMEOUT_MS / 1000 + 5).offset for f in futures]
         except KafkaError as e:
             raise LogError(f"{self.url}: publishing to {topic!r} failed: {type(e).__name__}: {e}") from None
 
