@@ -24,7 +24,7 @@ from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
-from hilo.log.tail import head, last_message
+from hilo.log.tail import head
 from hilo.schemas.errors import ConfigError, HiloError, LogError
 from hilo.schemas.signing import Verifier
 
@@ -182,7 +182,7 @@ class Site:
         while True:
             try:
                 self.log.check_topic(checkpoints_topic(self.cfg.run))
-                if last_message(self.log, checkpoints_topic(self.cfg.run), self.cfg.run) is not None:
+                if head(self.log, checkpoints_topic(self.cfg.run), self.cfg.run) is not None:
                     return
             except HiloError:
                 if time.monotonic() >= deadline:

@@ -53,10 +53,13 @@ class FileLog(Log):
                 created.append(t)
         return created
 
-    def check_topic(self, topic):
-        """The file log has only single-partition, non-compacted topics; it must exist."""
+    def _require_root(self):
         if not self.root.is_dir():
             raise LogError(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
+
+    def check_topic(self, topic):
+        """The file log has only single-partition, non-compacted topics; it must exist."""
+        self._require_root()
         if not (self._dir(topic) / "records").exists():
             raise LogError(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")
 
@@ -198,8 +201,7 @@ class FileLog(Log):
 
     def runs(self):
         """Folders RUN.updates holding a records file."""
-        if not self.root.is_dir():
-            raise LogError(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
+        self._require_root()
         return sorted(p.parent.name[: -len(".updates")] for p in self.root.glob("*.updates/records"))
 
     def groups(self, prefix):

@@ -75,8 +75,9 @@ class KafkaLog(Log):
         """Create RUN.updates / RUN.checkpoints with one partition and delete retention; validate existing ones."""
         check_run(run)
         created = []
-        replication = min(3, len(_retry("describe cluster", self.admin.describe_cluster)["brokers"]))
-        self._check_broker_limits()
+        brokers = _retry("describe cluster", self.admin.describe_cluster)["brokers"]
+        replication = min(3, len(brokers))
+        self._check_broker_limits(brokers)
         for t in (updates_topic(run), checkpoints_topic(run)):
             spec = {t: {"num_partitions": 1, "replication_factor": replication,
                         "configs": {"cleanup.policy": "delete", "retention.ms": str(retention_ms),
@@ -105,9 +106,8 @@ class KafkaLog(Log):
                     raise LogError(f"{self.url}: topic {topic!r} was created but the cluster does not show it after {timeout_s:.0f}s")
                 time.sleep(0.1)  # polling the cluster's metadata propagation; nothing of ours to synchronise with
 
-    def _check_broker_limits(self):
+    def _check_broker_limits(self, brokers):
         """Refuse a chunk size the brokers cannot take in one request (socket.request.max.bytes)."""
-        brokers = _retry("describe cluster", self.admin.describe_cluster)["brokers"]
         res = _retry("describe broker configs", self.admin.describe_configs,
                      [ConfigResource(ConfigResourceType.BROKER, str(b["broker_id"])) for b in brokers], config_filter="all")
         for broker, cfg in res.get("broker", {}).items():

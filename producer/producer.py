@@ -20,7 +20,7 @@ from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.log.snapshot import SnapshotStore
-from hilo.log.tail import head, last_message
+from hilo.log.tail import head
 from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
@@ -134,7 +134,7 @@ class HiLoProducer:
         local = self.store.load() if self.store else None
         if local is not None:
             self._check_layout(local[0])
-        if last_message(self.log, self.checkpoints, run) is None:
+        if head(self.log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
             if self.log.end_offset(self.updates) > self.log.begin_offset(self.updates):
                 raise LogError(f"{self.log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
             had = max(self.log.end_offset(self.updates), self.log.end_offset(self.checkpoints))  # offsets survive retention
@@ -166,8 +166,7 @@ class HiLoProducer:
                                f"state dir, or start over with new_history=True (--new-history)")
         follower = self._catch_up(replica, position["next_offset"], position.get("log_bytes", 0))
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], source)
-        newest = last_message(self.log, self.checkpoints, run)
-        if int(newest.headers.get("hilo-updates-offset", 0)) < begin:  # its updates expired: no site could bootstrap from it
+        if int(head(self.log, self.checkpoints, run).get("hilo-updates-offset", 0)) < begin:  # its updates expired: no site could bootstrap from it
             self._publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
             logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
         return replica, follower.log_bytes, follower.next_offset

@@ -14,7 +14,7 @@ from .limits import DEFAULT_LIMITS, Limits
 MAGIC = b"HILO"
 SCHEMA_VERSION = 2  # 2: flags byte (was reserved) and the optional signature trailer
 FLAG_SIGNED = 1
-TRAILER_BYTES = 72  # signing.TRAILER_BYTES: key id (8) + Ed25519 signature (64)
+TRAILER_BYTES = 72  # signing.KEY_ID_BYTES + signing.SIGNATURE_BYTES: key id (8) + Ed25519 signature (64)
 KIND_UPDATE = 1
 KIND_CHECKPOINT = 2
 KIND_KEY = 3  # the run's next signing key, signed by the current one (SPEC.md, "Key rotation")
@@ -38,14 +38,14 @@ def frame(kind: int, body: dict, level: int = ZSTD_LEVEL, signer=None) -> bytes:
 
 
 def split_trailer(data: bytes, what: str) -> tuple:
-    """(signed part, trailer or None): a signed frame without its trailer, and the trailer."""
+    """(signed part, trailer or None): a signed frame without its trailer (a view, not a copy), and the trailer."""
     if len(data) < HEADER_BYTES:
         raise MalformedMessage(f"{what}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
     if not data[7] & FLAG_SIGNED:
         return data, None
     if len(data) < HEADER_BYTES + TRAILER_BYTES:
         raise MalformedMessage(f"{what}: flagged as signed but too short for the {TRAILER_BYTES}-byte signature trailer")
-    return data[:-TRAILER_BYTES], data[-TRAILER_BYTES:]
+    return memoryview(data)[:-TRAILER_BYTES], bytes(data[-TRAILER_BYTES:])
 
 
 PEEK_LIMIT = 16 << 20  # bytes of a body read to find a leading field before anything large is decompressed

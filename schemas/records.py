@@ -96,11 +96,11 @@ class Manifest:
             if (kind == "A" and shape[0] != rank) or (kind == "B" and shape[1] != rank):
                 raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} on its {'first' if kind == 'A' else 'second'} axis")
             blocks.append(BlockSpec(module, kind, tuple(shape)))
-        keys = [(b.module, b.kind) for b in blocks]
-        if keys != sorted(set(keys)):
-            raise MalformedMessage(f"{what}: blocks must be unique and sorted by (module, kind)")
-        return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank, F.get_float(d, "alpha", what),
-                        tuple(tm), tuple(blocks))
+        try:
+            return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank, F.get_float(d, "alpha", what),
+                            tuple(tm), tuple(blocks))
+        except MalformedMessage as e:  # Manifest's own invariant (sorted, unique blocks), named by the record here
+            raise MalformedMessage(f"{what}: {str(e).removeprefix('manifest: ')}") from None
 
 
 @dataclass

@@ -20,7 +20,6 @@ from .errors import ConfigError, HiloError
 
 KEY_ID_BYTES = 8
 SIGNATURE_BYTES = 64
-TRAILER_BYTES = KEY_ID_BYTES + SIGNATURE_BYTES
 
 
 class SignatureError(HiloError):
