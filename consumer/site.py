@@ -23,9 +23,11 @@ from tqdm import tqdm
 from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.log.history import HistoryWriter
+from hilo.log.kafka_config import check_kafka_config
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head
-from hilo.schemas.errors import ConfigError, HiloError, LogError
+from hilo.schemas.errors import NoSuchTopic, ConfigError, HiloError, LogError
 from hilo.schemas.signing import Verifier
 
 from .adapter_export import DTYPES, export_adapter, prune_adapters
@@ -55,6 +57,9 @@ class SiteConfig:
     until_version: exit 0 once this version is applied. Default: None (follow forever)
     idle_exit_s: exit 0 after this long with nothing new. Default: None (follow forever)
     wait_checkpoint_s: how long to wait for the producer's first checkpoint. Default: 600
+    kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
+    history: append (version, digest, offset) of every applied version to this file, for a history check
+        (log/history.py). Default: None
     """
 
     log: str
@@ -75,9 +80,12 @@ class SiteConfig:
     until_version: int | None = None
     idle_exit_s: float | None = None
     wait_checkpoint_s: float = 600.0
+    kafka_config: str | None = None
+    history: str | None = None
 
     def __post_init__(self):
         check_run(self.run, "SiteConfig.run")
+        check_kafka_config(self.log, self.kafka_config)
         if self.snapshot_every < 1:
             raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
         if self.export_dtype not in DTYPES:
@@ -101,12 +109,15 @@ class Site:
 
     def __init__(self, cfg: SiteConfig, log_backend=None, clock=time.time):
         self.cfg, self.clock = cfg, clock
-        self.log = log_backend or open_log(cfg.log)
+        self.log = log_backend or open_log(cfg.log, kafka_config=cfg.kafka_config)
         self.store = SnapshotStore(cfg.state_dir)
         self.verifier = Verifier.load(cfg.trust) if cfg.trust else None
         self.group = site_group(cfg.run, cfg.site)
         self.stopping = False
         self.follower = self._bootstrap()
+        self.history = HistoryWriter(cfg.history) if cfg.history else None
+        if self.history:
+            self.history.record(self.follower.replica.version, self.follower.replica.digest, self.follower.next_offset, start=True)
         self.since_snapshot = 0
         self.exported = None          # (version, adapter dir) of the newest export
         self.serving = None           # (version, adapter dir) vLLM serves, once a load succeeded
@@ -141,7 +152,7 @@ class Site:
             source = "checkpoint"
         if local is not None:
             self._same_history(replica, pos)
-        if local is not None and pos["next_offset"] < self.log.begin_offset(updates_topic(cfg.run)):
+        if local is not None and not self.log.retained(updates_topic(cfg.run), pos["next_offset"]):
             newer, newer_pos = bootstrap_from_log(self.log, cfg.run, verifier=self.verifier)
             if newer.genesis != replica.genesis or newer.version < replica.version:
                 raise LogError(f"site {cfg.site}: holds v{replica.version} (history {replica.genesis.hex()[:12]}); the log kept only "
@@ -184,7 +195,7 @@ class Site:
                 self.log.check_topic(checkpoints_topic(self.cfg.run))
                 if head(self.log, checkpoints_topic(self.cfg.run), self.cfg.run) is not None:
                     return
-            except HiloError:
+            except NoSuchTopic:  # not made yet; anything else (a refused ACL, say) is reported now
                 if time.monotonic() >= deadline:
                     raise
             if time.monotonic() >= deadline:
@@ -198,6 +209,8 @@ class Site:
     def on_applied(self, upd, msg):
         """Bookkeeping after each applied version: snapshot every K, commit the position."""
         r = self.follower.replica
+        if self.history:
+            self.history.record(r.version, r.digest, msg.last_offset)
         self.since_snapshot += 1
         if self.since_snapshot >= self.cfg.snapshot_every:
             self.snapshot()

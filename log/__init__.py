@@ -7,14 +7,17 @@ from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
 from hilo.schemas.errors import ConfigError
 
 from .base import Log, checkpoints_topic, site_group, updates_topic  # noqa: F401
+from .kafka_config import check_kafka_config
 
 
-def open_log(url: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Log:
-    """The backend for `url`; Kafka is imported only when asked for. `chunk_bytes`: largest record value written."""
+def open_log(url: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, kafka_config=None) -> Log:
+    """The backend for `url`; Kafka is imported only when asked for. `chunk_bytes`: largest record value written;
+    `kafka_config`: a Kafka client .properties file (or KafkaClientConfig) with TLS/SASL settings."""
     if url.startswith("file://"):
+        check_kafka_config(url, kafka_config)
         from .filelog import FileLog
         return FileLog(url[len("file://"):])
     if url.startswith("kafka://"):
         from .kafkalog import KafkaLog
-        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes)
+        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes, config=kafka_config)
     raise ConfigError(f"--log {url!r}: expected file://DIR or kafka://HOST:PORT")

@@ -34,10 +34,44 @@ def site_group(run: str, site: str) -> str:
     return f"hilo.{run}.{site}"
 
 
+class Batch(list):
+    """Records from one read, in order, and `next_offset`: where the next read continues. It can be past the last
+    record: Kafka's transaction markers (and aborted records, under read_committed) take offsets no reader sees."""
+
+    def __init__(self, records=(), next_offset: int = 0):
+        super().__init__(records)
+        self.next_offset = next_offset
+
+
+class Transaction:
+    """Appends that become visible together (Kafka transactions); on a backend without them, each append is
+    durable as it returns and a reader skips a message left incomplete by a crash."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def append(self, topic: str, records: list) -> list:
+        """Append in order within the transaction; returns the records' offsets."""
+        return self.log.append(topic, records)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class Log:
     """append / read / offsets / group positions over single-partition topics."""
 
     url = ""
+    # Offsets a writer's commit can leave after its last record (Kafka: the transaction's marker). A position
+    # that many below the log start lost nothing to retention; the digest chain checks that anyway.
+    marker_offsets = 0
+
+    def retained(self, topic: str, offset: int) -> bool:
+        """Whether reading `topic` from `offset` misses no record to retention."""
+        return offset >= self.begin_offset(topic) - self.marker_offsets
 
     def create_topics(self, run: str, retention_ms: int = -1) -> list:
         """Create RUN.updates and RUN.checkpoints if missing; refuse existing misconfigured ones. Returns created names."""
@@ -51,8 +85,12 @@ class Log:
         """Append (key, value, headers) records in order; durable when this returns. Returns their offsets."""
         raise NotImplementedError
 
-    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20) -> list:
-        """Records at offsets >= `offset` (possibly none within `timeout_s`), in order."""
+    def transaction(self) -> Transaction:
+        """A context whose appends commit together when it exits cleanly (and are discarded when it raises)."""
+        return Transaction(self)
+
+    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20) -> Batch:
+        """Records at offsets >= `offset` (possibly none within `timeout_s`), in order, as a Batch."""
         raise NotImplementedError
 
     def begin_offset(self, topic: str) -> int:
@@ -60,7 +98,8 @@ class Log:
         raise NotImplementedError
 
     def end_offset(self, topic: str) -> int:
-        """Offset the next appended record will get."""
+        """Offset after the last committed record: a reader that reaches it has seen everything (Kafka: the last
+        stable offset)."""
         raise NotImplementedError
 
     def retention(self, topic: str) -> dict:
@@ -68,8 +107,8 @@ class Log:
         raise NotImplementedError
 
     def become_writer(self, run: str, version: int):
-        """Make this client the run's only writer (fencing any earlier one); returns the fencing token, or None
-        where the backend has no fencing (Kafka, until transactional publishing)."""
+        """Make this client the run's only writer: an earlier writer's next append raises FencedError. Returns
+        the fencing token (file log) or the producer epoch (Kafka)."""
         raise NotImplementedError
 
     def trim(self, topic: str, before: int) -> bool:

@@ -17,9 +17,9 @@ import zlib
 import msgpack
 
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import FencedError, LogError
+from hilo.schemas.errors import FencedError, LogError, NoSuchTopic
 
-from .base import Log, check_run, checkpoints_topic, updates_topic
+from .base import Batch, Log, check_run, checkpoints_topic, updates_topic
 
 _HEAD = struct.Struct("<4sII")
 _MAGIC = b"HREC"
@@ -55,13 +55,13 @@ class FileLog(Log):
 
     def _require_root(self):
         if not self.root.is_dir():
-            raise LogError(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
+            raise NoSuchTopic(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
 
     def check_topic(self, topic):
         """The file log has only single-partition, non-compacted topics; it must exist."""
         self._require_root()
         if not (self._dir(topic) / "records").exists():
-            raise LogError(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")
+            raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")
 
     # -- records ------------------------------------------------------------------------------
     def _scan(self, topic, f, truncate=False):
@@ -147,12 +147,13 @@ class FileLog(Log):
                 if offset < len(idx) or time.monotonic() >= deadline:
                     break
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # poll a file for a writer in another process
-            out, used = [], 0
+            out, used = Batch(next_offset=max(0, offset)), 0
             for off in range(max(0, offset), len(idx)):
                 f.seek(idx[off])
                 _, length, _ = _HEAD.unpack(f.read(_HEAD.size))
                 key, headers, value = msgpack.unpackb(f.read(length), raw=False)
                 out.append(Record(off, key, value, headers))
+                out.next_offset = off + 1
                 used += length
                 if used >= max_bytes:
                     break

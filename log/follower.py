@@ -90,15 +90,16 @@ class Follower:
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = []
-        begin = self.log.begin_offset(self.topic)
-        if next_offset < begin:
+        if not self.log.retained(self.topic, next_offset):
             raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
-                           f"(log begins at {begin}); bootstrap from a newer checkpoint")
+                           f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint")
+        self.next_offset = self.read_offset = max(next_offset, self.log.begin_offset(self.topic))
 
     def poll(self, timeout_s: float = 1.0, should_stop=lambda: False, on_applied=None) -> int:
         """Read once and apply every complete message; returns how many versions were applied."""
         applied = 0
-        for rec in self.log.read(self.topic, self.read_offset, timeout_s):
+        batch = self.log.read(self.topic, self.read_offset, timeout_s)
+        for rec in batch:
             self.read_offset = rec.offset + 1
             try:
                 msg = self.reassembler.feed(rec)
@@ -130,7 +131,11 @@ class Follower:
             if should_stop():
                 self.read_offset = self.next_offset  # drop a half-read message; it is re-read on resume
                 self.reassembler.reset()
-                break
+                return applied
+        # Past what the batch returned: transaction markers and aborted records take offsets no reader gets.
+        self.read_offset = max(self.read_offset, batch.next_offset)
+        if not self.reassembler.parts:  # no message half-read: resuming from here loses nothing
+            self.next_offset = max(self.next_offset, self.read_offset)
         return applied
 
     def _rotate(self, msg, what):

@@ -3,52 +3,87 @@ from hilo.schemas.chunks import Message, Reassembler
 from hilo.schemas.errors import LogError, MalformedMessage
 
 
+def _last_record(log, topic: str, before: int, begin: int):
+    """The last record at an offset below `before`, or None. Transaction markers (and aborted records) take offsets
+    no reader gets, so the probe starts two offsets back, one read, and widens only past aborted records."""
+    width = 2
+    while before > begin:
+        start = max(begin, before - width)
+        recs = [r for r in log.read(topic, start, timeout_s=5.0, max_bytes=1 << 20) if r.offset < before]
+        if recs:
+            return recs[-1]
+        if start == begin:
+            return None
+        width *= 8
+    return None
+
+
+def _chunk(rec, run: str):
+    """(i, n) of a record's "i/n" chunk header if it is this run's, else None."""
+    i, _, n = rec.headers.get("hilo-chunk", "").partition("/")
+    if not (i.isdigit() and n.isdigit()) or rec.headers.get("hilo-run") != run:
+        return None
+    return int(i), int(n)
+
+
 def last_message(log, topic: str, run: str, before: int | None = None) -> Message | None:
     """The newest complete message ending before offset `before` (default: the log end), or None.
 
-    Chunks of one message are contiguous, so the last record's "i/n" header says where its message
-    starts; a trailing incomplete sequence (a writer that died mid-message) and records that are not
-    this run's are skipped (the follower, reading in order, is the one that reports them).
+    Chunks of one message are contiguous (one transaction, or one writer's appends), so the last record's "i/n"
+    header says where its message starts; a trailing incomplete sequence (a writer that died mid-message) and
+    records that are not this run's are skipped (the follower, reading in order, is the one that reports them).
     """
     end = log.end_offset(topic) if before is None else before
     begin = log.begin_offset(topic)
     while end > begin:
-        last = log.read(topic, end - 1, timeout_s=5.0, max_bytes=1)
-        if not last or last[0].offset != end - 1:
+        last = _last_record(log, topic, end, begin)
+        if last is None:
             return None
-        i, _, n = last[0].headers.get("hilo-chunk", "").partition("/")
-        if not (i.isdigit() and n.isdigit()) or last[0].headers.get("hilo-run") != run:
-            end -= 1
+        chunk = _chunk(last, run)
+        if chunk is None:
+            end = last.offset
             continue
-        start = end - 1 - int(i)
-        if int(i) == int(n) - 1 and start >= begin:
-            r = Reassembler(run, topic)
-            msg, pos = None, start
-            try:
-                while msg is None and pos < end:
-                    recs = log.read(topic, pos, timeout_s=5.0)
-                    if not recs:
-                        break
-                    for rec in recs[: end - pos]:
-                        msg = r.feed(rec)
-                    pos = recs[min(len(recs), end - pos) - 1].offset + 1
-            except (LogError, MalformedMessage):
-                msg = None
+        i, n = chunk
+        start = last.offset - i
+        if start < begin:
+            return None  # everything below is this message's head, gone with retention
+        if i == n - 1:
+            msg = _assemble(log, topic, run, start, last.offset)
             if msg is not None:
                 return msg
-        end = start if start < end - 1 else end - 1
+        end = start  # incomplete or broken: look before it
+    return None
+
+
+def _assemble(log, topic: str, run: str, start: int, last: int) -> Message | None:
+    """The message whose chunks lie at offsets start..last, or None if they do not make one."""
+    r, pos = Reassembler(run, topic), start
+    try:
+        while pos <= last:
+            batch = log.read(topic, pos, timeout_s=5.0)
+            if not batch:
+                return None
+            for rec in batch:
+                if rec.offset > last:
+                    return None
+                msg = r.feed(rec)
+                if msg is not None:
+                    return msg if rec.offset == last else None
+            pos = batch.next_offset
+    except (LogError, MalformedMessage):
+        return None
     return None
 
 
 def head(log, topic: str, run: str) -> dict | None:
     """Headers of the newest complete message, reading one record when the log ends on a last chunk."""
-    end = log.end_offset(topic)
-    if end <= log.begin_offset(topic):
+    end, begin = log.end_offset(topic), log.begin_offset(topic)
+    if end <= begin:
         return None
-    rec = log.read(topic, end - 1, timeout_s=5.0, max_bytes=1)
-    if rec and rec[0].offset == end - 1:
-        i, _, n = rec[0].headers.get("hilo-chunk", "").partition("/")
-        if i.isdigit() and n.isdigit() and int(i) == int(n) - 1 and rec[0].headers.get("hilo-run") == run:
-            return dict(rec[0].headers)
+    rec = _last_record(log, topic, end, begin)
+    if rec is not None and _chunk(rec, run) is not None:
+        i, n = _chunk(rec, run)
+        if i == n - 1:
+            return dict(rec.headers)
     msg = last_message(log, topic, run)
     return None if msg is None else msg.headers

@@ -77,13 +77,19 @@ def _names(allowed):
 def _existing_run(log, run: str):
     """LogError unless `run` has topics on `log`: says which runs do exist (read-only commands create nothing)."""
     from hilo.log import updates_topic
-    from hilo.schemas.errors import LogError
+    from hilo.schemas.errors import LogError, NoSuchTopic
     try:
         log.check_topic(updates_topic(run))
-    except LogError:
+    except NoSuchTopic:
         runs = log.runs()
         shown = ", ".join(runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "") if runs else "none"
         raise LogError(f"{log.url}: run {run!r} does not exist; runs here: {shown} (hilo topics list --log {log.url})") from None
+
+
+def _open(a):
+    """The log of `--log`, with the TLS/SASL settings of `--kafka-config`."""
+    from hilo.log import open_log
+    return open_log(a.log, kafka_config=a.kafka_config)
 
 
 def cmd_demo(a):
@@ -99,17 +105,32 @@ def cmd_keys_generate(a):
     return 0
 
 
+def cmd_acls_grant(a):
+    from hilo.ops.acls import grant
+    n = grant(_open(a), a.run, {"trainer": a.trainer, "site": a.site})
+    print(f"{n} ACLs for run {a.run}: {a.trainer} moves the policy, {a.site} reads it and commits hilo.{a.run}.* groups")
+    return 0
+
+
+def cmd_acls_show(a):
+    from hilo.ops.acls import show
+    rows = show(_open(a), a.run)
+    if a.json:
+        print(json.dumps(rows, indent=2))
+    for r in [] if a.json else rows:
+        print(f"{r['principal']:<20} {r['operation']:<17} {r['resource']:<17} {r['name']} ({r['pattern']})")
+    return 0
+
+
 def cmd_topics_list(a):
-    from hilo.log import open_log
-    for run in open_log(a.log).runs():
+    for run in _open(a).runs():
         print(run)
     return 0
 
 
 def _report(a, rows_of, format_rows):
     """Open the log, check that the run exists, print `rows_of(log, run)` as JSON or as a table."""
-    from hilo.log import open_log
-    log = open_log(a.log)
+    log = _open(a)
     _existing_run(log, a.run)
     rows = rows_of(log, a.run)
     print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
@@ -122,8 +143,7 @@ def cmd_topics_describe(a):
 
 
 def cmd_topics(a):
-    from hilo.log import open_log
-    log = open_log(a.log)
+    log = _open(a)
     created = log.create_topics(a.run, a.retention_ms)
     for t in (f"{a.run}.updates", f"{a.run}.checkpoints"):
         print(f"{t}: {'created' if t in created else 'exists, checked (1 partition, cleanup.policy=delete)'}")
@@ -135,7 +155,7 @@ def cmd_produce(a):
     from hilo.ops.tiny_trainer import build_model, train
     cfg = ProducerConfig(run=a.run, log=a.log, codec=a.codec, budget=a.budget, optimizer=a.optimizer,
                          checkpoint_every=a.checkpoint_every, state_dir=a.state_dir, new_history=a.new_history,
-                         signing_key=a.signing_key)
+                         signing_key=a.signing_key, kafka_config=a.kafka_config, history=a.history)
     producer = HiLoProducer(build_model(seed=a.seed), cfg)
     adapter = producer.manifest.adapter_bytes()
 
@@ -154,7 +174,7 @@ def cmd_consume(a):
                      export_adapters=not a.no_export, export_dtype=a.export_dtype, keep_adapters=a.keep_adapters,
                      on_version=a.on_version, vllm=a.vllm, lora_name=a.lora_name, from_offset=a.from_offset,
                      from_version=a.from_version, until_version=a.until_version, trust=a.trust, idle_exit_s=a.idle_exit,
-                     wait_checkpoint_s=a.wait_checkpoint)
+                     wait_checkpoint_s=a.wait_checkpoint, kafka_config=a.kafka_config, history=a.history)
     site = Site(cfg)
     site.install_signal_handlers()
     v = site.run(progress=False if a.no_progress else None)
@@ -169,10 +189,10 @@ def cmd_lag(a):
 
 def cmd_inspect(a):
     from hilo.ops.inspect_version import describe
-    from hilo.log import checkpoints_topic, open_log
+    from hilo.log import checkpoints_topic
     from hilo.log.tail import last_message
     from hilo.schemas.records import decode_record
-    log = open_log(a.log)
+    log = _open(a)
     _existing_run(log, a.run)
     ck = last_message(log, checkpoints_topic(a.run), a.run)
     manifest = decode_record(ck.data, "checkpoint").manifest if ck else None
@@ -234,8 +254,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print a JSON list")
         p.set_defaults(fn=fn)
 
-    def common(p, log_required=True):
-        p.add_argument("--log", required=log_required, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
+    def log_args(p):
+        p.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT[,HOST:PORT]")
+        p.add_argument("--kafka-config", metavar="FILE", help="Kafka client .properties: security.protocol, ssl.ca.location, "
+                       "sasl.mechanism, sasl.username, sasl.password.file, ... (README: Running across sites)")
+
+    def common(p):
+        log_args(p)
         p.add_argument("--run", required=True, type=_run, help="run id (letters, digits, '_', '-'); topics are RUN.updates "
                        "and RUN.checkpoints")
 
@@ -253,9 +278,21 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--retention-ms", type=int, default=-1, help="retention of both topics; -1 keeps forever (default)")
     c.set_defaults(fn=cmd_topics)
     c = tsub.add_parser("list", help="the runs on a log (topics RUN.updates)")
-    c.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT")
+    log_args(c)
     c.set_defaults(fn=cmd_topics_list)
     report(tsub, "describe", "a run's topics: retained offsets and versions, retention", cmd_topics_describe)
+
+    p = sub.add_parser("acls", help="Kafka ACLs of a run on a secured cluster (--kafka-config of an admin)")
+    asub = p.add_subparsers(dest="acls_command", required=True, metavar="ACTION")
+    c = asub.add_parser("grant", help="the trainer may write the run's topics; sites may read them and commit hilo.RUN.* groups")
+    common(c)
+    c.add_argument("--trainer", required=True, metavar="USER", help="the trainer's principal (User:NAME or NAME)")
+    c.add_argument("--site", required=True, metavar="USER", help="the sites' principal (User:NAME or NAME)")
+    c.set_defaults(fn=cmd_acls_grant)
+    c = asub.add_parser("show", help="the ACLs the cluster holds on the run's topics, groups and transactional id")
+    common(c)
+    c.add_argument("--json", action="store_true", help="print a JSON list")
+    c.set_defaults(fn=cmd_acls_show)
 
     p = sub.add_parser("keys", help="signing keys for a run")
     ksub = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
@@ -275,6 +312,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")
     p.add_argument("--signing-key", metavar="FILE", help="Ed25519 private key (hilo keys generate) that signs every update "
                    "and checkpoint")
+    p.add_argument("--history", metavar="FILE", help="append (version, digest, offset) of each acknowledged version (fault tests)")
     p.add_argument("--new-history", action="store_true", help="start a new genesis although this run's earlier records expired "
                    "(sites of the old history refuse it until reset); without it the trainer refuses")
     p.set_defaults(fn=cmd_produce)
@@ -299,6 +337,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-exit", type=float, metavar="SECONDS", help="exit after this long with no new version")
     p.add_argument("--wait-checkpoint", type=float, default=600, metavar="SECONDS", help="wait for the first checkpoint (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while catching up")
+    p.add_argument("--history", metavar="FILE", help="append (version, digest, offset) of each applied version (fault tests)")
     p.set_defaults(fn=cmd_consume)
 
     report(sub, "lag", "applied and serving version, lag in versions and bytes, offsets, age: one row per site", cmd_lag)

@@ -19,6 +19,8 @@ import torch
 from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.log.history import HistoryWriter
+from hilo.log.kafka_config import check_kafka_config
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head
 from hilo.replica.codecs import CODECS, Budget, make_encoder
@@ -55,6 +57,8 @@ class ProducerConfig:
         Kafka's DeleteRecords; the file log keeps everything). Default: 3
     signing_key: Ed25519 private key (PEM, mode 0600; `hilo keys generate`) that signs every update and checkpoint.
         Default: None (unsigned)
+    kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
+    history: append (version, digest, offset) of every acknowledged version to this file (log/history.py). Default: None
     """
 
     run: str
@@ -70,9 +74,12 @@ class ProducerConfig:
     new_history: bool = False
     keep_checkpoints: int = 3
     signing_key: str | None = None
+    kafka_config: str | None = None
+    history: str | None = None
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
+        check_kafka_config(self.log, self.kafka_config)
         if self.codec not in CODECS:
             raise ConfigError(f"ProducerConfig.codec = {self.codec!r}: expected one of {sorted(CODECS)}")
         if self.optimizer not in OPTIMIZERS:
@@ -99,7 +106,7 @@ class HiLoProducer:
         self.config = config
         self.model = model
         self.signer = Signer.load(config.signing_key) if config.signing_key else None
-        self.log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes)
+        self.log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes, kafka_config=config.kafka_config)
         self.manifest, self.params = lora_parameters(model, config.adapter)
         room = config.budget.payload_bytes(self.manifest)
         if config.codec != "dense" and room <= 0:
@@ -112,9 +119,14 @@ class HiLoProducer:
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
         self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
         self.snapshot_version = None  # the version of the trainer snapshot this start used, if any
+        # Fence every earlier trainer of the run first (Kafka: its open transaction is aborted), then read the log.
+        at = int((head(self.log, self.updates, config.run) or {}).get("hilo-version", 0))
+        self.fencing_token = self.log.become_writer(config.run, at)
         replica, self.log_bytes, self.next_offset = self._start()
-        self.fencing_token = self.log.become_writer(config.run, replica.version)  # an earlier trainer of the run is fenced
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
+        self.history = HistoryWriter(config.history) if config.history else None
+        if self.history:
+            self.history.record(replica.version, replica.digest, self.next_offset, start=True)
         self._restore_encoder()
         self.write_back()
 
@@ -153,20 +165,20 @@ class HiLoProducer:
             logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
             return replica, 0, offset
         begin = self.log.begin_offset(self.updates)
-        if local is not None and local[1]["next_offset"] >= begin:
+        if local is not None and self.log.retained(self.updates, local[1]["next_offset"]):
             (replica, position), source = local, "local snapshot"
             self.snapshot_version = replica.version
         else:
             (replica, position), source = bootstrap_from_log(self.log, run, verifier=self.signer and self.signer.verifier()), "the log"
             self._check_layout(replica)
-            if position["next_offset"] < begin:
+            if not self.log.retained(self.updates, position["next_offset"]):
                 raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position['next_offset']}.."
                                f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
                                f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
                                f"state dir, or start over with new_history=True (--new-history)")
         follower = self._catch_up(replica, position["next_offset"], position.get("log_bytes", 0))
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], source)
-        if int(head(self.log, self.checkpoints, run).get("hilo-updates-offset", 0)) < begin:  # its updates expired: no site could bootstrap from it
+        if not self.log.retained(self.updates, int(head(self.log, self.checkpoints, run).get("hilo-updates-offset", 0))):  # its updates expired: no site could bootstrap from it
             self._publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
             logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
         return replica, follower.log_bytes, follower.next_offset
@@ -228,26 +240,38 @@ class HiLoProducer:
 
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
-        pending = self.in_doubt
+        pending, before = self.in_doubt, self.version
         follower = self._catch_up(self.replica, self.next_offset, self.log_bytes)
         self.log_bytes, self.next_offset = follower.log_bytes, follower.next_offset
-        if pending is not None and self.replica.version == pending.version:
-            if self.replica.digest != pending.message.digest:
-                raise LogError(f"run {self.config.run}: the log holds another v{pending.version} than the one this trainer "
-                               f"published (digest {self.replica.digest.hex()[:12]} != {pending.message.digest.hex()[:12]}); another trainer is writing")
+        ours = pending is not None and self.version == pending.version and self.replica.digest == pending.message.digest
+        if self.version != before and not ours:  # the log moved, and not by this trainer's message
+            raise FencedError(f"run {self.config.run}: the log moved from v{before} to v{self.version} (digest "
+                              f"{self.replica.digest.hex()[:12]}) without this trainer's proposal: another trainer writes "
+                              f"this run; this one publishes nothing more")
+        if ours:
             self.builder.encoder.commit(pending.encoding)  # the log has our message: keep its error feedback
+            if self.history:
+                self.history.record(self.version, self.replica.digest, self.next_offset - 1)
             logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", self.config.run, pending.version)
         elif pending is not None:
             logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", self.config.run, pending.version)
         self.in_doubt = None
         self.write_back()
 
+    def _checkpoint_records(self, ckpt, updates_offset, log_bytes) -> list:
+        """The chunk records of a checkpoint whose replay starts at `updates_offset` of the updates topic."""
+        data = ckpt.to_bytes(self.signer)
+        extra = {"hilo-digest": ckpt.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes),
+                 "hilo-genesis": ckpt.genesis.hex()}
+        return split(data, self.config.run, "checkpoint", ckpt.version, self.config.chunk_bytes, extra)
+
     def _publish_checkpoint(self, replica, updates_offset, log_bytes):
-        data = replica.checkpoint().to_bytes(self.signer)
-        extra = {"hilo-digest": replica.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes),
-                 "hilo-genesis": replica.genesis.hex()}
-        offsets = self.log.append(self.checkpoints, split(data, self.config.run, "checkpoint", replica.version, self.config.chunk_bytes, extra))
-        self.checkpoint_starts.append(offsets[0])
+        offsets = self.log.append(self.checkpoints, self._checkpoint_records(replica.checkpoint(), updates_offset, log_bytes))
+        self._checkpointed(offsets[0])
+
+    def _checkpointed(self, first_offset):
+        """A checkpoint is on the log at `first_offset`: keep only the newest `keep_checkpoints`."""
+        self.checkpoint_starts.append(first_offset)
         keep = self.config.keep_checkpoints
         if len(self.checkpoint_starts) > keep:  # bounded storage: older checkpoints only make bootstrap replay longer
             before = self.checkpoint_starts[-keep]
@@ -291,6 +315,10 @@ class HiLoProducer:
             logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
                            "the next step resyncs from the log", self.config.run, msg.version, error, e, self.version)
             raise error from None
+        if not landed and int(h.get("hilo-version", -1)) >= msg.version:  # someone else moved the run meanwhile
+            raise FencedError(f"run {self.config.run}: publishing v{msg.version} failed ({error}), and the log holds another "
+                              f"v{h['hilo-version']} (digest {h.get('hilo-digest', '?')[:12]}): another trainer writes this run; "
+                              f"this one publishes nothing more") from None
         if not landed:
             raise error  # not published: nothing was committed, as if this step never ran
         logger.warning("run %s: publishing v%d reported %s, but the log holds it; continuing", self.config.run, msg.version, error)
@@ -319,21 +347,37 @@ class HiLoProducer:
         msg = proposal.message
         data = msg.to_bytes(self.signer)
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
+        checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
+        checkpoint_offsets = None
         try:
-            offsets = self.log.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
+            # One transaction on Kafka: the version's chunks and its checkpoint's become visible together, or not at all.
+            with self.log.transaction() as tx:
+                offsets = tx.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
+                if checkpoint:
+                    ckpt = proposal.state.to_checkpoint(self.config.run, self.replica.genesis, msg.digest)
+                    checkpoint_offsets = tx.append(self.checkpoints, self._checkpoint_records(ckpt, offsets[-1] + 1,
+                                                                                             self.log_bytes + len(data)))
         except FencedError:
-            raise  # certain: nothing was written, and nothing more will be
+            raise  # certain: nothing more will be written
         except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)
-            offsets = self._settle(proposal, e)
+            offsets, checkpoint_offsets = self._settle(proposal, e), None
         self.builder.commit(proposal)
         self.log_bytes += len(data)
         self.next_offset = offsets[-1] + 1
+        if self.history:
+            self.history.record(msg.version, msg.digest, offsets[-1])
         self.write_back()
         if zero_grad:
             for p in self.params:
                 p.grad = None
-        if msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due:
-            self._checkpoint()
+        if checkpoint_offsets is not None:
+            self._checkpointed(checkpoint_offsets[0])
+            self.checkpoint_due = False
+            if self.store:
+                self.save_snapshot()
+        elif checkpoint:  # the version is published, its checkpoint is not (a non-transactional log): next version
+            self.checkpoint_due = True
+            logger.warning("run %s: checkpoint at v%d not published; retrying with the next version", self.config.run, msg.version)
         self.last_step = {"version": msg.version, "bytes": len(data), "chunks": len(offsets),
                           "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
                           "total_s": time.perf_counter() - t0}

@@ -29,6 +29,10 @@ class LogError(HiloError):
     """The log (topic) is missing, misconfigured or holds records that do not belong to this run."""
 
 
+class NoSuchTopic(LogError):
+    """The topic is not on the log (never created, or deleted)."""
+
+
 class FencedError(LogError):
     """A newer writer took over the run: this trainer must publish nothing more."""
 

@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Stop every local Kafka node started by start.sh (SIGTERM, then SIGKILL after 30 s).
-#   ops/kafka/stop.sh [--wipe]   # --wipe also deletes the data (topics) of every node
+#   ops/kafka/stop.sh [--secure] [--wipe]   # --secure: the secured broker; --wipe also deletes the data (topics) of every node
 set -uo pipefail
+wipe=0
+for arg in "$@"; do
+  case "$arg" in
+    --secure) export HILO_KAFKA_SECURE=1 ;;
+    --wipe) wipe=1 ;;
+    *) echo "stop.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 source "$(dirname "$0")/env.sh"
 for pidf in "$KAFKA_HOME_DIR"/node-*/pid; do
   [ -f "$pidf" ] || continue
@@ -14,5 +22,5 @@ for pidf in "$KAFKA_HOME_DIR"/node-*/pid; do
   fi
   rm -f "$pidf"
 done
-if [ "${1:-}" = "--wipe" ]; then rm -rf "$KAFKA_HOME_DIR"; echo "stop.sh: wiped $KAFKA_HOME_DIR" >&2; fi
+if [ $wipe = 1 ]; then rm -rf "$KAFKA_HOME_DIR"; echo "stop.sh: wiped $KAFKA_HOME_DIR" >&2; fi
 exit 0

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Wait until every local Kafka node reports "Kafka Server started" and accepts TCP; on failure print its log.
-#   ops/kafka/wait.sh [--nodes N] [--timeout SECONDS]
+#   ops/kafka/wait.sh [--secure] [--nodes N] [--timeout SECONDS]
 set -euo pipefail
-source "$(dirname "$0")/env.sh"
 NODES=1; TIMEOUT=${HILO_KAFKA_WAIT:-120}
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
+    --secure) export HILO_KAFKA_SECURE=1; shift ;;
     *) echo "wait.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+source "$(dirname "$0")/env.sh"
 for n in $(seq 1 "$NODES"); do
   dir=$KAFKA_HOME_DIR/node-$n; port=$((KAFKA_PORT + 2*n - 2))
   deadline=$(( $(date +%s) + TIMEOUT ))

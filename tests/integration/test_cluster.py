@@ -13,6 +13,7 @@ import pytest
 
 from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log, updates_topic
+from hilo.log.history import check, log_versions, read_history
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random, small_model
 
@@ -32,13 +33,14 @@ def cluster(tmp_path_factory):
 
 def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
     url, env = cluster
-    run = new_run("leader")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url))
+    run, hist = new_run("leader"), tmp_path / "history"
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 5)
     log = open_log(url)
     part = log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
     assert sorted(part["replica_nodes"]) == [1, 2, 3] and len(part["isr_nodes"]) == 3  # RF 3, all in sync
-    live = Site(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False))
+    live = Site(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False,
+                           history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
     leader = part["leader_id"]
@@ -52,8 +54,54 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
     follower.join(timeout=300)
     assert not follower.is_alive() and live.follower.replica.version == 13
     assert live.follower.replica.digest == producer.replica.digest  # every acknowledged version, in order, no fork
-    late = Site(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False))
+    late = Site(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False,
+                           history=str(hist / "late.jsonl")))
     late.run(progress=False)
     assert late.follower.replica.digest == producer.replica.digest
-    print(f"\nleader node {leader} SIGKILLed: trainer stalled {stall:.1f}s on the next version; nothing lost")
+    report = check(read_history(str(hist / "trainer.jsonl")), {s: read_history(str(hist / f"{s}.jsonl")) for s in ("live", "late")},
+                   log_versions(open_log(url), run))
+    print(f"\nleader node {leader} SIGKILLed: trainer stalled {stall:.1f}s on the next version\n{report.summary()}")
+    assert report.ok
     producer.close()
+
+
+def _whole_cluster_restart(url, env, nodes, tmp_path):
+    """Stop every broker mid-run (SIGTERM, as an operator's restart) while the trainer publishes, start them
+    again: the blocked publish completes, nothing acknowledged is lost, a live site ends at the trainer's digest."""
+    run, hist = new_run(f"restart{nodes}"), tmp_path / "history"
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
+    publish_random(producer, 4)
+    live = Site(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=10,
+                           export_adapters=False, history=str(hist / "live.jsonl")))
+    follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
+    follower.start()
+    subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)  # every node down
+    t0 = time.monotonic()
+    publisher = threading.Thread(target=publish_random, args=(producer, 1), kwargs={"seed": 1})
+    publisher.start()  # blocks: no broker to take it
+    subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", str(nodes)], env=env, check=True, timeout=300)
+    publisher.join(timeout=300)
+    stall = time.monotonic() - t0
+    assert not publisher.is_alive() and producer.version == 5
+    publish_random(producer, 5, seed=2)
+    follower.join(timeout=300)
+    assert not follower.is_alive() and live.follower.replica.digest == producer.replica.digest
+    report = check(read_history(str(hist / "trainer.jsonl")), {"live": read_history(str(hist / "live.jsonl"))},
+                   log_versions(open_log(url), run))
+    print(f"\n{nodes}-node cluster stopped and restarted: the trainer's publish waited {stall:.1f}s\n{report.summary()}")
+    assert report.ok
+    producer.close()
+
+
+def test_the_whole_cluster_restarted_mid_run_loses_nothing(cluster, tmp_path):
+    url, env = cluster
+    _whole_cluster_restart(url, env, 3, tmp_path)
+
+
+def test_a_single_broker_restarted_mid_run_loses_nothing(tmp_path_factory, tmp_path):
+    env = dict(os.environ, HILO_KAFKA_PORT=str(PORT + 100), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka1")))
+    subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+    try:
+        _whole_cluster_restart(f"kafka://127.0.0.1:{PORT + 100}", env, 1, tmp_path)
+    finally:
+        subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)

@@ -79,7 +79,7 @@ def test_updates_after_the_newest_checkpoint_expired(tmp_path):
     publish_random(producer, 5)
     producer.close()
     expire(run, topics=("updates",))
-    with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets 3..4\) have expired; the versions after v3 "
+    with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets \d+..\d+\) have expired; the versions after v3 "
                                        r"cannot be rebuilt without a trainer snapshot"):
         HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
 

@@ -7,7 +7,8 @@ from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.schemas.errors import HiloError, LogError
-from tests.conftest import producer_config, publish_random, small_model
+from hilo.log.base import Transaction
+from tests.conftest import new_run, producer_config, publish_random, small_model
 
 
 class FlakyLog:
@@ -31,6 +32,9 @@ class FlakyLog:
             self.stored_then_down, self.down = False, True
             raise LogError("simulated outage: ack lost")
         return self.log.append(topic, records)
+
+    def transaction(self):
+        return Transaction(self)  # appends go through this wrapper's append
 
     def read(self, topic, *a, **kw):
         self._check(topic)
@@ -182,17 +186,25 @@ def test_a_restarted_trainer_continues_the_same_trajectory_from_its_snapshot(tmp
     assert _run(tmp_path, "c", [3, 3], codec, state=False) != uninterrupted  # without it the trajectory differs
 
 
-def test_a_second_trainer_fences_the_first_on_the_file_log(tmp_path):
+FENCED = {"file": r"run {run}: this trainer \(token 1\) was fenced by a newer trainer \(pid \d+ on .*, token 2\) that took "
+                  r"over at v3; it publishes nothing more",
+          "kafka": r"run {run}: this trainer \(writer since v0\) was fenced: a newer producer of transactional id hilo.{run} "
+                   r"\(another trainer of this run\) took over; it publishes nothing more"}
+
+
+def test_a_second_trainer_fences_the_first(log_url, tmp_path):
     """The zombie: trainer A paused, B started on the same run, A resumes. A is refused in one line, publishes
-    nothing more; sites never stop and end at B's digest."""
+    nothing more; sites never stop and end at B's digest. (The file log: a fencing token; Kafka: B's
+    transactional producer bumps the epoch of transactional id hilo.RUN.)"""
     from hilo.schemas.errors import FencedError
-    url = f"file://{tmp_path}/log"
-    a = HiLoProducer(small_model(), producer_config(run="r", log=url))
+    run = new_run("fence")
+    a = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
     publish_random(a, 3)
-    b = HiLoProducer(small_model(), producer_config(run="r", log=url))  # takes over at v3
+    b = HiLoProducer(small_model(), producer_config(run=run, log=log_url))  # takes over at v3
     publish_random(b, 2, seed=1)
-    with pytest.raises(FencedError, match=r"run r: this trainer \(token 1\) was fenced by a newer trainer \(pid \d+ on .*, "
-                                          r"token 2\) that took over at v3; it publishes nothing more"):
-        publish_random(a, 1, seed=2)
-    assert open_log(url).end_offset("r.updates") == 5 and a.version == 3
-    assert _site_digest(url, "r", tmp_path, 5) == b.replica.digest
+    end = open_log(log_url).end_offset(f"{run}.updates")
+    for _ in range(2):  # refused, and stays refused
+        with pytest.raises(FencedError, match=FENCED[log_url.split(":")[0]].format(run=run)):
+            publish_random(a, 1, seed=2)
+    assert open_log(log_url).end_offset(f"{run}.updates") == end and a.version == 3
+    assert _site_digest(log_url, run, tmp_path, 5) == b.replica.digest

@@ -1,0 +1,134 @@
+"""Histories, Jepsen style: every replica records (version, digest, offset) as it applies; a checker compares them.
+
+A site (SiteConfig.history) and the trainer (ProducerConfig.history) append one JSON line per applied or
+published version, flushed before the next. Each process start opens a session with a "start" line: the
+version it starts from (a snapshot, a checkpoint or genesis), whose digest must be the trainer's too; after
+it, versions must follow each other by exactly one. Replaying versions after a crash is a new session, so
+it is allowed. `check` asserts every site's history is a prefix of the trainer's: no gap, no duplicate
+within a session, no fork (a digest that differs from the trainer's at that version), and no version that
+the trainer never acknowledged; and that no version the trainer acknowledged is missing from the log.
+"""
+import json
+import os
+from dataclasses import dataclass, field
+
+from hilo.schemas.chunks import Reassembler
+
+from .base import updates_topic
+
+
+class HistoryWriter:
+    """Appends (version, digest, offset) lines to a file, one session per process start."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.session = f"{os.getpid()}-{os.urandom(4).hex()}"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")
+
+    def record(self, version: int, digest: bytes, offset: int, start: bool = False) -> None:
+        """One applied version (or, with `start`, the state a session starts from); flushed so a SIGKILL right
+        after loses nothing already recorded."""
+        entry = {"s": self.session, "v": version, "d": digest.hex(), "o": offset} | ({"start": True} if start else {})
+        self._f.write(json.dumps(entry) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._f.close()
+
+
+def read_history(path: str) -> list:
+    """The entries of a history file, in order; a torn last line (a kill mid-write) is dropped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                if line.endswith("\n"):
+                    raise
+    return out
+
+
+@dataclass
+class Report:
+    """What the checker found: counts, and every anomaly as one line."""
+
+    sites: dict = field(default_factory=dict)      # site -> {"entries", "sessions", "last_version"}
+    trainer_versions: int = 0
+    anomalies: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No anomaly."""
+        return not self.anomalies
+
+    def summary(self) -> str:
+        """One line per site and a verdict, for a fault test's output."""
+        rows = [f"  {s}: {d['entries']} applies in {d['sessions']} sessions, up to v{d['last_version']}" for s, d in self.sites.items()]
+        verdict = "OK: every history is a prefix of the trainer's" if self.ok else f"{len(self.anomalies)} ANOMALIES:\n    " + \
+            "\n    ".join(self.anomalies[:20])
+        return f"history check over {self.trainer_versions} trainer versions:\n" + "\n".join(rows) + f"\n  {verdict}"
+
+
+def _sessions(entries):
+    """Split entries into consecutive runs of one session."""
+    out = []
+    for e in entries:
+        if not out or out[-1][0] != e["s"]:
+            out.append((e["s"], []))
+        out[-1][1].append(e)
+    return out
+
+
+def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Report:
+    """Check site histories ({name: entries}) against the trainer's entries (and, if given, the log's
+    {version: digest} read by a fresh reader: every acknowledged version must be there, unchanged)."""
+    rep = Report()
+    truth = {}
+    for e in trainer:
+        if e["v"] in truth and truth[e["v"]] != e["d"]:
+            rep.anomalies.append(f"trainer: v{e['v']} acknowledged twice with different digests ({truth[e['v']][:12]}, {e['d'][:12]})")
+        truth[e["v"]] = e["d"]
+    for _, run in _sessions(trainer):  # a restarted trainer's start may repeat versions; within a session, +1 each
+        for a, b in zip(run, run[1:]):
+            if b["v"] != a["v"] + 1:
+                rep.anomalies.append(f"trainer: v{a['v']} then v{b['v']} in one session")
+    rep.trainer_versions = len(truth)
+    if log_versions is not None:
+        for v, d in sorted(truth.items()):
+            if log_versions.get(v) != d:
+                rep.anomalies.append(f"log: acknowledged v{v} ({d[:12]}) is {'missing' if v not in log_versions else 'different'} on the log")
+    for name, entries in sites.items():
+        sessions, last = _sessions(entries), None
+        for session, run in sessions:
+            if not run[0].get("start"):
+                rep.anomalies.append(f"{name}: session {session} has no start entry")
+            for a, b in zip(run, run[1:]):
+                if b["v"] != a["v"] + 1:
+                    rep.anomalies.append(f"{name}: v{a['v']} then v{b['v']} in session {session} "
+                                         f"({'duplicate' if b['v'] <= a['v'] else 'gap'})")
+            for e in run:
+                if e["v"] not in truth:
+                    rep.anomalies.append(f"{name}: {'started at' if e.get('start') else 'applied'} v{e['v']}, which the "
+                                         f"trainer never acknowledged")
+                elif truth[e["v"]] != e["d"]:
+                    rep.anomalies.append(f"{name}: v{e['v']} digest {e['d'][:12]} != trainer's {truth[e['v']][:12]} (fork)")
+            last = run[-1]["v"] if last is None else max(last, run[-1]["v"])
+        rep.sites[name] = {"entries": sum(not e.get("start") for e in entries), "sessions": len(sessions), "last_version": last}
+    return rep
+
+
+def log_versions(log, run: str) -> dict:
+    """{version: digest hex} of every update on the run's updates topic, read from its start by a fresh reader."""
+    topic, out = updates_topic(run), {}
+    r, pos, end = Reassembler(run, topic), log.begin_offset(updates_topic(run)), log.end_offset(updates_topic(run))
+    while pos < end:
+        batch = log.read(topic, pos, timeout_s=5.0)
+        for rec in batch:
+            msg = r.feed(rec)
+            if msg is not None and msg.kind == "update":
+                out[msg.version] = msg.headers.get("hilo-digest")
+        pos = max(pos, batch.next_offset)
+    return out

@@ -1,0 +1,66 @@
+"""The Kafka ACLs of a run, as a table: the trainer moves the policy, sites only read it and keep their position.
+
+`hilo acls grant --run RUN --trainer USER --site USER --kafka-config admin.properties` creates them with the
+admin API; `hilo acls show` lists what the cluster holds for the run. The table is what both read.
+"""
+from kafka.admin import ACL, ACLFilter, ACLOperation as Op, ACLPermissionType, ACLResourcePatternType as Pattern
+from kafka.admin import ResourcePattern, ResourcePatternFilter, ResourceType as Res
+
+from hilo.log import checkpoints_topic, site_group, updates_topic
+from hilo.schemas.errors import LogError
+
+# role -> [(resource type, name template, pattern type, operations)]; {run} is the run id.
+GRANTS = {
+    "trainer": [
+        (Res.TOPIC, "{updates}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        (Res.TOPIC, "{checkpoints}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        (Res.TRANSACTIONAL_ID, "hilo.{run}", Pattern.LITERAL, (Op.WRITE, Op.DESCRIBE)),    # its transactional producer
+        (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.DESCRIBE,)),              # sites' positions, on a restart
+        (Res.CLUSTER, "kafka-cluster", Pattern.LITERAL, (Op.DESCRIBE_CONFIGS, Op.IDEMPOTENT_WRITE)),  # chunk-size check
+    ],
+    "site": [
+        (Res.TOPIC, "{updates}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
+        (Res.TOPIC, "{checkpoints}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
+        (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.READ, Op.DESCRIBE)),       # commit its own hilo.RUN.SITE group
+    ],
+}
+
+
+def acls_for(run: str, role: str, principal: str) -> list:
+    """The ACL objects the table gives `principal` (User:NAME) in `role` for `run`."""
+    names = {"run": run, "updates": updates_topic(run), "checkpoints": checkpoints_topic(run), "groups": site_group(run, "")}
+    return [ACL(principal=principal, host="*", operation=op, permission_type=ACLPermissionType.ALLOW,
+                resource_pattern=ResourcePattern(kind, template.format(**names), pattern))
+            for kind, template, pattern, ops in GRANTS[role] for op in ops]
+
+
+def principal(user: str) -> str:
+    """`User:NAME` for NAME (a principal given whole is kept)."""
+    return user if ":" in user else f"User:{user}"
+
+
+def grant(log, run: str, users: dict) -> int:
+    """Create the ACLs of `users` ({role: user}) for `run` on a Kafka log; returns how many; LogError on a refusal."""
+    acls = [a for role, user in users.items() for a in acls_for(run, role, principal(user))]
+    result = log.admin.create_acls(acls)
+    if result["failed"]:
+        acl, err = result["failed"][0]
+        raise LogError(f"{log.url}: creating ACL {acl.operation.name} on {acl.resource_pattern.resource_type.name} "
+                       f"{acl.resource_pattern.resource_name!r} for {acl.principal} failed: {type(err).__name__ if not isinstance(err, type) else err.__name__} "
+                       f"(--kafka-config must name a super user or a principal with ALTER on the cluster)")
+    return len(acls)
+
+
+def show(log, run: str) -> list:
+    """Rows (principal, operation, resource type, name, pattern) of the cluster's ACLs that match this run's resources."""
+    rows = []
+    for kind, name in ((Res.TOPIC, updates_topic(run)), (Res.TOPIC, checkpoints_topic(run)), (Res.GROUP, site_group(run, "x")),
+                       (Res.TRANSACTIONAL_ID, f"hilo.{run}")):
+        flt = ACLFilter(principal=None, host="*", operation=Op.ANY, permission_type=ACLPermissionType.ANY,
+                        resource_pattern=ResourcePatternFilter(kind, name, Pattern.MATCH))
+        acls, err = log.admin.describe_acls(flt)
+        if getattr(err, "errno", 0):
+            raise LogError(f"{log.url}: listing ACLs failed: {err.__name__ if isinstance(err, type) else type(err).__name__}")
+        rows += [{"principal": a.principal, "operation": a.operation.name, "resource": a.resource_pattern.resource_type.name,
+                  "name": a.resource_pattern.resource_name, "pattern": a.resource_pattern.pattern_type.name} for a in acls]
+    return sorted({tuple(r.items()): r for r in rows}.values(), key=lambda r: (r["principal"], r["resource"], r["name"], r["operation"]))
