@@ -23,6 +23,7 @@ from tqdm import tqdm
 from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.log import crashpoints
 from hilo.log.history import HistoryWriter
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.snapshot import SnapshotStore
@@ -280,6 +281,7 @@ class Site:
         if self.server is not None:
             meta["serving_version"] = self.serving[0] if self.serving else None
         meta = json.dumps(meta, separators=(",", ":"))
+        crashpoints.reach("site.committing")
         try:
             self.log.commit(self.group, updates_topic(self.cfg.run), f.next_offset, meta)
         except HiloError as e:

@@ -12,6 +12,7 @@ from hilo.schemas.framing import frame_bound, split_trailer
 from hilo.schemas.signing import SignatureError, Verifier
 from hilo.schemas.records import Checkpoint, KeyRotation, UpdateMessage, decode_record
 
+from . import crashpoints
 from .base import checkpoints_topic, updates_topic
 from .tail import last_message
 
@@ -99,6 +100,8 @@ class Follower:
         """Read once and apply every complete message; returns how many versions were applied."""
         applied = 0
         batch = self.log.read(self.topic, self.read_offset, timeout_s)
+        if batch:
+            crashpoints.reach("follower.fetched")
         for rec in batch:
             self.read_offset = rec.offset + 1
             try:
@@ -120,7 +123,9 @@ class Follower:
             upd: UpdateMessage = self.replica.parse(msg.data, what)
             if upd.version != msg.version:
                 raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")
+            crashpoints.reach("follower.applying")
             if self.replica.apply(upd, what):
+                crashpoints.reach("follower.applied")
                 applied += 1
                 self.log_bytes = int(msg.headers.get("hilo-log-bytes", self.log_bytes + len(msg.data)))
                 self.next_offset = msg.last_offset + 1

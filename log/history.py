@@ -96,8 +96,8 @@ def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Repor
             if b["v"] != a["v"] + 1:
                 rep.anomalies.append(f"trainer: v{a['v']} then v{b['v']} in one session")
     rep.trainer_versions = len(truth)
-    if log_versions is not None:
-        for v, d in sorted(truth.items()):
+    if log_versions is not None:  # what the trainer published (a start is a state it resumed from, not a publish)
+        for v, d in sorted({e["v"]: e["d"] for e in trainer if not e.get("start")}.items()):
             if log_versions.get(v) != d:
                 rep.anomalies.append(f"log: acknowledged v{v} ({d[:12]}) is {'missing' if v not in log_versions else 'different'} on the log")
     for name, entries in sites.items():

@@ -14,6 +14,8 @@ from hilo.replica.replica import PolicyReplica
 from hilo.schemas.errors import ConfigError, MalformedMessage
 from hilo.schemas.records import Checkpoint, decode_record
 
+from . import crashpoints
+
 # Named crash points of `save`, in order (tests stop a save at each one, as a crash there would).
 CRASH_POINTS = ("written", "old-moved", "new-in-place")
 
@@ -47,7 +49,7 @@ class SnapshotStore:
     def __init__(self, state_dir, failpoint=None):
         self.dir = pathlib.Path(state_dir)
         self.path = self.dir / "snapshot"
-        self.failpoint = failpoint or (lambda point: None)
+        self.failpoint = failpoint or (lambda point: crashpoints.reach(f"snapshot.{point}"))
         ensure_writable_dir(self.dir, "state dir")
 
     def save(self, replica: PolicyReplica, position: dict, extra: dict | None = None) -> None:

@@ -19,6 +19,7 @@ import torch
 from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.log import crashpoints
 from hilo.log.history import HistoryWriter
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.snapshot import SnapshotStore
@@ -344,6 +345,7 @@ class HiLoProducer:
             self.resync()
         grads = self.gradients()
         proposal = self.builder.propose(grads, self.config.hparams | hparams, meta)
+        crashpoints.reach("trainer.encoded")
         msg = proposal.message
         data = msg.to_bytes(self.signer)
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
@@ -357,6 +359,8 @@ class HiLoProducer:
                     ckpt = proposal.state.to_checkpoint(self.config.run, self.replica.genesis, msg.digest)
                     checkpoint_offsets = tx.append(self.checkpoints, self._checkpoint_records(ckpt, offsets[-1] + 1,
                                                                                              self.log_bytes + len(data)))
+                crashpoints.reach("trainer.in-transaction")
+            crashpoints.reach("trainer.committed")
         except FencedError:
             raise  # certain: nothing more will be written
         except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)

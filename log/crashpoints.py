@@ -1,0 +1,53 @@
+"""Named crash points for fault tests (as etcd's gofail): the process SIGKILLs itself at the Nth pass of a point.
+
+    HILO_CRASH_AT=follower.applying:3 hilo consume ...   # dies the 3rd time a version is about to be applied
+
+Unset (the normal case) every `reach` is one dict lookup. The points are a table, so the fault tests and
+`hilo bench faults` iterate the same names the code passes.
+"""
+import os
+import signal
+
+from hilo.schemas.errors import ConfigError
+
+POINTS = {
+    # sites (and a trainer catching up: the follower is shared)
+    "follower.fetched": "a batch of records was read, none applied yet (mid-fetch)",
+    "follower.applying": "a version decoded and verified, about to be applied (mid-apply)",
+    "follower.applied": "a version applied in memory, before the snapshot and the group commit",
+    "snapshot.written": "the new snapshot is written beside the old one",
+    "snapshot.old-moved": "the old snapshot is moved aside, the new one not yet in place (between the renames)",
+    "snapshot.new-in-place": "the new snapshot is in place, the old one not yet removed",
+    "export.written": "an adapter directory is written, not yet renamed into place (mid-export)",
+    "site.committing": "the site is about to commit its consumer-group offset (mid-commit)",
+    # the trainer
+    "trainer.encoded": "a version proposed (encoded, applied to a copy), nothing published (mid-encode)",
+    "trainer.in-transaction": "a version's records sent, its transaction not committed (mid-transaction)",
+    "trainer.committed": "a version's transaction committed, the trainer's state not yet advanced (before write-back)",
+}
+SITE_POINTS = tuple(p for p in POINTS if not p.startswith("trainer."))
+TRAINER_POINTS = tuple(p for p in POINTS if p.startswith("trainer."))
+
+
+def _armed():
+    """(point, pass count) from HILO_CRASH_AT, or None."""
+    spec = os.environ.get("HILO_CRASH_AT")
+    if not spec:
+        return None
+    point, _, count = spec.partition(":")
+    if point not in POINTS or not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"HILO_CRASH_AT={spec!r}: expected POINT:N with N >= 1 and POINT one of {', '.join(POINTS)}")
+    return point, int(count)
+
+
+_ARMED = _armed()
+_passes = {}
+
+
+def reach(point: str) -> None:
+    """Pass a named point; SIGKILL this process if HILO_CRASH_AT names it and this is the Nth pass."""
+    if _ARMED is None or _ARMED[0] != point:
+        return
+    _passes[point] = _passes.get(point, 0) + 1
+    if _passes[point] == _ARMED[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
