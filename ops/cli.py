@@ -229,6 +229,11 @@ def cmd_bench_serve(a):
     return serve(a.json, a.shapes, a.versions, a.out)
 
 
+def cmd_bench_faults(a):
+    from hilo.ops.bench.faults import main as faults
+    return faults(a.json, a.log, a.kills, a.trainer_kills, a.out, a.seed)
+
+
 def cmd_bench_wan(a):
     from hilo.ops.bench.wan import main as wan
     return wan(a.json, a.steps, a.compute_s, a.links, a.sites, a.out, a.shape)
@@ -381,6 +386,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/serve-TIME)")
     s.add_argument("--json", action="store_true", help="print the results object")
     s.set_defaults(fn=cmd_bench_serve)
+    f = bsub.add_parser("faults", help="SIGKILL trainers and sites at every named crash point; check every history (Kafka)")
+    f.add_argument("--log", default="kafka://127.0.0.1:9092", metavar="URL", help="the log (default: %(default)s, ops/kafka/start.sh)")
+    f.add_argument("--kills", type=_at_least(1), default=200, help="site SIGKILLs (default: %(default)s)")
+    f.add_argument("--trainer-kills", type=_at_least(0), default=20, help="trainer SIGKILLs (default: %(default)s)")
+    f.add_argument("--seed", type=int, default=0, help="which crash counts and instants (default: %(default)s)")
+    f.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/faults-TIME)")
+    f.add_argument("--json", action="store_true", help="print the results object")
+    f.set_defaults(fn=cmd_bench_faults)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
     w.add_argument("--steps", type=_at_least(1), default=2, help="messages per method and config (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
