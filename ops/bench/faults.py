@@ -80,7 +80,7 @@ def _site_kills(url, run, n, folder, rng, producer, bar):
 
     trainer = threading.Thread(target=publish, daemon=True)
     trainer.start()
-    counts, state, launched = {p: 0 for p in SITE_POINTS} | {"random": 0}, str(folder / "victim"), 0
+    counts, state, launched, named, misses = {p: 0 for p in SITE_POINTS} | {"random": 0}, str(folder / "victim"), 0, 0, 0
     common = ["consume", "--log", url, "--run", run, "--site", "victim", "--state-dir", state, "--snapshot-every", "2",
               "--keep-adapters", "2", "--no-progress", "--history", str(folder / "victim.jsonl")]
     try:
@@ -96,13 +96,16 @@ def _site_kills(url, run, n, folder, rng, producer, bar):
                 p.communicate(timeout=120)
                 counts["random"] += p.returncode == -signal.SIGKILL
             else:
-                point = SITE_POINTS[launched % len(SITE_POINTS)]
+                point = SITE_POINTS[named % len(SITE_POINTS)]  # each point in turn, tried until it is hit
                 p = _cli(common + until, {"HILO_CRASH_AT": f"{point}:{rng.randint(1, 3)}"})
                 _, err = p.communicate(timeout=600)
                 if p.returncode == -signal.SIGKILL:
                     counts[point] += 1
+                    named, misses = named + 1, 0
                 elif p.returncode != 0:
                     raise RuntimeError(f"site armed at {point} failed with exit {p.returncode}: {err[-2000:]}")
+                elif (misses := misses + 1) >= 5:
+                    raise RuntimeError(f"site point {point} was not reached in 5 runs")
             bar.n = sum(counts.values())
             bar.refresh()
     finally:
