@@ -29,6 +29,7 @@ from .kafka_config import KafkaClientConfig, client_config
 
 RETRIABLE_TRIES = 20
 RECORD_OVERHEAD = 64 << 10  # headers + batch framing on top of a chunk's value, bytes
+OFFSETS_TIMEOUT_MS = 10_000  # one ListOffsets attempt; retried (with a fresh consumer) after that
 DELIVERY_TIMEOUT_MS = 120_000  # how long a publish may retry (a leader election takes ~10-30 s), then a clear error
 
 
@@ -287,15 +288,40 @@ class KafkaLog(Log):
         self._positions[topic] = out.next_offset
         return out
 
+    def _offset(self, topic, end: bool) -> int:
+        """The partition's end (last stable) or beginning offset. A consumer that times out twice in a row is
+        replaced: after a broker is SIGKILLed and restarted, kafka-python's consumer was seen to keep timing out
+        for minutes while a fresh client answered at once."""
+        tp = TopicPartition(topic, 0)
+        fails = 0
+        while True:
+            try:
+                c = self.consumer
+                return (c.end_offsets if end else c.beginning_offsets)([tp], timeout_ms=OFFSETS_TIMEOUT_MS)[tp]
+            except KafkaError as e:
+                fails += 1
+                if not getattr(e, "retriable", False) or fails == RETRIABLE_TRIES:
+                    raise _failure(f"{'end' if end else 'beginning'} offset of {topic}", e) from None
+                if fails % 2 == 0:
+                    self._drop_consumer()
+                time.sleep(min(2.0, 0.05 * 2 ** fails))  # backoff against a broker that is still electing
+
+    def _drop_consumer(self):
+        """Close the reader; the next use connects a new one (and re-seeks: positions are forgotten)."""
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
+                pass
+        self._consumer, self._positions = None, {}
+
     def begin_offset(self, topic):
         """Oldest retained offset."""
-        tp = TopicPartition(topic, 0)
-        return _retry(f"beginning offset of {topic}", self.consumer.beginning_offsets, [tp])[tp]
+        return self._offset(topic, end=False)
 
     def end_offset(self, topic):
-        """Log end offset."""
-        tp = TopicPartition(topic, 0)
-        return _retry(f"end offset of {topic}", self.consumer.end_offsets, [tp])[tp]
+        """Last stable offset: just past the last committed record (and its transaction's marker)."""
+        return self._offset(topic, end=True)
 
     def retention(self, topic):
         """The topic's retention.ms and retention.bytes as the broker reports them."""

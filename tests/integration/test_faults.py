@@ -150,3 +150,18 @@ def test_a_resumed_zombie_trainer_is_fenced_and_no_site_stops(tmp_path):
     assert late.follower.replica.digest.hex() == digest
     _check_histories(run, hist, ["trainer-a", "trainer-b"], ["live", "late"])
     print(f"zombie fenced {fenced_after:.1f}s after SIGCONT: {errors[0]}")
+
+
+def test_every_named_crash_point_loses_nothing(tmp_path):
+    """`hilo bench faults` at CI size: every trainer point once, every site point once (plus random instants);
+    each kill is a real SIGKILL of a real process (HILO_CRASH_AT), then the history check over every session."""
+    import json
+    from hilo.log.crashpoints import SITE_POINTS, TRAINER_POINTS
+    from hilo.ops.bench.faults import main
+    kills = len(SITE_POINTS) + len(SITE_POINTS) // 3 + 1  # one in four launches is a random-instant kill
+    assert main(False, KAFKA_URL, kills, len(TRAINER_POINTS), str(tmp_path)) == 0
+    res = json.loads((tmp_path / "faults.json").read_text())
+    assert all(res["trainer_kills"][p] == 1 for p in TRAINER_POINTS), res["trainer_kills"]
+    assert all(res["site_kills"][p] >= 1 for p in SITE_POINTS), res["site_kills"]
+    assert res["anomalies"] == [] and res["divergent_digests"] == 0
+    print(f"\nkills: trainer {res['trainer_kills']}, sites {res['site_kills']}; 0 anomalies, 0 divergent")
