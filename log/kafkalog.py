@@ -13,11 +13,12 @@ membership); a site's position is committed as its consumer group's offset throu
 `kafka-consumer-groups --describe` and `hilo lag` both see it.
 """
 import re
+import threading
 import time
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
-from kafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError, TopicAuthorizationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, Record
@@ -30,7 +31,7 @@ from .kafka_config import KafkaClientConfig, client_config
 RETRIABLE_TRIES = 20
 RECORD_OVERHEAD = 64 << 10  # headers + batch framing on top of a chunk's value, bytes
 OFFSETS_TIMEOUT_MS = 10_000  # one ListOffsets attempt; retried (with a fresh consumer) after that
-DELIVERY_TIMEOUT_MS = 120_000  # how long a publish may retry (a leader election takes ~10-30 s), then a clear error
+DELIVERY_TIMEOUT_MS = 60_000  # how long one publish may retry (a leader election takes ~10-30 s); the trainer then tries a fresh producer
 
 
 _RESOURCES = {"Topic": "topic", "Cluster": "cluster", "Group": "consumer group", "TransactionalId": "transactional id"}
@@ -50,6 +51,26 @@ def _failure(what, e: KafkaError) -> LogError:
 def _fenced(e: Exception) -> bool:
     """Whether a producer error says a newer producer of the same transactional id took over."""
     return any(n in f"{type(e).__name__} {e}" for n in ("ProducerFencedError", "InvalidProducerEpochError"))
+
+
+def _within(fn, seconds: float):
+    """fn(), or KafkaTimeoutError if it has not returned within `seconds`: kafka-python's commit_transaction and
+    abort_transaction wait without a bound while the transaction coordinator is unreachable."""
+    box = {}
+
+    def call():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
+            box["error"] = e
+    t = threading.Thread(target=call, daemon=True, name="hilo-txn")
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise KafkaTimeoutError(f"no answer from the transaction coordinator within {seconds:.0f}s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
 
 
 def _retry(what, fn, *args, **kwargs):
@@ -406,13 +427,13 @@ class _KafkaTransaction(Transaction):
         log = self.log
         if kind is None:
             try:
-                log.producer.commit_transaction()
+                _within(log.producer.commit_transaction, DELIVERY_TIMEOUT_MS / 1000)
             except KafkaError as e:
                 raise log._fail(f"{log.url}: committing the transaction", e) from None
             return False
         try:
             if log._producer is not None:
-                log._producer.abort_transaction()
+                _within(log._producer.abort_transaction, 10)
         except KafkaError:  # the abort failed too: a fresh producer's init aborts the transaction instead
             log._drop_producer()
         return False

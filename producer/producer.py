@@ -38,6 +38,9 @@ from .update_builder import Proposal, UpdateBuilder
 logger = logging.getLogger(__name__)
 
 
+PUBLISH_ATTEMPTS = 3  # a publish the log does not hold is tried this often (a fresh producer each time) before step() raises
+
+
 @dataclass(frozen=True)
 class ProducerConfig:
     """Trainer-side configuration. Every field is checked at construction.
@@ -350,21 +353,32 @@ class HiLoProducer:
         data = msg.to_bytes(self.signer)
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
         checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
-        checkpoint_offsets = None
-        try:
-            # One transaction on Kafka: the version's chunks and its checkpoint's become visible together, or not at all.
-            with self.log.transaction() as tx:
-                offsets = tx.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
-                if checkpoint:
-                    ckpt = proposal.state.to_checkpoint(self.config.run, self.replica.genesis, msg.digest)
-                    checkpoint_offsets = tx.append(self.checkpoints, self._checkpoint_records(ckpt, offsets[-1] + 1,
-                                                                                             self.log_bytes + len(data)))
-                crashpoints.reach("trainer.in-transaction")
-            crashpoints.reach("trainer.committed")
-        except FencedError:
-            raise  # certain: nothing more will be written
-        except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)
-            offsets, checkpoint_offsets = self._settle(proposal, e), None
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            checkpoint_offsets = None
+            try:
+                # One transaction on Kafka: the version's chunks and its checkpoint's become visible together, or not at all.
+                with self.log.transaction() as tx:
+                    offsets = tx.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
+                    if checkpoint:
+                        ckpt = proposal.state.to_checkpoint(self.config.run, self.replica.genesis, msg.digest)
+                        checkpoint_offsets = tx.append(self.checkpoints, self._checkpoint_records(ckpt, offsets[-1] + 1,
+                                                                                                 self.log_bytes + len(data)))
+                    crashpoints.reach("trainer.in-transaction")
+                crashpoints.reach("trainer.committed")
+                break
+            except FencedError:
+                raise  # certain: nothing more will be written
+            except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)
+                try:
+                    offsets, checkpoint_offsets = self._settle(proposal, e), None
+                    break
+                except FencedError:
+                    raise
+                except Exception:  # noqa: BLE001  (not on the log: publish it again, with a fresh producer)
+                    if self.in_doubt is not None or attempt == PUBLISH_ATTEMPTS:
+                        raise
+                    logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
+                                   self.config.run, msg.version, e, attempt + 1, PUBLISH_ATTEMPTS)
         self.builder.commit(proposal)
         self.log_bytes += len(data)
         self.next_offset = offsets[-1] + 1

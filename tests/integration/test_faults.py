@@ -103,24 +103,28 @@ def test_sigterm_stops_between_versions_and_saves_the_position(tmp_path, log_kin
     assert (pos["version"], pos["next_offset"]) == (5, 5)
 
 
-def _check_histories(run, folder, trainers, sites):
+def _check_histories(url, run, folder, trainers, sites):
     """The history check of log/history.py over the files a fault test's processes wrote; prints its report."""
     from hilo.log.history import check, read_history
     trainer = [e for t in trainers for e in read_history(str(folder / f"{t}.jsonl"))]
-    report = check(trainer, {s: read_history(str(folder / f"{s}.jsonl")) for s in sites}, log_versions(open_log(KAFKA_URL), run))
+    report = check(trainer, {s: read_history(str(folder / f"{s}.jsonl")) for s in sites}, log_versions(open_log(url), run))
     print("\n" + report.summary())
     assert report.ok, report.summary()
     return report
 
 
 def test_a_resumed_zombie_trainer_is_fenced_and_no_site_stops(tmp_path):
+    zombie(KAFKA_URL, tmp_path)
+
+
+def zombie(url, tmp_path):
     """Trainer A SIGSTOPped mid-run, trainer B started on the same run, then A SIGCONTed: A is fenced (its
     next write fails, it exits with one line), publishes nothing more; the live site never stops and every
     site ends at B's digest. (Before transactional publishing, A republished and every site stopped on a fork.)"""
     run, hist = new_run("zombie"), tmp_path / "history"
-    common = ["--log", KAFKA_URL, "--run", run, "--codec", "dense", "--checkpoint-every", "4"]
+    common = ["--log", url, "--run", run, "--codec", "dense", "--checkpoint-every", "4"]
     a = _hilo("produce", *common, "--steps", "500", "--history", str(hist / "trainer-a.jsonl"))
-    live = _hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "live", "--state-dir", str(tmp_path / "live"),
+    live = _hilo("consume", "--log", url, "--run", run, "--site", "live", "--state-dir", str(tmp_path / "live"),
                  "--no-progress", "--no-export", "--history", str(hist / "live.jsonl"))
     for line in a.stdout:
         if line.startswith("v6 "):
@@ -137,18 +141,18 @@ def test_a_resumed_zombie_trainer_is_fenced_and_no_site_stops(tmp_path):
     fenced_after = time.monotonic() - t0
     errors = [line for line in a_err.splitlines() if "error:" in line]
     assert a.returncode == 1 and len(errors) == 1 and "was fenced" in errors[0] and "Traceback" not in a_err, a_err[-3000:]
-    log = open_log(KAFKA_URL)
+    log = open_log(url)
     assert max(log_versions(log, run)) == final  # A added nothing
     _wait_for_line(live, rf"site live: v{final} ")
     assert live.poll() is None  # never stopped
     live.send_signal(signal.SIGTERM)
     live_out, _ = live.communicate(timeout=120)
     assert live.returncode == 0 and f"live: v{final} digest {digest}" in live_out
-    late = Site(SiteConfig(log=KAFKA_URL, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=final,
+    late = Site(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=final,
                            export_adapters=False, history=str(hist / "late.jsonl")))
     late.run(progress=False)
     assert late.follower.replica.digest.hex() == digest
-    _check_histories(run, hist, ["trainer-a", "trainer-b"], ["live", "late"])
+    _check_histories(url, run, hist, ["trainer-a", "trainer-b"], ["live", "late"])
     print(f"zombie fenced {fenced_after:.1f}s after SIGCONT: {errors[0]}")
 
 
