@@ -20,18 +20,18 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
+from hilo.log import checkpoints_topic, crashpoints, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
-from hilo.log import crashpoints
 from hilo.log.history import HistoryWriter
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head
-from hilo.schemas.errors import NoSuchTopic, ConfigError, HiloError, LogError
+from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
 from hilo.schemas.signing import Verifier
 
 from .adapter_export import DTYPES, export_adapter, prune_adapters
+from .group_commit import GroupCommitter
 from .shell_hook import run_hook
 from .vllm_serving import VllmDown, VllmError, VllmServer
 
@@ -124,7 +124,7 @@ class Site:
         self.serving = None           # (version, adapter dir) vLLM serves, once a load succeeded
         self.served_versions = []     # every version loaded into vLLM, in order (what a catch-up loaded)
         self.timing = {}              # seconds the newest export and vLLM load took: {"version", "export_s", "load_s"}
-        self.commit_failing = False   # the last group commit failed (reported once per streak)
+        self.committer = None         # the background group committer, started by the first commit
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
         self.retry_at, self.retry_wait = 0.0, cfg.retry_serve_s
         if self.server:
@@ -270,29 +270,20 @@ class Site:
         self.since_snapshot = 0
 
     def commit(self):
-        """Commit the position (and what it means) as this site's consumer-group offset.
+        """Hand the position (and what it means) to the background committer of this site's consumer group.
 
-        Advisory: the site's own snapshot is its truth, so a failed commit (a group coordinator moving, a broker
-        down) is reported once and retried with the next one, never fatal.
+        Advisory: the site's own snapshot is its truth, so a failing commit (a group coordinator moving, a broker
+        down) never stops or slows applying and serving; it is reported once and retried (group_commit.py).
         """
         f = self.follower
         meta = {"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
                 "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}
         if self.server is not None:
             meta["serving_version"] = self.serving[0] if self.serving else None
-        meta = json.dumps(meta, separators=(",", ":"))
         crashpoints.reach("site.committing")
-        try:
-            self.log.commit(self.group, updates_topic(self.cfg.run), f.next_offset, meta)
-        except HiloError as e:
-            if not self.commit_failing:
-                logger.warning("site %s: committing its position failed (%s); applying and serving go on, the commit is "
-                               "retried with the next one (hilo lag shows the last committed position meanwhile)", self.cfg.site, e)
-            self.commit_failing = True
-            return
-        if self.commit_failing:
-            logger.info("site %s: position committed again (v%d)", self.cfg.site, f.replica.version)
-        self.commit_failing = False
+        if self.committer is None:
+            self.committer = GroupCommitter(self.log, self.group, updates_topic(self.cfg.run), self.cfg.site)
+        self.committer.submit(f.next_offset, json.dumps(meta, separators=(",", ":")))
 
     # -- loop ----------------------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> int:
@@ -325,6 +316,8 @@ class Site:
             # The replica only ever holds a fully applied, digest-checked version: saving it is always safe.
             self.snapshot()
             self.commit()
+            self.committer.close()  # the final position gets a bounded time to land
+            self.committer = None
         return f.replica.version
 
     def install_signal_handlers(self):

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hilo.log import checkpoints_topic, open_log, site_group, updates_topic
+from hilo.log import checkpoints_topic, crashpoints, open_log, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.follower import Follower, bootstrap_from_log
-from hilo.log import crashpoints
 from hilo.log.history import HistoryWriter
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.snapshot import SnapshotStore
