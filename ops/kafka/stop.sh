@@ -11,16 +11,19 @@ for arg in "$@"; do
   esac
 done
 source "$(dirname "$0")/env.sh"
+# SIGTERM every node first, then wait for all: stopped one by one, the last nodes of a cluster wait out their
+# shutdown timeout with no controller quorum left.
+pids=()
 for pidf in "$KAFKA_HOME_DIR"/node-*/pid; do
   [ -f "$pidf" ] || continue
   pid=$(cat "$pidf")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    echo "stop.sh: stopped pid $pid" >&2
-  fi
+  if kill -0 "$pid" 2>/dev/null; then kill "$pid"; pids+=("$pid"); fi
   rm -f "$pidf"
+done
+for pid in "${pids[@]}"; do
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+  echo "stop.sh: stopped pid $pid" >&2
 done
 if [ $wipe = 1 ]; then rm -rf "$KAFKA_HOME_DIR"; echo "stop.sh: wiped $KAFKA_HOME_DIR" >&2; fi
 exit 0

@@ -2,6 +2,7 @@
 
 The cluster runs on its own ports (19092, 19094, 19096) and data dir, started and wiped by this module.
 """
+import json
 import os
 import pathlib
 import signal
@@ -115,14 +116,17 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     run, hist = new_run("coord"), tmp_path / "history"
     producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 3)
-    log = open_log(url)
-    offsets = [t for t in log.admin.describe_topics(["__consumer_offsets"])]  # one partition here (start.sh)
-    coordinator = offsets[0]["partitions"][0]["leader_id"]
     sites = {name: Site(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
                                    export_adapters=False, history=str(hist / f"{name}.jsonl"))) for name in ("a", "b")}
     threads = [threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True) for s in sites.values()]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 120
+    while not all(s.committer and s.committer.committed and json.loads(s.committer.committed[1])["version"] == 3
+                  for s in sites.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # watching the sites' threads until both committed v3 (the offsets topic then exists)
+    offsets = open_log(url).admin.describe_topics(["__consumer_offsets"])  # one partition here (start.sh)
+    coordinator = offsets[0]["partitions"][0]["leader_id"]
     os.kill(int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{coordinator}" / "pid").read_text()), signal.SIGKILL)
     down_at = time.monotonic()
     while time.monotonic() - down_at < 45:  # the outage: the trainer keeps publishing, sites keep applying
