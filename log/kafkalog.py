@@ -110,6 +110,7 @@ class KafkaLog(Log):
         self._unreachable = None  # the LogError of a failed first connection: reported again at once, not after another wait
         self._admin = self._producer = self._consumer = None
         self._positions = {}  # topic -> next offset the consumer will return
+        self._read_failures = 0  # consecutive reads that failed (a reader failing twice is replaced)
         self._writer = None   # (run, version at takeover) once this client is the run's transactional writer
         self._fenced = None   # the FencedError once a newer writer took over: every later append raises it
 
@@ -289,23 +290,36 @@ class KafkaLog(Log):
         return self._consumer
 
     def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20):
-        """Records from `offset` on, from one poll."""
+        """Records from `offset` on, from one poll. A retriable failure (a broker restarting) reads as an empty
+        batch, and a reader failing twice in a row is replaced; anything else is a LogError."""
         tp = TopicPartition(topic, 0)
-        c = self.consumer
-        if tp not in c.assignment():
-            c.assign(list(c.assignment()) + [tp])
-            self._positions.pop(topic, None)
-        if self._positions.get(topic) != offset:
-            c.seek(tp, offset)
-            self._positions[topic] = offset
-        polled = c.poll(timeout_ms=int(timeout_s * 1000), max_records=500)
+        try:
+            c = self.consumer
+            if tp not in c.assignment():
+                c.assign(list(c.assignment()) + [tp])
+                self._positions.pop(topic, None)
+            if self._positions.get(topic) != offset:
+                c.seek(tp, offset)
+                self._positions[topic] = offset
+            polled = c.poll(timeout_ms=int(timeout_s * 1000), max_records=500)
+            # The consumer's position is past transaction markers and aborted records too, not only past records.
+            position = c.position(tp, timeout_ms=int(timeout_s * 1000)) or 0
+        except KafkaError as e:
+            if not getattr(e, "retriable", False):
+                raise _failure(f"{self.url}: reading {topic!r} at offset {offset}", e) from None
+            self._read_failures += 1
+            self._positions.pop(topic, None)  # whatever the consumer fetched is dropped: the next read seeks again
+            if self._read_failures % 2 == 0:
+                self._drop_consumer()
+            time.sleep(min(2.0, 0.05 * 2 ** self._read_failures))  # backoff against a broker that is restarting
+            return Batch([], offset)
+        self._read_failures = 0
         out = Batch([Record(r.offset, r.key, r.value, {k: v.decode() for k, v in (r.headers or [])})
                      for r in polled.get(tp, []) if r.offset >= offset], offset)
         for other, recs in polled.items():
             if other != tp and recs:  # another assigned topic was fetched too: make it re-seek next time
                 self._positions.pop(other.topic, None)
-        # The consumer's position is past transaction markers and aborted records too, not only past `out`.
-        out.next_offset = max(offset, out[-1].offset + 1 if out else offset, c.position(tp) or 0)
+        out.next_offset = max(offset, out[-1].offset + 1 if out else offset, position)
         self._positions[topic] = out.next_offset
         return out
 
