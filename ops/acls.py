@@ -7,7 +7,7 @@ from kafka.admin import ACL, ACLFilter, ACLOperation as Op, ACLPermissionType, A
 from kafka.admin import ResourcePattern, ResourcePatternFilter, ResourceType as Res
 
 from hilo.log import checkpoints_topic, site_group, updates_topic
-from hilo.schemas.errors import LogError
+from hilo.schemas.errors import ConfigError, LogError
 
 # role -> [(resource type, name template, pattern type, operations)]; {run} is the run id.
 GRANTS = {
@@ -39,10 +39,17 @@ def principal(user: str) -> str:
     return user if ":" in user else f"User:{user}"
 
 
+def _kafka(log):
+    """The log's Kafka admin client; ConfigError for a log that has no ACLs (the embedded file log)."""
+    if not hasattr(log, "admin"):
+        raise ConfigError(f"--log {log.url}: ACLs are Kafka's; the embedded file log has none (one machine, file permissions)")
+    return log.admin
+
+
 def grant(log, run: str, users: dict) -> int:
     """Create the ACLs of `users` ({role: user}) for `run` on a Kafka log; returns how many; LogError on a refusal."""
     acls = [a for role, user in users.items() for a in acls_for(run, role, principal(user))]
-    result = log.admin.create_acls(acls)
+    result = _kafka(log).create_acls(acls)
     if result["failed"]:
         acl, err = result["failed"][0]
         raise LogError(f"{log.url}: creating ACL {acl.operation.name} on {acl.resource_pattern.resource_type.name} "
@@ -58,7 +65,7 @@ def show(log, run: str) -> list:
                        (Res.TRANSACTIONAL_ID, f"hilo.{run}")):
         flt = ACLFilter(principal=None, host="*", operation=Op.ANY, permission_type=ACLPermissionType.ANY,
                         resource_pattern=ResourcePatternFilter(kind, name, Pattern.MATCH))
-        acls, err = log.admin.describe_acls(flt)
+        acls, err = _kafka(log).describe_acls(flt)
         if getattr(err, "errno", 0):
             raise LogError(f"{log.url}: listing ACLs failed: {err.__name__ if isinstance(err, type) else type(err).__name__}")
         rows += [{"principal": a.principal, "operation": a.operation.name, "resource": a.resource_pattern.resource_type.name,

@@ -143,3 +143,14 @@ def test_topics_describe_shows_retained_versions(tmp_path, capsys):
     assert (rows[f"{run}.updates"]["oldest_version"], rows[f"{run}.updates"]["newest_version"]) == (1, 3)
     assert (rows[f"{run}.checkpoints"]["oldest_version"], rows[f"{run}.checkpoints"]["newest_version"]) == (0, 2)
     assert rows[f"{run}.updates"]["retention.ms"].startswith("-1")
+
+
+@pytest.mark.parametrize("args, error", [
+    (["acls", "show", "--log", "{log}", "--run", "r"], "ACLs are Kafka's; the embedded file log has none"),
+    (["lag", "--log", "{log}", "--run", "r", "--kafka-config", "{conf}"], "--kafka-config {conf}: applies to kafka:// logs"),
+])
+def test_security_options_on_the_file_log_are_one_line_errors(tmp_path, args, error):
+    conf = tmp_path / "client.properties"
+    conf.write_text("security.protocol=SSL\n")
+    rc, _, err, _ = hilo(*[a.format(log=f"file://{tmp_path}/log", conf=conf) for a in args])
+    assert rc == 1 and error.format(conf=conf) in one_line(err), err
