@@ -225,7 +225,10 @@ class KafkaLog(Log):
         if self._fenced is not None:
             raise self._fenced
         if self._producer is None:
-            txn = {} if self._writer is None else {"transactional_id": f"hilo.{self._writer[0]}"}
+            # retry_backoff_ms: a transaction begun right after a commit is answered CONCURRENT_TRANSACTIONS until the
+            # commit's markers are written; kafka-python's default 100 ms backoff made every version cost 108 ms
+            # (2 ms without a transaction); 10 ms makes it ~15 ms.
+            txn = {} if self._writer is None else {"transactional_id": f"hilo.{self._writer[0]}", "retry_backoff_ms": 10}
             self._producer = self._connect(
                 KafkaProducer, acks="all", enable_idempotence=True, linger_ms=0,
                 max_in_flight_requests_per_connection=1, max_request_size=self.record_bytes,

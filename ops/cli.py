@@ -234,6 +234,11 @@ def cmd_bench_faults(a):
     return faults(a.json, a.log, a.kills, a.trainer_kills, a.out, a.seed)
 
 
+def cmd_bench_publish(a):
+    from hilo.ops.bench.publish import main as publish
+    return publish(a.json, a.log, a.bytes, a.rounds, a.out)
+
+
 def cmd_bench_wan(a):
     from hilo.ops.bench.wan import main as wan
     return wan(a.json, a.steps, a.compute_s, a.links, a.sites, a.out, a.shape)
@@ -394,6 +399,13 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/faults-TIME)")
     f.add_argument("--json", action="store_true", help="print the results object")
     f.set_defaults(fn=cmd_bench_faults)
+    b = bsub.add_parser("publish", help="per-version publish time on Kafka: plain append vs in a transaction")
+    b.add_argument("--log", default="kafka://127.0.0.1:9092", metavar="URL", help="the log (default: %(default)s)")
+    b.add_argument("--bytes", type=_at_least(1), default=100_000, help="record size (default: %(default)s)")
+    b.add_argument("--rounds", type=_at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
+    b.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/publish-TIME)")
+    b.add_argument("--json", action="store_true", help="print the results object")
+    b.set_defaults(fn=cmd_bench_publish)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
     w.add_argument("--steps", type=_at_least(1), default=2, help="messages per method and config (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: installs the project, starts the local Kafka broker (ops/kafka/) and a vLLM CPU server on the
-# tiny base model (ops/vllm/), runs pytest, stops what it started.
+# tiny base model (ops/vllm/), runs pytest, stops what it started. The fault and security tests start their own
+# 3-node and secured (SASL_SSL, ACLs) brokers with the same scripts, on separate ports, and wipe them after.
 #   ops/test.sh                 # everything, Kafka integration tests included
 #   ops/test.sh -k determinism  # extra arguments go to pytest
 set -euo pipefail
