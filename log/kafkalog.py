@@ -12,6 +12,7 @@ half-written message is never seen; the markers transactions leave take offsets 
 membership); a site's position is committed as its consumer group's offset through the admin API, so
 `kafka-consumer-groups --describe` and `hilo lag` both see it.
 """
+import logging
 import re
 import threading
 import time
@@ -28,8 +29,10 @@ from . import kafka_causes
 from .base import Batch, Log, Transaction, check_run, checkpoints_topic, updates_topic
 from .kafka_config import KafkaClientConfig, client_config
 
+logger = logging.getLogger(__name__)
 RETRIABLE_TRIES = 20
 RECORD_OVERHEAD = 64 << 10  # headers + batch framing on top of a chunk's value, bytes
+STALE_S = 10.0  # empty reads this long make a reader check that it is not wedged
 OFFSETS_TIMEOUT_MS = 10_000  # one ListOffsets attempt; retried (with a fresh consumer) after that
 DELIVERY_TIMEOUT_MS = 60_000  # how long one publish may retry (a leader election takes ~10-30 s); the trainer then tries a fresh producer
 
@@ -111,6 +114,7 @@ class KafkaLog(Log):
         self._admin = self._producer = self._consumer = None
         self._positions = {}  # topic -> next offset the consumer will return
         self._read_failures = 0  # consecutive reads that failed (a reader failing twice is replaced)
+        self._idle_since = {}    # topic -> when reads of it started returning nothing (see _stale)
         self._writer = None   # (run, version at takeover) once this client is the run's transactional writer
         self._fenced = None   # the FencedError once a newer writer took over: every later append raises it
 
@@ -317,6 +321,9 @@ class KafkaLog(Log):
             time.sleep(min(2.0, 0.05 * 2 ** self._read_failures))  # backoff against a broker that is restarting
             return Batch([], offset)
         self._read_failures = 0
+        if not polled.get(tp) and position <= offset and self._stale(topic, offset):
+            return Batch([], offset)
+        self._idle_since.pop(topic, None)
         out = Batch([Record(r.offset, r.key, r.value, {k: v.decode() for k, v in (r.headers or [])})
                      for r in polled.get(tp, []) if r.offset >= offset], offset)
         for other, recs in polled.items():
@@ -325,6 +332,21 @@ class KafkaLog(Log):
         out.next_offset = max(offset, out[-1].offset + 1 if out else offset, position)
         self._positions[topic] = out.next_offset
         return out
+
+    def _stale(self, topic, offset) -> bool:
+        """After STALE_S of empty reads, ask for the end offset: records beyond `offset` that the reader does not
+        get mean a wedged reader (seen after a partition leader was SIGKILLed: kafka-python kept polling the dead
+        leader), which is then replaced."""
+        since = self._idle_since.setdefault(topic, time.monotonic())
+        if time.monotonic() - since < STALE_S:
+            return False
+        self._idle_since[topic] = time.monotonic()
+        if self._offset(topic, end=True) > offset:
+            logger.info("%s: reader of %s gets nothing although the log has records past offset %d; reconnecting",
+                        self.url, topic, offset)
+            self._drop_consumer()
+            return True
+        return False
 
     def _offset(self, topic, end: bool) -> int:
         """The partition's end (last stable) or beginning offset. A consumer that times out twice in a row is
