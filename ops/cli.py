@@ -391,21 +391,23 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/serve-TIME)")
     s.add_argument("--json", action="store_true", help="print the results object")
     s.set_defaults(fn=cmd_bench_serve)
-    f = bsub.add_parser("faults", help="SIGKILL trainers and sites at every named crash point; check every history (Kafka)")
-    f.add_argument("--log", default="kafka://127.0.0.1:9092", metavar="URL", help="the log (default: %(default)s, ops/kafka/start.sh)")
+    def kafka_bench(name, summary, fn):
+        """A benchmark on a Kafka log: --log, --out, --json; returns its parser for the rest."""
+        b = bsub.add_parser(name, help=summary)
+        b.add_argument("--log", default="kafka://127.0.0.1:9092", metavar="URL", help="the log (default: %(default)s, "
+                       "ops/kafka/start.sh)")
+        b.add_argument("--out", metavar="DIR", help=f"results folder (default: ~/.cache/hilo-sync/bench/{name}-TIME)")
+        b.add_argument("--json", action="store_true", help="print the results object")
+        b.set_defaults(fn=fn)
+        return b
+
+    f = kafka_bench("faults", "SIGKILL trainers and sites at every named crash point; check every history", cmd_bench_faults)
     f.add_argument("--kills", type=_at_least(1), default=200, help="site SIGKILLs (default: %(default)s)")
     f.add_argument("--trainer-kills", type=_at_least(0), default=20, help="trainer SIGKILLs (default: %(default)s)")
     f.add_argument("--seed", type=int, default=0, help="which crash counts and instants (default: %(default)s)")
-    f.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/faults-TIME)")
-    f.add_argument("--json", action="store_true", help="print the results object")
-    f.set_defaults(fn=cmd_bench_faults)
-    b = bsub.add_parser("publish", help="per-version publish time on Kafka: plain append vs in a transaction")
-    b.add_argument("--log", default="kafka://127.0.0.1:9092", metavar="URL", help="the log (default: %(default)s)")
+    b = kafka_bench("publish", "per-version publish time on Kafka: plain append vs in a transaction", cmd_bench_publish)
     b.add_argument("--bytes", type=_at_least(1), default=100_000, help="record size (default: %(default)s)")
     b.add_argument("--rounds", type=_at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
-    b.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/publish-TIME)")
-    b.add_argument("--json", action="store_true", help="print the results object")
-    b.set_defaults(fn=cmd_bench_publish)
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
     w.add_argument("--steps", type=_at_least(1), default=2, help="messages per method and config (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
