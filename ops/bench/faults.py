@@ -76,7 +76,7 @@ def _site_kills(url, run, n, folder, rng, producer, bar):
             except Exception as e:  # noqa: BLE001  (reported by the benchmark)
                 errors.append(e)
                 return
-            time.sleep(0.05)  # paces the trainer so sites always have a little work; not synchronisation
+            time.sleep(0.2)  # paces the trainer (~4 versions/s) so a site follows live, a batch a version; not synchronisation
 
     trainer = threading.Thread(target=publish, daemon=True)
     trainer.start()
@@ -88,7 +88,9 @@ def _site_kills(url, run, n, folder, rng, producer, bar):
             if errors:
                 raise errors[0]
             launched += 1
-            until = ["--until-version", str(producer.version + 6)]
+            # Far enough ahead that a site, after catching up in one batch, follows live for a while (batch points
+            # such as mid-fetch are then reached 1-3 times); a kill usually ends it much earlier.
+            until = ["--until-version", str(producer.version + 60)]
             if launched % 4 == 0:
                 p = _cli(common + until)
                 time.sleep(rng.uniform(2.0, 6.0))  # a kill at a random instant (import, bootstrap, apply, ...)
@@ -122,7 +124,9 @@ def main(as_json: bool, url: str, kills: int, trainer_kills: int, out: str | Non
     with tqdm(total=trainer_kills, desc="trainer kills", file=sys.stderr) as bar:
         trainer_counts = _trainer_kills(url, run, trainer_kills, folder, rng, bar)
     t_trainer = time.monotonic() - t0
-    cfg = ProducerConfig(run=run, log=url, codec="spar", budget=Budget(0.25), checkpoint_every=5,
+    # No checkpoints while sites are killed: a restarted site replays from its snapshot (or the last trainer-phase
+    # checkpoint) instead of jumping to a fresh checkpoint past its --until-version, so every site point is reached.
+    cfg = ProducerConfig(run=run, log=url, codec="spar", budget=Budget(0.25), checkpoint_every=10 ** 6,
                          history=str(folder / "trainer.jsonl"))
     producer = HiLoProducer(build_model(seed=0), cfg)
     with tqdm(total=kills, desc="site kills", file=sys.stderr) as bar:
