@@ -246,6 +246,8 @@ def cmd_bench_wan(a):
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand; codec, optimizer and shape names come from their registries."""
+    from hilo.ops.bench.onpolicy import SYNCS
+    from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
     from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
     from hilo.ops.bench.synthetic import QWEN3
     from hilo.replica.codecs import CODECS
@@ -371,13 +373,14 @@ def parser() -> argparse.ArgumentParser:
     q = bsub.add_parser("quality", help="on-policy distillation and RL: pass@1/pass@4 per optimizer x sync method")
     q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
     q.add_argument("--steps", type=_at_least(1), help="training steps per run (default: 8 quick, 60 full)")
-    q.add_argument("--seeds", type=_at_least(1), help="seeds per cell (default: 1 quick, 3 full)")
+    q.add_argument("--seeds", type=_at_least(1), help="test seeds per cell (default: 1 quick, 5 full)")
     q.add_argument("--workers", type=_at_least(1), default=2, help="parallel runs, one torch thread each (default: %(default)s)")
     q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
     q.add_argument("--optimizers", help=f"comma list of {', '.join(optimizers)} (default: all)")
-    q.add_argument("--syncs", help="comma list of full, spar, powersgd, topk, delta (default: all; quick: full,spar)")
-    q.add_argument("--budgets", type=_fractions, default="1.6%", help="comma list of per-message budgets as fractions of the bf16 "
-                   "adapter; every lossy sync runs at each (default: %(default)s)")
+    q.add_argument("--syncs", help=f"comma list of {', '.join(SYNCS)} (default: all; quick: {','.join(QUICK_SYNCS)})")
+    q.add_argument("--budgets", type=_fractions, help="comma list of per-message budgets as fractions of the bf16 adapter; "
+                   "every lossy sync runs at each (default: each sync's own, " +
+                   "; ".join(f"{s} {','.join(f'{100 * b:g}%%' for b in bs)}" for s, bs in PLAN.items() if s != "full") + ")")
     q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
                    "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
     q.add_argument("--saved-only", action="store_true",

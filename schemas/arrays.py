@@ -12,6 +12,7 @@ DTYPES = {
     "float32": (np.dtype("<f4"), 4),
     "float16": (np.dtype("<f2"), 2),
     "uint32": (np.dtype("<u4"), 4),
+    "uint8": (np.dtype("u1"), 1),
     "float64": (np.dtype("<f8"), 8),
 }
 
@@ -39,7 +40,7 @@ def from_bytes(buf, dtype: str, shape, what: str, limits: Limits = DEFAULT_LIMIT
     arr = np.frombuffer(buf, dtype=DTYPES[dtype][0]).reshape(shape)
     if finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise MalformedMessage(f"{what}: contains NaN or Inf")
-    if dtype == "uint32":
+    if dtype in ("uint32", "uint8"):
         return torch.from_numpy(arr.astype(np.int64))
     if dtype == "float64":
         return torch.from_numpy(arr.copy())

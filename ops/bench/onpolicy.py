@@ -4,29 +4,52 @@ Tasks (the paper's two): "distill" = on-policy distillation, per-token reverse K
 student's own samples; "rl" = GRPO-style group-relative advantages with an exact-match reward, plus an
 optional teacher hint (reverse KL weighted by `hint_weight`).
 
-Sync methods: "full" (the dense fp32 gradient: the uncompressed trajectory), HiLo with "spar",
-"powersgd" or "topk" at the byte budget, and "delta": the non-HiLo baseline that runs the optimizer on
-the trainer and sends the post-optimizer parameter change compressed (Spar's low-rank coder, same bytes),
-with error feedback (the site gets what is left of master - site each step).
+Sync methods (SYNCS): "full" (the dense fp32 gradient: the uncompressed trajectory); HiLo's gradient mode
+with "spar" (fp16 factors), "spar4" (4-bit factors), "spar4-floor" (spar4 with a coverage floor), "powersgd"
+or "topk" at the byte budget; and "delta": delta mode (producer/delta.py) with spar4, where the trainer runs
+the optimizer on its master copy and publishes the compressed master - site difference, applied with "add".
+Every message is framed and decoded exactly as on the wire, by the production classes.
+
+Fidelity, per run: the cosine between the rollout replica's total parameter movement and that of an
+uncompressed "shadow" optimizer stepping on the same trajectory (gradient mode; in delta mode the master
+is that optimizer), how often each block was sent, and the error-feedback residual's norm relative to the
+encoder's input (the gradient; in delta mode the master's movement).
 """
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from hilo.ops.bench.baselines import lossless_delta_payload
 from hilo.ops.bench.pretrain import ANSWER_LEN, PROMPT_LEN, encode, pairs
+from hilo.producer.delta import MasterCopy, relative_lag
 from hilo.producer.lora_params import lora_parameters
 from hilo.producer.update_builder import UpdateBuilder
-from hilo.replica.codecs import Budget, decode, make_encoder
+from hilo.replica.codecs import Budget, make_encoder
 from hilo.replica.optimizers import get_optimizer
 from hilo.replica.replica import PolicyReplica
-from hilo.schemas.records import UpdateMessage
 
-SYNCS = ("full", "spar", "powersgd", "topk", "delta")
-CODEC_OF = {"full": "dense", "spar": "spar", "powersgd": "powersgd", "topk": "topk"}
+
+@dataclass(frozen=True)
+class Sync:
+    """One sync method of the benchmark: the producer mode and the codec (with its options)."""
+
+    mode: str                                   # gradient | delta
+    codec: str
+    options: dict = field(default_factory=dict)  # encoder keyword arguments
+
+
+SYNCS = {
+    "full": Sync("gradient", "dense"),
+    "spar": Sync("gradient", "spar"),
+    "spar4": Sync("gradient", "spar4"),
+    "spar4-floor": Sync("gradient", "spar4", {"floor": 0.25}),
+    "powersgd": Sync("gradient", "powersgd"),
+    "topk": Sync("gradient", "topk"),
+    "delta": Sync("delta", "spar4"),
+}
 
 
 @dataclass(frozen=True)
@@ -35,7 +58,7 @@ class RunConfig:
 
     task: str                 # distill | rl
     optimizer: str            # sgd | adamw | lion | muon
-    sync: str                 # full | spar | powersgd | topk | delta
+    sync: str                 # a key of SYNCS
     lr: float
     seed: int = 0
     steps: int = 60
@@ -117,8 +140,18 @@ def _set(params, values):
             p.copy_(v)
 
 
+def _norm(ts) -> float:
+    return sum(float(t.double().pow(2).sum()) for t in ts) ** 0.5
+
+
+def _cosine(a: list, b: list) -> float:
+    dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
+    na, nb = _norm(a), _norm(b)
+    return dot / (na * nb) if na > 0 and nb > 0 else float("nan")
+
+
 def run(cfg: RunConfig, student_base, teacher) -> dict:
-    """Train one policy and report its held-out pass@1/pass@k, bytes per step and learning curve."""
+    """Train one policy and report its held-out pass@1/pass@k, bytes per step, learning curve and fidelity."""
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(cfg.seed)
     model = get_peft_model(copy.deepcopy(student_base), LoraConfig(
@@ -127,30 +160,30 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
     manifest, params = lora_parameters(model)
     gen = torch.Generator().manual_seed(10_000 + cfg.seed)
     train = pairs("train")
+    sync = SYNCS[cfg.sync]
     opt = get_optimizer(cfg.optimizer)
     hparams = opt.defaults() | {"lr": cfg.lr}
     run_id = f"quality-{cfg.task}-{cfg.optimizer}-{cfg.sync}-{cfg.seed}"
-    budget = Budget(cfg.budget)
-    if cfg.sync == "delta":
-        master = [p.detach().clone() for p in params]
-        slots = {s: [torch.zeros_like(p) for p in master] for s in opt.slots}
-        scalars = opt.init_scalars()
-        site = [p.clone() for p in master]
-        coder = make_encoder("spar", manifest, budget)
-    else:
-        trainer = PolicyReplica.genesis(run_id, manifest, [p.detach() for p in params], cfg.optimizer)
-        rollout = PolicyReplica.from_checkpoint(trainer.checkpoint())   # what a rollout site holds
-        builder = UpdateBuilder(trainer, make_encoder(CODEC_OF[cfg.sync], manifest, budget))
-    curve, sizes, lossless, digests_equal = [], [], [], 0
+    start = [p.detach().clone() for p in params]
+    delta = sync.mode == "delta"
+    trainer = PolicyReplica.genesis(run_id, manifest, start, "add" if delta else cfg.optimizer)
+    rollout = PolicyReplica.from_checkpoint(trainer.checkpoint())   # what a rollout site holds
+    builder = UpdateBuilder(trainer, make_encoder(sync.codec, manifest, Budget(cfg.budget), **sync.options))
+    master = MasterCopy(start, cfg.optimizer) if delta else None
+    # gradient mode's shadow: the same optimizer on the uncompressed gradients, stepping from the replica's params
+    shadow_slots, shadow_scalars = {s: [torch.zeros_like(p) for p in start] for s in opt.slots}, opt.init_scalars()
+    shadow_move = [torch.zeros_like(p) for p in start]
+    curve, sizes, lossless, digests_equal, residual_ratio, lag = [], [], [], 0, [], []
+    sends = [0] * len(manifest.blocks)
     for step in range(cfg.steps):
         ab = train[torch.randint(len(train), (cfg.prompts_per_step,), generator=gen)]
         prompts, answers = encode(ab)
         prompts, answers = prompts.repeat_interleave(cfg.group, 0), answers.repeat_interleave(cfg.group, 0)
-        _set(params, site if cfg.sync == "delta" else rollout.state.params)   # rollouts come from the site's replica
+        _set(params, rollout.state.params)                             # rollouts come from the site's replica
         model.eval()
         ids = sample(model, prompts, gen)
-        if cfg.sync == "delta":
-            _set(params, master)                                           # the trainer differentiates its master copy
+        if delta:
+            _set(params, master.params)                                # the trainer differentiates its master copy
         model.train()
         loss, reward = loss_fn(cfg, model, teacher, ids, answers)
         loss.backward()
@@ -158,29 +191,40 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
         for p in params:
             p.grad = None
         curve.append(float(reward.mean()))
-        if cfg.sync == "delta":
-            master, slots, scalars = opt.step(master, grads, slots, scalars, hparams)
-            delta = [m - s for m, s in zip(master, site)]               # error feedback: everything not yet sent
-            blocks = coder.compress(delta)
-            decoded = decode("spar", manifest, coder.params(), blocks, "delta baseline")
-            site = [s + d for s, d in zip(site, decoded)]
-            msg = UpdateMessage(run_id, step + 1, bytes(16), bytes(16), manifest.manifest_id, "spar", coder.params(),
-                                cfg.optimizer, hparams, blocks)
-            sizes.append(len(msg.to_bytes()))
+        before = trainer.state.params
+        if delta:
+            nxt, movement = master.propose(grads, hparams)
+            proposal = builder.propose(movement)
+            master.commit(nxt)
+            signal = movement
         else:
-            before = [p.clone() for p in trainer.state.params]
-            msg = builder.step(grads, {"lr": cfg.lr})
-            data = msg.to_bytes()
-            rollout.apply_bytes(data, f"{run_id} v{msg.version}")
-            digests_equal += rollout.digest == trainer.digest
-            sizes.append(len(data))
-            if cfg.sync == "full":
-                lossless.append(lossless_delta_bytes(before, trainer.state.params))
-    _set(params, site if cfg.sync == "delta" else rollout.state.params)
+            new, shadow_slots, shadow_scalars = opt.step(before, grads, shadow_slots, shadow_scalars, hparams)
+            shadow_move = [torch.add(a, torch.sub(n, b)) for a, n, b in zip(shadow_move, new, before)]
+            proposal = builder.propose(grads, {"lr": cfg.lr})
+            signal = grads
+        builder.commit(proposal)
+        data = proposal.message.to_bytes()
+        rollout.apply_bytes(data, f"{run_id} v{proposal.version}")
+        digests_equal += rollout.digest == trainer.digest
+        sizes.append(len(data))
+        for b, d in enumerate(proposal.encoding.decoded):
+            sends[b] += bool(d.abs().max() > 0)
+        if builder.encoder.lossy and _norm(signal) > 0:
+            residual_ratio.append(_norm(builder.encoder.residual) / _norm(signal))
+        if delta:
+            lag.append(relative_lag(master.params, trainer.state.params))
+        if sync.codec == "dense":
+            lossless.append(lossless_delta_bytes(before, trainer.state.params))
+    _set(params, rollout.state.params)
     model.eval()
     scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples, torch.Generator().manual_seed(99 + cfg.seed))
+    moved = [torch.sub(p, s) for p, s in zip(rollout.state.params, start)]
+    reference = [torch.sub(p, s) for p, s in zip(master.params, start)] if delta else shadow_move
     return {
         **scores, "curve": curve, "bytes_per_step": float(np.mean(sizes)),
         "adapter_bytes": manifest.adapter_bytes(), "lossless_delta_bytes_per_step": float(np.mean(lossless)) if lossless else None,
-        "versions": cfg.steps, "rollout_digest_equal_versions": digests_equal if cfg.sync != "delta" else None,
+        "versions": cfg.steps, "rollout_digest_equal_versions": digests_equal,
+        "shadow_cosine": _cosine(moved, reference), "sends_per_block": sends,
+        "residual_ratio": float(np.mean(residual_ratio)) if residual_ratio else 0.0,
+        "lag_mean": float(np.mean(lag)) if lag else None, "lag_final": lag[-1] if lag else None,
     }

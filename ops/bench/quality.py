@@ -1,14 +1,17 @@
 """`hilo bench quality`: does HiLo learn as well as full sync? The paper's comparison at CPU scale.
 
-    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x {full, spar}, 1 seed, 8 steps
-    hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x 5 syncs x 3 seeds
-    hilo bench quality --json --out DIR --budgets 1.6%,7.2%   # ... with every lossy sync at both budgets (README)
+    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS, 1 seed, 8 steps
+    hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x PLAN (sync x budget) x 5 seeds
 
-Learning rates are tuned per task and optimizer on full sync only (seed 0, val split; by pass@1, since pass@4
-is nearer its ceiling), then kept for every sync method. Runs go to a pool of --workers processes (one torch
-thread each); every finished run is saved under DIR/runs/, so rerunning with the same --out resumes an
-interrupted sweep, and --saved-only reports the runs saved so far without computing any. Results:
-DIR/quality.json, DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
+The protocol. Every (task, optimizer, sync, budget) cell gets its own learning rate, tuned on the val split
+with seed TUNE_SEED (never a test seed) by pass@1 (pass@4 is nearer its ceiling): full sync on a 4-rate
+half-decade grid, every other cell on the 3 half-decade rates around full sync's choice. Then 5 test seeds
+per cell on the test split. Runs of different methods with the same seed share the LoRA init, the prompt
+stream and the evaluation sampling, so "vs full" is the paired difference, with its standard error and a
+95% t interval over the seeds. Budgets run in PRIORITY order (1.6% first). Runs go to a pool of --workers
+processes (one torch thread each); every finished run is saved under DIR/runs/, so rerunning with the same
+--out resumes an interrupted sweep, and --saved-only reports the runs saved so far without computing any.
+Results: DIR/quality.json, DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
 """
 import hashlib
 import json
@@ -31,31 +34,42 @@ from hilo.schemas.errors import ConfigError
 
 OPTIMIZERS = tuple(OPTIMIZER_REGISTRY)
 TASKS = ("distill", "rl")
-# Half-decade steps; each grid spans the best rate of both tasks with a worse one on either side
+# Full sync's grid: half-decade steps spanning the best rate of both tasks with a worse one on either side
 LR_GRID = {"adamw": (1e-4, 3e-4, 1e-3, 3e-3), "muon": (3e-4, 1e-3, 3e-3, 1e-2), "lion": (3e-5, 1e-4, 3e-4, 1e-3),
            "sgd": (3e-3, 0.01, 0.03, 0.1)}
+LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)  # half-decade rates; lossy grids are 3 of them
 DEFAULT_LR = {"adamw": 1e-3, "muon": 3e-3, "lion": 1e-4, "sgd": 0.03}
+# Every sync method and the budgets (fractions of the bf16 adapter) it runs at; budgets run in PRIORITY order
+# (PLAN's order within a budget is the order the sweep runs them: the issue's questions first)
+PLAN = {"full": (None,), "spar4": (0.010, 0.016, 0.072), "delta": (0.010, 0.016, 0.072), "spar": (0.016, 0.072),
+        "topk": (0.016, 0.072), "powersgd": (0.016, 0.072), "spar4-floor": (0.016,)}
+PRIORITY = (None, 0.016, 0.010, 0.072)  # the issue's target budget first, so a sweep cut short has it complete
+QUICK_SYNCS = ("full", "spar4", "delta")
 STEPS, QUICK_STEPS = 60, 8
+SEEDS = 5                   # test seeds 0..4 per cell
+TUNE_SEED = 1000            # the seed of every tuning run: distinct from every test seed
 QUICK_EVAL_SAMPLES = 4  # the smoke run's held-out samples per problem (the sweep uses RunConfig.eval_samples)
-RUN_VERSION = 3  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
+RUN_VERSION = 4  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
+# Student t quantiles t(0.975, df) for the 95% interval of a paired difference over few seeds
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 @dataclass(frozen=True)
 class SweepConfig:
     """What `hilo bench quality` runs. None means the default of the mode (quick or full)."""
 
-    quick: bool = False          # smoke run: {full, spar}, DEFAULT_LR (no tuning), QUICK_STEPS, 1 seed
+    quick: bool = False          # smoke run: QUICK_SYNCS, DEFAULT_LR (no tuning), QUICK_STEPS, 1 seed
     steps: int | None = None     # training steps per run (default: QUICK_STEPS or STEPS)
-    seeds: int | None = None     # seeds per cell (default: 1 quick, 3 full)
+    seeds: int | None = None     # test seeds per cell (default: 1 quick, SEEDS full)
     workers: int = 2             # parallel runs, one torch thread each
     tasks: tuple = TASKS
     optimizers: tuple = OPTIMIZERS
-    syncs: tuple | None = None   # default: ("full", "spar") quick, every SYNCS otherwise
-    budgets: tuple = (RunConfig.budget,)  # fractions of the bf16 adapter; every lossy sync runs at each
+    syncs: tuple | None = None   # default: QUICK_SYNCS quick, every PLAN key otherwise
+    budgets: tuple | None = None  # every lossy sync at each of these; default: each sync's budgets in PLAN
     saved_only: bool = False     # compute nothing: report the runs saved so far
 
     def __post_init__(self):
-        for name, allowed in (("tasks", TASKS), ("optimizers", OPTIMIZERS), ("syncs", SYNCS)):
+        for name, allowed in (("tasks", TASKS), ("optimizers", OPTIMIZERS), ("syncs", tuple(SYNCS))):
             bad = [v for v in getattr(self, name) or () if v not in allowed]
             if bad or getattr(self, name) == ():
                 raise ConfigError(f"quality: {name} {list(getattr(self, name))} must be a non-empty subset of {list(allowed)}")
@@ -64,8 +78,23 @@ class SweepConfig:
         for name in ("steps", "seeds"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"quality: {name} must be >= 1, got {getattr(self, name)}")
-        if not self.budgets or not all(0 < b <= 4 for b in self.budgets):
+        if self.budgets is not None and (not self.budgets or not all(0 < b <= 4 for b in self.budgets)):
             raise ConfigError(f"quality: budgets {list(self.budgets)} must be fractions of the adapter in (0, 4]")
+
+    def cells(self) -> list:
+        """(sync, budget) pairs to run, in PRIORITY order of budget (full sync's budget is None)."""
+        syncs = self.syncs or (QUICK_SYNCS if self.quick else tuple(PLAN))
+        pairs = [(s, None) if s == "full" else (s, b) for s in syncs
+                 for b in ((None,) if s == "full" else self.budgets or ((RunConfig.budget,) if self.quick else PLAN[s]))]
+        rank, order = {b: i for i, b in enumerate(PRIORITY)}, {s: i for i, s in enumerate(PLAN)}
+        return sorted(dict.fromkeys(pairs), key=lambda p: (rank.get(p[1], len(rank)), order[p[0]]))
+
+
+def lossy_grid(full_lr: float) -> tuple:
+    """The 3 half-decade rates around full sync's tuned rate (a compressed method may want a lower or higher one)."""
+    i = min(range(len(LADDER)), key=lambda j: abs(math.log(LADDER[j] / full_lr)))
+    i = min(max(i, 1), len(LADDER) - 2)
+    return LADDER[i - 1:i + 2]
 
 
 def _say(*a):
@@ -119,10 +148,75 @@ def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str, compute: b
     return [results[i] for i in range(len(cfgs))]
 
 
+def _tune(cells: dict, runs, workers, compute, label_: str) -> tuple:
+    """({cell key: best rate by val pass@1}, tuning rows) for {cell key: runs of that cell differing only in lr},
+    all computed in one pool."""
+    flat = [c for cfgs in cells.values() for c in cfgs]
+    results = iter(run_all(flat, runs, workers, label_, compute=compute))
+    best, rows = {}, []
+    for key, cfgs in cells.items():
+        got = [(c, next(results)) for c in cfgs]
+        done = [(c, r) for c, r in got if r is not None]
+        if len(done) < len(cfgs):
+            raise ConfigError(f"quality: {runs} holds {len(done)} of {len(cfgs)} tuning runs of {'/'.join(map(str, key))}"
+                              f"; run without --saved-only to finish them")
+        cell_rows = [{"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
+                      "lr": c.lr, "val_pass1": r["pass1"], "val_pass4": r["pass4"]} for c, r in done]
+        best[key] = max(cell_rows, key=lambda r: r["val_pass1"])["lr"]
+        rows += cell_rows
+    return best, rows
+
+
+def _sd(xs: list) -> float:
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def _cell(rc: RunConfig, rs: list, seeds: list, steps: int) -> dict:
+    """Aggregate one cell's runs (test seeds `seeds`)."""
+    p1, p4 = [r["pass1"] for r in rs], [r["pass4"] for r in rs]
+    sends = [r["sends_per_block"] for r in rs]
+    cell = {
+        "task": rc.task, "optimizer": rc.optimizer, "sync": rc.sync, "budget": None if rc.sync == "full" else rc.budget,
+        "lr": rc.lr, "seeds": len(rs), "seed_ids": seeds, "steps": steps,
+        "pass1_mean": statistics.mean(p1), "pass1_std": _sd(p1), "pass4_mean": statistics.mean(p4), "pass4_std": _sd(p4),
+        "pass1_seeds": p1, "pass4_seeds": p4,
+        "kl_mean": statistics.mean(r["kl"] for r in rs), "kl_std": _sd([r["kl"] for r in rs]),
+        "bytes_per_step": statistics.mean(r["bytes_per_step"] for r in rs),
+        "adapter_bytes": rs[0]["adapter_bytes"],
+        "lossless_delta_bytes_per_step": rs[0]["lossless_delta_bytes_per_step"] and
+        statistics.mean(r["lossless_delta_bytes_per_step"] for r in rs),
+        "rollout_digest_equal_versions": [r["rollout_digest_equal_versions"] for r in rs],
+        "shadow_cosine": statistics.mean(r["shadow_cosine"] for r in rs),
+        "blocks": len(sends[0]),
+        "blocks_never_sent": statistics.mean(sum(n == 0 for n in s) for s in sends),
+        "blocks_sent_at_most_3": statistics.mean(sum(n <= 3 for n in s) for s in sends),
+        "residual_ratio": statistics.mean(r["residual_ratio"] for r in rs),
+        "lag_mean": statistics.mean(r["lag_mean"] for r in rs) if rs[0]["lag_mean"] is not None else None,
+        "curve": [statistics.mean(c) for c in zip(*(r["curve"] for r in rs))],
+    }
+    cell["fraction_of_adapter"] = cell["bytes_per_step"] / cell["adapter_bytes"]
+    return cell
+
+
+def paired(cell: dict, full: dict, key: str = "pass4") -> dict | None:
+    """mean, SE and 95% interval of (cell - full) over the seeds both have: the runs share every seed (LoRA init,
+    prompt stream, evaluation sampling), so the per-seed differences are what varies. None below 2 shared seeds."""
+    a, b = dict(zip(cell["seed_ids"], cell[f"{key}_seeds"])), dict(zip(full["seed_ids"], full[f"{key}_seeds"]))
+    d = [a[s] - b[s] for s in a if s in b]
+    if len(d) < 2:
+        return None
+    mean, se = statistics.mean(d), statistics.stdev(d) / len(d) ** 0.5
+    half = T975.get(len(d) - 1, 1.96) * se
+    return {"diff": mean, "se": se, "ci95": [mean - half, mean + half], "n": len(d)}
+
+
 def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     """Run the sweep (resuming from out/runs/); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
 
-    With saved_only, a cell's `seeds` counts the runs it has so far.
+    Per budget in PRIORITY order: tune every cell of that budget on val (seed TUNE_SEED; full sync on its LR_GRID,
+    every other method on the 3 rates around full sync's choice), then run its test seeds (seed-major, so a sweep
+    stopped early has every cell at the same number of seeds, give or take one). With saved_only, a cell's
+    `seeds` counts the runs it has so far, and a budget whose tuning is unfinished is left out.
     """
     t0 = time.time()
     quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
@@ -133,102 +227,94 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
             "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99))}
     _say(f"quality: student greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
     steps = cfg.steps or (QUICK_STEPS if quick else STEPS)
-    seeds = cfg.seeds or (1 if quick else 3)
-    syncs = cfg.syncs or (("full", "spar") if quick else SYNCS)
+    seeds = cfg.seeds or (1 if quick else SEEDS)
     runs = out / "runs"
-    lrs = {(t, o): DEFAULT_LR[o] for t in tasks for o in optimizers}
-    tuning = []  # full-sync val scores of every grid rate (empty for --quick, which uses DEFAULT_LR)
-    if not quick:
-        grid = [RunConfig(t, o, "full", lr, seed=0, steps=steps, eval_split="val", eval_samples=evals)
-                for t in tasks for o in optimizers for lr in LR_GRID[o]]
-        tuned = run_all(grid, runs, workers, "tune", compute=not saved_only)
-        if None in tuned:
-            raise ConfigError(f"quality: {out} holds {len(tuned) - tuned.count(None)} of {len(tuned)} tuning runs; "
-                              "run without --saved-only to finish them")
-        scores = {}
-        for c, r in zip(grid, tuned):
-            scores.setdefault((c.task, c.optimizer), {})[c.lr] = r["pass1"]
-            tuning.append({"task": c.task, "optimizer": c.optimizer, "lr": c.lr, "val_pass1": r["pass1"], "val_pass4": r["pass4"]})
-        lrs = {key: max(s, key=s.get) for key, s in scores.items()}
-        _say("quality: tuned learning rates " + ", ".join(f"{t}/{o}={lr:g}" for (t, o), lr in lrs.items()))
-    cellcfgs = [RunConfig(t, o, s, lrs[(t, o)], steps=steps, eval_samples=evals, budget=b)
-                for t in tasks for o in optimizers for s in syncs for b in (cfg.budgets if s != "full" else (RunConfig.budget,))]
-    # Seed-major order: a sweep stopped early has every cell at the same number of seeds (give or take one)
-    flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
-    results = run_all(flat, runs, workers, "sweep", compute=not saved_only)
-    cells = []
-    for j, rc in enumerate(cellcfgs):
-        rs = [r for r in results[j::len(cellcfgs)] if r is not None]
-        if not rs:
+    plan = cfg.cells()
+    if not quick and ("full", None) not in plan:
+        plan = [("full", None)] + plan  # every other method's grid is centred on full sync's rate
+    full_lr = {(t, o): DEFAULT_LR[o] for t in tasks for o in optimizers}
+    tuning, cells, missing = [], [], []
+    # one stage per (sync, budget), in plan order, so a sweep cut short has whole cells of the first ones
+    for sync_, budget in plan:
+        stage = [sync_]
+        b = budget if budget is not None else RunConfig.budget
+        try:
+            if quick:
+                lrs = {(t, o, sync): DEFAULT_LR[o] for t in tasks for o in optimizers for sync in stage}
+            else:
+                grids = {(t, o, sync): [RunConfig(t, o, sync, lr, seed=TUNE_SEED, steps=steps, eval_split="val",
+                                                  eval_samples=evals, budget=b)
+                                        for lr in (LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))]
+                         for t in tasks for o in optimizers for sync in stage}
+                lrs, rows = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}")
+                tuning += rows
+                full_lr.update({(t, o): lr for (t, o, sync), lr in lrs.items() if sync == "full"})
+        except ConfigError as e:
+            if not saved_only:
+                raise
+            missing.append(str(e))
             continue
-        p1, p4 = [r["pass1"] for r in rs], [r["pass4"] for r in rs]
-        cell = {
-            "task": rc.task, "optimizer": rc.optimizer, "sync": rc.sync, "budget": None if rc.sync == "full" else rc.budget,
-            "lr": rc.lr, "seeds": len(rs), "steps": steps,
-            "pass1_mean": statistics.mean(p1), "pass1_std": statistics.pstdev(p1),
-            "pass4_mean": statistics.mean(p4), "pass4_std": statistics.pstdev(p4), "pass4_seeds": p4,
-            "kl_mean": statistics.mean(r["kl"] for r in rs), "kl_std": statistics.pstdev(r["kl"] for r in rs),
-            "bytes_per_step": statistics.mean(r["bytes_per_step"] for r in rs),
-            "adapter_bytes": rs[0]["adapter_bytes"],
-            "lossless_delta_bytes_per_step": rs[0]["lossless_delta_bytes_per_step"] and
-            statistics.mean(r["lossless_delta_bytes_per_step"] for r in rs),
-            "rollout_digest_equal_versions": [r["rollout_digest_equal_versions"] for r in rs],
-            "curve": [statistics.mean(c) for c in zip(*(r["curve"] for r in rs))],
-        }
-        cell["fraction_of_adapter"] = cell["bytes_per_step"] / cell["adapter_bytes"]
-        cells.append(cell)
+        _say(f"quality: budget {budget}: learning rates " + ", ".join(f"{t}/{o}/{s}={lr:g}" for (t, o, s), lr in lrs.items()))
+        cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b)
+                    for t in tasks for o in optimizers for s in stage]
+        flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
+        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", compute=not saved_only)
+        for j, rc in enumerate(cellcfgs):
+            got = [(i, r) for i, r in enumerate(results[j::len(cellcfgs)]) if r is not None]
+            if got:
+                cells.append(_cell(rc, [r for _, r in got], [i for i, _ in got], steps))
+    full = {(c["task"], c["optimizer"]): c for c in cells if c["sync"] == "full"}
+    for c in cells:
+        f = full.get((c["task"], c["optimizer"]))
+        c["vs_full_pass4"] = paired(c, f) if f is not None and c is not f else None
+        c["vs_full_pass1"] = paired(c, f, "pass1") if f is not None and c is not f else None
     lossless = [c["lossless_delta_bytes_per_step"] for c in cells if c["lossless_delta_bytes_per_step"]]
     return {"cells": cells, "lossless_delta_bytes_per_step": statistics.mean(lossless) if lossless else None,
-            "tuning": tuning, "quick": quick, "seconds": round(time.time() - t0, 1), **base}
-
-
-def diff_se(a: list, b: list) -> float:
-    """Standard error of mean(a) - mean(b) for independent seeds (nan with fewer than 2 seeds on a side)."""
-    if min(len(a), len(b)) < 2:
-        return float("nan")
-    return (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+            "tuning": tuning, "quick": quick, "unfinished": missing, "seconds": round(time.time() - t0, 1), **base}
 
 
 def label(cell: dict) -> str:
-    """The sync method, with its budget when that is not the default: "spar", "spar @6.4%"."""
+    """The sync method with its budget: "full", "spar4 @1.6%"."""
     b = cell.get("budget")
-    return cell["sync"] if b is None or b == RunConfig.budget else f"{cell['sync']} @{100 * b:g}%"
+    return cell["sync"] if b is None else f"{cell['sync']} @{100 * b:g}%"
 
 
-def vs_full(cell: dict, full: dict | None) -> str:
-    """pass@4 of `cell` minus full sync's, in points, +- the standard error of the difference over seeds."""
-    if full is None:
-        return "n/a"
-    d = 100 * (cell["pass4_mean"] - full["pass4_mean"])
-    se = diff_se(cell["pass4_seeds"], full["pass4_seeds"]) if cell is not full else float("nan")
-    return f"{d:+.1f}" + ("" if math.isnan(se) else f" +- {100 * se:.1f}")
+def vs_full(cell: dict, key: str = "vs_full_pass4") -> str:
+    """The paired difference to full sync in points with its 95% interval: "-1.2 [-2.0, -0.4]"."""
+    p = cell.get(key)
+    if p is None:
+        return "n/a" if cell["sync"] != "full" else ""
+    lo, hi = p["ci95"]
+    return f"{100 * p['diff']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
 def table(res: dict) -> str:
-    """Markdown table of the cells, with the distance to full sync: pass@4 in points (+- the standard error of the
-    difference over seeds), and the held-out KL as the share of full sync's KL reduction (from the untrained
-    student's) that the method achieved."""
+    """Markdown table of every cell: scores, the paired distance to full sync, bytes, and the fidelity columns."""
     full = {(c["task"], c["optimizer"]): c for c in res["cells"] if c["sync"] == "full"}
     u = res["untrained"]
     out = [f"untrained student (every run's start): pass@1 {u['pass1']:.3f}, pass@4 {u['pass4']:.3f}, held-out KL {u['kl']:.3f}\n",
-           "| task | optimizer | sync | lr | pass@1 | pass@4 | vs full (points +- SE) | held-out KL | KL gain vs full | bytes/step | % adapter |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| task | optimizer | sync | lr | seeds | pass@1 | pass@4 | pass@4 vs full (95% CI) | held-out KL | KL gain vs full "
+           "| bytes/step | % adapter | shadow cos | blocks never sent | sent <= 3x | residual ratio | lag |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in res["cells"]:
         f = full.get((c["task"], c["optimizer"]))
         kr = (u["kl"] - c["kl_mean"]) / (u["kl"] - f["kl_mean"]) if f and f["kl_mean"] != u["kl"] else float("nan")
-        out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
-                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs_full(c, f)} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
-                   f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} |")
+        lag = "" if c.get("lag_mean") is None else f"{c['lag_mean']:.3f}"
+        out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['seeds']} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
+                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs_full(c)} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
+                   f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} | {c['shadow_cosine']:.2f} | "
+                   f"{c['blocks_never_sent']:.1f} / {c['blocks']} | {c['blocks_sent_at_most_3']:.1f} | {c['residual_ratio']:.2f} | {lag} |")
     if res["lossless_delta_bytes_per_step"]:
-        spar = [c["bytes_per_step"] for c in res["cells"] if label(c) == "spar"]
-        ratio = res["lossless_delta_bytes_per_step"] / statistics.mean(spar) if spar else float("nan")
-        out.append(f"\nlossless adapter-delta codec on the full-sync runs: {res['lossless_delta_bytes_per_step']:,.0f} B/step "
-                   f"({ratio:.1f}x Spar's bytes)")
+        for name in ("spar", "spar4"):
+            b = [c["bytes_per_step"] for c in res["cells"] if c["sync"] == name and c["budget"] == RunConfig.budget]
+            if b:
+                out.append(f"\nlossless adapter-delta codec on the full-sync runs: {res['lossless_delta_bytes_per_step']:,.0f} B/step "
+                           f"= {res['lossless_delta_bytes_per_step'] / statistics.mean(b):.1f}x {name} @1.6%'s bytes")
     return "\n".join(out)
 
 
 def summary(res: dict) -> str:
-    """One row per (task, optimizer): full sync's pass@4, then every other method's distance to it (points +- SE)."""
+    """One row per (task, optimizer): full sync's pass@4, then every other method's paired distance to it."""
     methods = list(dict.fromkeys(label(c) for c in res["cells"] if c["sync"] != "full"))
     rows = {}
     for c in res["cells"]:
@@ -236,7 +322,7 @@ def summary(res: dict) -> str:
     out = ["| task | optimizer | full pass@4 | " + " | ".join(methods) + " |", "|---|---|---:|" + "---:|" * len(methods)]
     for (task, opt), row in rows.items():
         f = row.get("full")
-        cols = [f"{f['pass4_mean']:.3f}" if f else "n/a"] + [vs_full(row[m], f) if m in row else "" for m in methods]
+        cols = [f"{f['pass4_mean']:.3f}" if f else "n/a"] + [vs_full(row[m]) if m in row else "" for m in methods]
         out.append(f"| {task} | {opt} | " + " | ".join(cols) + " |")
     return "\n".join(out)
 
@@ -249,7 +335,7 @@ def plots(res: dict, out: pathlib.Path) -> list:
     tasks = sorted({c["task"] for c in res["cells"]})
     opts = sorted({c["optimizer"] for c in res["cells"]})
     syncs = [s for s in SYNCS if any(c["sync"] == s for c in res["cells"])]
-    colors = dict(zip(SYNCS, ("black", "tab:red", "tab:blue", "tab:green", "tab:purple")))
+    colors = dict(zip(SYNCS, ("black", "tab:red", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple")))
     markers = dict(zip(("adamw", "muon", "lion", "sgd"), "osD^"))
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -278,7 +364,7 @@ def plots(res: dict, out: pathlib.Path) -> list:
         for j, opt in enumerate(opts):
             ax = axes[i][j]
             for c in (c for c in res["cells"] if c["task"] == task and c["optimizer"] == opt):
-                dashed = label(c) != c["sync"]  # a non-default budget
+                dashed = c["budget"] not in (None, RunConfig.budget)  # not the 1.6% budget
                 ax.plot(c["curve"], color=colors[c["sync"]], label=label(c), lw=1.2, ls="--" if dashed else "-")
             ax.set(title=f"{task} / {opt}", xlabel="step", ylabel="train sample accuracy")
     axes[0][0].legend(fontsize=8)
@@ -298,5 +384,5 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")
-    print(json.dumps(res, indent=2) if as_json else table(res) + "\n\npass@4 vs full sync, points +- SE:\n\n" + summary(res))
+    print(json.dumps(res, indent=2) if as_json else table(res) + "\n\npass@4 vs full sync, points, paired over seeds [95% CI]:\n\n" + summary(res))
     return 0

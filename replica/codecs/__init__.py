@@ -1,7 +1,7 @@
 """The codec registry: a table of small records (name, encoder class, decode, max payload), found by name.
 
 Each codec module holds its Encoder class (trainer side) and its `decode` (every replica); low-rank payloads
-(powersgd, spar) share the format in lowrank.py. The CLI's --codec choices and the tests read this table.
+(powersgd, spar, spar4) share the format in lowrank.py. The CLI's --codec choices and the tests read this table.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -33,6 +33,7 @@ CODECS = {c.name: c for c in (
     Codec("topk", topk.TopKEncoder, topk.decode, topk.max_payload_bytes),
     Codec("powersgd", powersgd.PowerSGDEncoder, lowrank.decode, lowrank.max_payload_bytes),
     Codec("spar", spar.SparEncoder, lowrank.decode, lowrank.max_payload_bytes),
+    Codec("spar4", spar.Spar4Encoder, lowrank.decode, lowrank.max_payload_bytes),
 )}
 
 

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import msgpack
 import torch
+import zstandard
 
 from hilo.schemas import fields as F
 from hilo.schemas.errors import ConfigError, MalformedMessage
+from hilo.schemas.framing import ZSTD_LEVEL
 from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.records import Manifest
 
@@ -113,6 +115,35 @@ class Encoder:
 def payload_size(blocks: list) -> int:
     """Exact msgpack size of a payload list (what the budget is charged for)."""
     return len(msgpack.packb(blocks, use_bin_type=True))
+
+
+def compressed_size(blocks: list) -> int:
+    """Bytes the payload list takes in a framed message: msgpack, then zstd at the wire's level."""
+    return len(zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(msgpack.packb(blocks, use_bin_type=True)))
+
+
+def fit_to_budget(build, budget: int, nominal: float, rounds: int = 6) -> list:
+    """Blocks from `build(nominal)` (a payload cut to `nominal` raw bytes) filling `budget` compressed bytes.
+
+    Compression shrinks some payloads (quantised values, delta-coded indices) by an amount known only after
+    the fact, so the nominal size is rescaled by budget / measured a few times; the largest build that fits
+    wins, and one over budget after every round is cut down until it fits.
+    """
+    best, best_size = None, -1
+    for _ in range(rounds):
+        blocks = build(nominal)
+        size = compressed_size(blocks)
+        if best_size < size <= budget:
+            best, best_size = blocks, size
+        if budget * 0.99 <= size <= budget or size == 0:
+            break
+        nominal = nominal * budget / size * (0.995 if size > budget else 1.0)
+    while best is None:
+        nominal *= 0.9
+        blocks = build(nominal)
+        if compressed_size(blocks) <= budget or not blocks:
+            best = blocks
+    return best
 
 
 def block_entries(manifest: Manifest, blocks: list, what: str, require_all: bool) -> list:

@@ -1,13 +1,21 @@
 """spar: per-block communication rank chosen by a global worth-per-byte greedy, with error feedback.
 
 For each block G_b (one side <= the LoRA rank) take the thin SVD through the small Gram matrix. Direction
-i of block b is worth sigma_{b,i}^2 (energy kept) and costs direction_bytes(shape_b). Take directions in
-order of worth per byte until the byte budget is spent; within a block worth is decreasing, so each block
+i of block b is worth sigma_{b,i}^2 (energy kept) and costs direction_bytes(shape_b, bits). Take directions
+in order of worth per byte until the byte budget is spent; within a block worth is decreasing, so each block
 gets a prefix: its communication rank k_b >= 0. The training LoRA rank never changes. Payload: lowrank.py.
+
+Two variants behind one greedy: `spar` sends fp16 factors, `spar4` 4-bit factors (about 3.9x the directions
+for the same bytes; the scale of each direction is refit into s). Both are charged on the compressed size
+(base.fit_to_budget). Option `floor` (spar4's CLI default 0): that share of the budget first buys one
+direction for each of the blocks sent least recently, so no block goes unsent for long under AdamW-like
+optimizers, where a block that never gets a gradient never moves.
 """
 import torch
 
-from .base import BLOCK_OVERHEAD, Encoder, payload_size
+from hilo.schemas.errors import ConfigError
+
+from .base import BLOCK_OVERHEAD, Budget, Encoder, fit_to_budget
 from .lowrank import decode, direction_bytes, factor_payload
 
 
@@ -27,40 +35,83 @@ class SparEncoder(Encoder):
 
     name = "spar"
     decoder = staticmethod(decode)
+    bits = 16
+
+    def __init__(self, manifest, budget: Budget = Budget(), floor: float = 0.0):
+        super().__init__(manifest, budget)
+        if not 0.0 <= floor < 1.0:
+            raise ConfigError(f"{self.name}: floor is a share of the budget in [0, 1), got {floor!r}")
+        self.floor = floor
+        if floor:  # steps since each block was last sent: the floor serves the oldest first
+            self.state_names = ("residual", "age")
+            self.age = [0] * len(manifest.blocks)
 
     def params(self):
         """The payload byte budget the message was cut to."""
         return {"budget": self.budget.payload_bytes(self.manifest)}
 
     def compress(self, grads):
-        """SVD every block, pick directions greedily, encode each block's prefix."""
+        """SVD every block, pick directions greedily against the compressed size, encode each block's prefix."""
         budget = self.budget.payload_bytes(self.manifest)
-        svds = [thin_svd_small_side(g) for g in grads]
+        factors = [self._factors(g) for g in grads]
+        cost = [direction_bytes(g.shape, self.bits) for g in grads]
         worth, owner = [], []
-        for b, (sigma, _, _) in enumerate(svds):
-            worth.append(sigma.double().pow(2) / direction_bytes(grads[b].shape))
+        for b, (sigma, _, _) in enumerate(factors):
+            worth.append(sigma.double().pow(2) / cost[b])
             owner.append(torch.full((len(sigma),), b))
-        order = torch.argsort(torch.cat(worth), descending=True, stable=True)
-        owner = torch.cat(owner)[order].tolist()
-        ranks, spent = [0] * len(grads), 0
+        flat = torch.cat(worth)
+        order = torch.argsort(flat, descending=True, stable=True)
+        owner = [b for b, w in zip(torch.cat(owner)[order].tolist(), flat[order].tolist()) if w > 0]
+        chosen = {}
+
+        def build(nominal):
+            ranks = self._ranks(owner, cost, nominal, [f[0] for f in factors])
+            chosen["ranks"] = ranks
+            return [self._block(b, grads[b], factors[b], k) for b, k in enumerate(ranks) if k > 0]
+
+        blocks = fit_to_budget(build, budget, budget)
+        ranks = [0] * len(grads)
+        for e in blocks:
+            ranks[e["i"]] = e["k"]
+        state = {"age": [0 if k else a + 1 for k, a in zip(ranks, self.age)]} if self.floor else {}
+        return blocks, state
+
+    def _ranks(self, owner, cost, nominal, sigmas):
+        """Communication rank per block for `nominal` raw bytes: the floor's share first, then the greedy."""
+        ranks, spent = [0] * len(cost), 0
+        if self.floor:
+            for b in sorted(range(len(cost)), key=lambda b: (-self.age[b], b)):
+                c = cost[b] + BLOCK_OVERHEAD
+                if spent + c > self.floor * nominal:
+                    break
+                if float(sigmas[b][0]) > 0:
+                    ranks[b], spent = 1, spent + c
+        seen = [0] * len(cost)
         for b in owner:
-            cost = direction_bytes(grads[b].shape) + (BLOCK_OVERHEAD if ranks[b] == 0 else 0)
-            if spent + cost > budget:
+            seen[b] += 1
+            if seen[b] <= ranks[b]:
+                continue  # the floor already bought this direction
+            c = cost[b] + (BLOCK_OVERHEAD if ranks[b] == 0 else 0)
+            if spent + c > nominal:
                 continue  # a cheaper direction of another block may still fit
             ranks[b] += 1
-            spent += cost
-        blocks = [self._block(b, grads[b], svds[b], k) for b, k in enumerate(ranks) if k > 0]
-        while blocks and payload_size(blocks) > budget:  # overhead estimate was short: drop the last directions
-            blocks.sort(key=lambda e: e["i"])
-            worst = min(range(len(blocks)), key=lambda j: float(svds[blocks[j]["i"]][0][blocks[j]["k"] - 1]) ** 2 / direction_bytes(grads[blocks[j]["i"]].shape))
-            b, k = blocks[worst]["i"], blocks[worst]["k"] - 1
-            blocks[worst:worst + 1] = [self._block(b, grads[b], svds[b], k)] if k else []
-        return blocks, {}
+            spent += c
+        return ranks
 
     @staticmethod
-    def _block(b, g, svd, k):
-        sigma, vecs, wide = svd
-        v_small = vecs[:, :k]                              # (small, k)
-        u_big = (g.T if wide else g) @ v_small             # (big, k), columns scaled by sigma
-        U, V = (v_small, u_big) if wide else (u_big, v_small)
-        return factor_payload(b, g, U, V)
+    def _factors(g):
+        """(sigma, U (m, r), V (n, r)) of g, columns of U scaled by sigma."""
+        sigma, vecs, wide = thin_svd_small_side(g)
+        big = (g.T if wide else g) @ vecs
+        return (sigma, vecs, big) if wide else (sigma, big, vecs)
+
+    def _block(self, b, g, factors, k):
+        _, U, V = factors
+        return factor_payload(b, g, U[:, :k], V[:, :k], self.bits)
+
+
+class Spar4Encoder(SparEncoder):
+    """spar with 4-bit factors."""
+
+    name = "spar4"
+    bits = 4

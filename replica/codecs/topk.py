@@ -1,7 +1,7 @@
 """topk: the k largest-magnitude entries of the whole (error-corrected) gradient, with error feedback.
 
 Block payload: {"i", "n", "idx": uint32 (n,) delta-coded positions in the flattened block (first absolute),
-"val": fp16 (n,) values divided by "scale", "scale": fp32 max |value|}. k is set by the byte budget.
+"val": fp16 (n,) values divided by "scale", "scale": fp32 max |value|}. k is the largest whose compressed payload fits the byte budget (zstd shrinks the delta-coded indices).
 """
 import torch
 
@@ -9,7 +9,7 @@ from hilo.schemas import fields as F
 from hilo.schemas.arrays import from_bytes, to_bytes
 from hilo.schemas.errors import MalformedMessage
 
-from .base import BLOCK_OVERHEAD, Encoder, block_entries, block_what
+from .base import BLOCK_OVERHEAD, Encoder, block_entries, block_what, fit_to_budget
 
 ENTRY_BYTES = 6  # uint32 index delta + fp16 value
 
@@ -43,15 +43,22 @@ class TopKEncoder(Encoder):
     name = "topk"
     decoder = staticmethod(decode)
 
-    def k(self) -> int:
-        """Entries that fit the budget after per-block overhead."""
-        room = self.budget.payload_bytes(self.manifest) - BLOCK_OVERHEAD * len(self.manifest.blocks)
+    def k(self, nominal: float | None = None) -> int:
+        """Entries that fit `nominal` raw payload bytes (default: the budget) after per-block overhead."""
+        nominal = self.budget.payload_bytes(self.manifest) if nominal is None else nominal
+        room = int(nominal) - BLOCK_OVERHEAD * len(self.manifest.blocks)
         return max(1, min(self.manifest.numel, room // ENTRY_BYTES))
 
     def compress(self, grads):
-        """Pick the global top-k, then write each block's share."""
+        """Pick the global top-k, k as large as the compressed budget allows, then write each block's share."""
         flat = torch.cat([g.reshape(-1) for g in grads])
-        top = torch.topk(flat.abs(), self.k(), sorted=False).indices.sort().values
+        budget = self.budget.payload_bytes(self.manifest)
+        # zstd shrinks the indices by well under 3x: the 3k largest are all any fitting round can take
+        order = torch.topk(flat.abs(), min(flat.numel(), 3 * self.k()), sorted=True).indices
+        return fit_to_budget(lambda nominal: self._blocks(grads, order[:self.k(nominal)].sort().values), budget, budget), {}
+
+    @staticmethod
+    def _blocks(grads, top):
         blocks, start = [], 0
         for i, g in enumerate(grads):
             end = start + g.numel()
@@ -65,4 +72,4 @@ class TopKEncoder(Encoder):
                     blocks.append({"i": i, "n": len(idx), "idx": to_bytes(deltas, "uint32"),
                                    "val": to_bytes((vals / scale).to(torch.float16), "float16"), "scale": scale})
             start = end
-        return blocks, {}
+        return blocks

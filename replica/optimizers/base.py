@@ -25,6 +25,7 @@ class Optimizer:
     slots: tuple = ()                 # per-block state tensors, zero at genesis
     hparams: dict = {}                # name -> (default, lo, hi) ; hi exclusive when `open_hi`
     open_hi: frozenset = frozenset()  # hyperparameters whose upper bound is exclusive (betas < 1)
+    applies_deltas: bool = False      # True for a delta-mode site's step: not an optimizer a trainer trains with
 
     def init_scalars(self) -> dict:
         """Scalar state at genesis."""

@@ -1,0 +1,19 @@
+"""add: the stateless step of a delta-mode site. The decoded payload is the parameter change itself: p = p + d.
+
+In delta mode (producer/delta.py) the trainer runs the real optimizer on its master copy and publishes the
+compressed difference between the master and the sites' copy; a site needs no optimizer state, only this add.
+"""
+import torch
+
+from .base import Optimizer
+
+
+class Add(Optimizer):
+    """p = p + d (one fp32 add per element: bit-identical everywhere)."""
+
+    name = "add"
+    applies_deltas = True
+
+    def step(self, params, grads, slots, scalars, h):
+        """Add the decoded change, out of place."""
+        return [torch.add(p, d) for p, d in zip(params, grads)], {}, {"t": scalars["t"] + 1.0}
