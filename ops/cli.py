@@ -155,15 +155,18 @@ def cmd_produce(a):
     from hilo.ops.tiny_trainer import build_model, train
     cfg = ProducerConfig(run=a.run, log=a.log, codec=a.codec, budget=a.budget, optimizer=a.optimizer,
                          checkpoint_every=a.checkpoint_every, state_dir=a.state_dir, new_history=a.new_history,
-                         signing_key=a.signing_key, kafka_config=a.kafka_config, history=a.history)
+                         signing_key=a.signing_key, kafka_config=a.kafka_config, history=a.history, mode=a.mode)
     producer = HiLoProducer(build_model(seed=a.seed), cfg)
     adapter = producer.manifest.adapter_bytes()
 
     def on_step(version, loss, compute_s, info):
         print(f"v{version} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of adapter) "
-              f"chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms", flush=True)
+              f"chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms"
+              + (f" lag {info['lag']:.2e}" if a.mode == "delta" else ""), flush=True)
     train(producer, a.steps, lr=a.lr, seed=a.seed, on_step=on_step)
-    print(f"done: v{producer.version} digest {producer.replica.digest.hex()}")
+    flushed = producer.flush()
+    print(f"done: v{producer.version} digest {producer.replica.digest.hex()}"
+          + (f" (flush: {flushed} message(s), lag {producer.lag():.2e})" if a.mode == "delta" else ""))
     producer.close()
     return 0
 
@@ -250,6 +253,7 @@ def parser() -> argparse.ArgumentParser:
     from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
     from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
     from hilo.ops.bench.synthetic import QWEN3
+    from hilo.producer.delta import MODES
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
     codecs, optimizers, shapes = list(CODECS), list(OPTIMIZERS), list(QWEN3)
@@ -316,7 +320,9 @@ def parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--codec", default="spar", choices=codecs, help="default: %(default)s")
     p.add_argument("--budget", type=_budget, default="1.6%", help="bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: 1.6%%)")
-    p.add_argument("--optimizer", default="adamw", choices=optimizers, help="default: %(default)s")
+    p.add_argument("--optimizer", default="adamw", choices=optimizers, help="the trainer's optimizer (default: %(default)s)")
+    p.add_argument("--mode", default="gradient", choices=list(MODES), help="what each message carries: " +
+                   "; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (default: %(default)s)")
     p.add_argument("--steps", type=_at_least(1), default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
     p.add_argument("--checkpoint-every", type=_at_least(1), default=50, help="full checkpoint every K versions (default: %(default)s)")

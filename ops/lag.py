@@ -5,8 +5,8 @@ import time
 from hilo.log import site_group, updates_topic
 from hilo.log.tail import head
 
-COLUMNS = ("SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "CURRENT-OFFSET", "LOG-END-OFFSET",
-           "LAST-APPLIED")
+COLUMNS = ("SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "TRAINER-LAG", "CURRENT-OFFSET",
+           "LOG-END-OFFSET", "LAST-APPLIED")
 
 
 def lag_rows(log, run: str, now: float | None = None) -> list:
@@ -16,6 +16,8 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
     h = head(log, topic, run) or {}
     head_version = int(h.get("hilo-version", 0))
     head_bytes = int(h.get("hilo-log-bytes", 0))
+    # delta mode: how far the head version trails the trainer's master (relative); absent in gradient mode
+    trainer_lag = float(h["hilo-lag"]) if "hilo-lag" in h else None
     end = log.end_offset(topic)
     rows = []
     prefix = site_group(run, "")
@@ -35,6 +37,7 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
             "head_version": head_version,
             "lag": head_version - version if version >= 0 else None,
             "lag_bytes": head_bytes - int(m.get("log_bytes", 0)) if version >= 0 else None,
+            "trainer_lag": trainer_lag,
             "current_offset": offset, "log_end_offset": end,
             "last_applied_age_s": round(now - m["applied_at"], 1) if "applied_at" in m else None,
             "digest": m.get("digest"),
@@ -52,6 +55,7 @@ def format_rows(rows) -> str:
     """Fixed-width table."""
     cells = [COLUMNS] + [(r["site"], str(r["applied_version"]), "-" if r["serving_version"] is None else str(r["serving_version"]),
                           str(r["head_version"]), str(r["lag"]), str(r["lag_bytes"]),
+                          "-" if r.get("trainer_lag") is None else f"{r['trainer_lag']:.2e}",
                           str(r["current_offset"]), str(r["log_end_offset"]), _age(r["last_applied_age_s"])) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(COLUMNS))).rstrip() for c in cells)

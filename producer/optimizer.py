@@ -8,7 +8,8 @@
 it to the trainer's replica and writes the new params into the model; `zero_grad()` is torch's. The
 group's "lr" (and any other hyperparameter of the run's optimizer) is read at every step and travels in
 the message, so any LR scheduler drives it. A skipped step (a grad scaler that found Inf) publishes nothing.
-`state_dict()` names the run's version and digest and carries the encoder's error-feedback state, so a
+`state_dict()` names the run's version and digest and carries the encoder's error-feedback state (and in
+delta mode the master's params and optimizer state: ProducerConfig(mode="delta")), so a
 framework's checkpoint/resume continues the same run: never a duplicate version, never a fork.
 """
 import logging
@@ -35,7 +36,7 @@ class HiLoOptimizer(torch.optim.Optimizer):
 
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None, **hparams):
         self.producer = HiLoProducer(model, config, log_backend)
-        rule = self.producer.builder.optimizer
+        rule = self.producer.rule
         unknown = sorted(set(hparams) - set(rule.hparams))
         if unknown:
             raise ConfigError(f"HiLoOptimizer: {unknown} are not hyperparameters of {rule.name!r} (it has {sorted(rule.hparams)})")
@@ -61,11 +62,11 @@ class HiLoOptimizer(torch.optim.Optimizer):
     def hparams(self) -> dict:
         """This step's hyperparameters from the group (what schedulers set), checked against the run's optimizer."""
         group = self.param_groups[0]
-        rule = self.producer.builder.optimizer
+        rule = self.producer.rule
         extra = sorted(set(group) - set(rule.hparams) - HOUSEKEEPING)
         if extra:
             raise ConfigError(f"HiLoOptimizer: param group key(s) {extra} cannot be honoured by {rule.name!r}; "
-                              f"the sites run {rule.name} with {sorted(rule.hparams)}")
+                              f"the run's {rule.name} takes {sorted(rule.hparams)}")
         return rule.check_hparams({k: float(group[k]) for k in rule.hparams}, "HiLoOptimizer param group")
 
     @torch.no_grad()
@@ -84,6 +85,8 @@ class HiLoOptimizer(torch.optim.Optimizer):
         p = self.producer
         sd["hilo"] = {"run": p.config.run, "version": p.version, "digest": p.replica.digest.hex(),
                       "encoder": p.builder.encoder.state_dict()}
+        if p.master is not None:
+            sd["hilo"]["master"] = p.master.state_dict()
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -106,6 +109,8 @@ class HiLoOptimizer(torch.optim.Optimizer):
         super().load_state_dict({k: val for k, val in state_dict.items() if k != "hilo"})
         if v == head:
             p.builder.encoder.load_state_dict(saved["encoder"], "HiLoOptimizer checkpoint encoder state")
+            if p.master is not None and "master" in saved:
+                p.master.load_state_dict(saved["master"], "HiLoOptimizer checkpoint master state")
         else:
             logger.warning("run %s: the checkpoint is at v%d, the log at v%d; continuing from v%d (the log wins; the steps "
                            "after v%d will see their data again, and error feedback restarts from zero)", p.config.run, v, head, head, v)

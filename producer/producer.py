@@ -31,6 +31,7 @@ from hilo.schemas.errors import ConfigError, FencedError, LogError, TrainerError
 from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
 
+from .delta import ADD, MODES, MasterCopy, relative_lag
 from .lora_params import lora_parameters
 from .update_builder import Proposal, UpdateBuilder
 
@@ -46,7 +47,7 @@ class ProducerConfig:
 
     run: run id; topics are RUN.updates and RUN.checkpoints.
     log: file://DIR (embedded, one machine) or kafka://HOST:PORT. Default: file://./hilo-log
-    codec: dense | topk | powersgd | spar. Default: spar
+    codec: dense | topk | powersgd | spar | spar4 (replica/codecs/__init__.py). Default: spar
     budget: bytes per message (Budget(fraction=...) of the bf16 adapter, or Budget(bytes=...)). Default: 1.6%
     optimizer: sgd | adamw | lion | muon. Default: adamw
     hparams: optimizer hyperparameter defaults (lr, betas, ...); step(**h) overrides per step.
@@ -62,6 +63,13 @@ class ProducerConfig:
         Default: None (unsigned)
     kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
     history: append (version, digest, offset) of every acknowledged version to this file (log/history.py). Default: None
+    mode: what a message carries (MODES). "gradient": the compressed gradient; every replica runs `optimizer` on it.
+        "delta": the trainer runs `optimizer` on its own master copy and publishes the compressed difference between
+        the master and the sites' copy; sites apply it with the stateless "add" step (no optimizer state; their
+        policy trails the master by the lag each message reports). Default: gradient
+    flush_lag: `flush()` (delta mode; also run by `close()`) publishes messages until the sites' relative lag behind
+        the master is at most this. Default: 0.001
+    flush_max: the most messages one flush publishes. Default: 64
     """
 
     run: str
@@ -79,6 +87,9 @@ class ProducerConfig:
     signing_key: str | None = None
     kafka_config: str | None = None
     history: str | None = None
+    mode: str = "gradient"
+    flush_lag: float = 1e-3
+    flush_max: int = 64
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
@@ -93,6 +104,12 @@ class ProducerConfig:
             raise ConfigError(f"ProducerConfig.checkpoint_every = {self.checkpoint_every}: must be >= 1")
         if not 1024 <= self.chunk_bytes <= 64 << 20:
             raise ConfigError(f"ProducerConfig.chunk_bytes = {self.chunk_bytes}: must be in [1 KiB, 64 MiB]")
+        if self.mode not in MODES:
+            raise ConfigError(f"ProducerConfig.mode = {self.mode!r}: expected one of {list(MODES)}")
+        if not 0 <= self.flush_lag < 1:
+            raise ConfigError(f"ProducerConfig.flush_lag = {self.flush_lag}: must be in [0, 1)")
+        if self.flush_max < 0:
+            raise ConfigError(f"ProducerConfig.flush_max = {self.flush_max}: must be >= 0")
         OPTIMIZERS[self.optimizer]().check_hparams(OPTIMIZERS[self.optimizer]().defaults() | self.hparams, "ProducerConfig.hparams")
 
 
@@ -127,11 +144,24 @@ class HiLoProducer:
         self.fencing_token = self.log.become_writer(config.run, at)
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
+        # delta mode: the trainer's own params + optimizer state, ahead of the sites by what the encoder still holds
+        self.master = MasterCopy(replica.state.params, config.optimizer) if config.mode == "delta" else None
+        self.pending_master = None  # the master state of the proposal in flight (or in doubt)
         self.history = HistoryWriter(config.history) if config.history else None
         if self.history:
             self.history.record(replica.version, replica.digest, self.next_offset, start=True)
         self._restore_encoder()
         self.write_back()
+
+    @property
+    def site_optimizer(self) -> str:
+        """The step every replica of the run applies: the optimizer (gradient mode) or "add" (delta mode)."""
+        return ADD if self.config.mode == "delta" else self.config.optimizer
+
+    @property
+    def rule(self):
+        """The optimizer step() hyperparameters are for: the run's (gradient mode) or the master's (delta mode)."""
+        return self.master.optimizer if self.master else self.builder.optimizer
 
     @property
     def replica(self) -> PolicyReplica:
@@ -160,7 +190,7 @@ class HiLoProducer:
                                f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
                                f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
                                f"to start over (sites that followed the old history refuse the new one until their state is reset)")
-            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in self.params], self.config.optimizer)
+            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in self.params], self.site_optimizer)
             offset = self.log.end_offset(self.updates)
             self._publish_checkpoint(replica, offset, 0)
             if had:
@@ -193,8 +223,10 @@ class HiLoProducer:
             raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
                            f"(model: {self.manifest.base_model}, rank {self.manifest.rank}, {len(self.manifest.blocks)} blocks; "
                            f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
-        if replica.state.optimizer != self.config.optimizer:
-            raise ConfigError(f"run {run} uses optimizer {replica.state.optimizer!r}, config says {self.config.optimizer!r}")
+        if replica.state.optimizer != self.site_optimizer:
+            def says(o):
+                return "mode delta (sites apply 'add')" if o == ADD else f"mode gradient, optimizer {o!r}"
+            raise ConfigError(f"run {run} is a {says(replica.state.optimizer)} run; this config says {says(self.site_optimizer)}")
 
     def _continue_expired(self, replica, position):
         """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
@@ -216,23 +248,38 @@ class HiLoProducer:
         return replica, position.get("log_bytes", 0), offset
 
     def _restore_encoder(self):
-        """Resume the error feedback (and PowerSGD's Q) from the snapshot when the run has not moved past it."""
+        """Resume the error feedback (and PowerSGD's Q; delta mode's master) from the snapshot when the run has not
+        moved past it. Without it, error feedback restarts from zero and a delta master from the sites' params (lag 0,
+        fresh optimizer state): an adapter-only checkpoint is enough to go on."""
         if self.snapshot_version is None:
             return
-        data = self.store.load_extra("encoder.pt")
-        if data is None or self.replica.version != self.snapshot_version:
-            logger.warning("run %s: resuming at v%d without the encoder state of that version (%s); error feedback restarts "
-                           "from zero", self.config.run, self.replica.version,
-                           "the snapshot has none" if data is None else f"the snapshot is of v{self.snapshot_version}")
+        names = ("encoder.pt", "master.pt") if self.master is not None else ("encoder.pt",)
+        data = {n: self.store.load_extra(n) for n in names}
+        lacking = [n for n, d in data.items() if d is None]
+        if lacking or self.replica.version != self.snapshot_version:
+            logger.warning("run %s: resuming at v%d without the trainer state of that version (%s); error feedback restarts "
+                           "from zero%s", self.config.run, self.replica.version,
+                           f"the snapshot has no {', '.join(lacking)}" if lacking else f"the snapshot is of v{self.snapshot_version}",
+                           " and the master from the sites' params with fresh optimizer state" if self.master else "")
             return
-        self.builder.encoder.load_state_dict(torch.load(io.BytesIO(data), weights_only=True), f"{self.store.dir}/snapshot/encoder.pt")
-        logger.info("run %s: error-feedback state restored from the trainer snapshot (v%d)", self.config.run, self.replica.version)
+        where = f"{self.store.dir}/snapshot"
+        self.builder.encoder.load_state_dict(torch.load(io.BytesIO(data["encoder.pt"]), weights_only=True), f"{where}/encoder.pt")
+        if self.master is not None:
+            self.master.load_state_dict(torch.load(io.BytesIO(data["master.pt"]), weights_only=True), f"{where}/master.pt")
+        logger.info("run %s: trainer state (%s) restored from the snapshot (v%d)", self.config.run, ", ".join(names), self.replica.version)
 
     def save_snapshot(self):
-        """The trainer's own snapshot: replica, position and encoder state (never published), replaced atomically."""
-        buf = io.BytesIO()
-        torch.save(self.builder.encoder.state_dict(), buf)
-        self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes}, {"encoder.pt": buf.getvalue()})
+        """The trainer's own snapshot: replica, position, encoder state and delta mode's master (never published),
+        replaced atomically."""
+        extra = {"encoder.pt": self.builder.encoder.state_dict()}
+        if self.master is not None:
+            extra["master.pt"] = self.master.state_dict()
+        blobs = {}
+        for name, obj in extra.items():
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            blobs[name] = buf.getvalue()
+        self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes}, blobs)
 
     def _catch_up(self, replica, next_offset, log_bytes) -> Follower:
         """Apply the log from `next_offset` to its end on `replica`, classifying every record as a site does:
@@ -253,12 +300,14 @@ class HiLoProducer:
                               f"this run; this one publishes nothing more")
         if ours:
             self.builder.encoder.commit(pending.encoding)  # the log has our message: keep its error feedback
+            if self.pending_master is not None:
+                self.master.commit(self.pending_master)
             if self.history:
                 self.history.record(self.version, self.replica.digest, self.next_offset - 1)
             logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", self.config.run, pending.version)
         elif pending is not None:
             logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", self.config.run, pending.version)
-        self.in_doubt = None
+        self.in_doubt = self.pending_master = None
         self.write_back()
 
     def _checkpoint_records(self, ckpt, updates_offset, log_bytes) -> list:
@@ -301,9 +350,9 @@ class HiLoProducer:
         self._checkpoint()
 
     def write_back(self):
-        """Copy the replica's fp32 params into the training model (its dtype)."""
+        """Copy the trainer's fp32 params (the replica's; delta mode: the master's) into the training model (its dtype)."""
         with torch.no_grad():
-            for p, src in zip(self.params, self.replica.state.params):
+            for p, src in zip(self.params, self.master.params if self.master else self.replica.state.params):
                 p.copy_(src.to(p.dtype))
 
     def _settle(self, proposal: Proposal, error: Exception):
@@ -339,18 +388,59 @@ class HiLoProducer:
                                    f"(skip this step, as a grad scaler does, or lower the learning rate)")
         return grads
 
+    def lag(self) -> float:
+        """How far the sites' policy trails the trainer's: ||master - site|| / ||master|| (0 in gradient mode)."""
+        return relative_lag(self.master.params, self.replica.state.params) if self.master else 0.0
+
     def step(self, meta: dict | None = None, zero_grad: bool = True, **hparams) -> int:
         """Encode the LoRA grads, publish, then commit: apply locally, write params back (and zero the grads
-        unless `zero_grad=False`, as torch optimizers leave them). Returns the version."""
+        unless `zero_grad=False`, as torch optimizers leave them). Returns the version.
+        Delta mode: the master takes the optimizer step and the message carries the compressed master - site."""
         t0 = time.perf_counter()
         if self.in_doubt is not None:
             self.resync()
-        grads = self.gradients()
-        proposal = self.builder.propose(grads, self.config.hparams | hparams, meta)
+        grads, h = self.gradients(), self.config.hparams | hparams
+        if self.master is None:
+            version = self._publish(self.builder.propose(grads, h, meta), None, t0)
+        else:
+            master_next, movement = self.master.propose(grads, h)
+            version = self._publish(self.builder.propose(movement, {}, meta, target=master_next.params), master_next, t0)
+        if zero_grad:
+            for p in self.params:
+                p.grad = None
+        return version
+
+    def flush(self, lag: float | None = None, max_messages: int | None = None) -> int:
+        """Delta mode: publish messages carrying no new step until the sites trail the master by at most `lag`
+        (default flush_lag), at most `max_messages` (default flush_max) of them; returns how many. Gradient mode
+        sends nothing: every replica already holds the trainer's state."""
+        if self.master is None:
+            return 0
+        tol = self.config.flush_lag if lag is None else lag
+        most = self.config.flush_max if max_messages is None else max_messages
+        sent, start = 0, self.lag()
+        while sent < most and self.lag() > tol:
+            t0 = time.perf_counter()
+            if self.in_doubt is not None:
+                self.resync()
+            zeros = [torch.zeros_like(p) for p in self.master.params]  # no new movement: spend the budget on the residual
+            self._publish(self.builder.propose(zeros, {}, {"flush": 1}, target=self.master.params), None, t0)
+            sent += 1
+        if sent or start > tol:
+            log = logger.warning if self.lag() > tol else logger.info
+            log("run %s: flush sent %d message(s) to v%d; the sites' lag went from %.2e to %.2e (target %.0e)",
+                self.config.run, sent, self.version, start, self.lag(), tol)
+        return sent
+
+    def _publish(self, proposal, master_next, t0: float) -> int:
+        """Publish `proposal` (with its checkpoint when due), then commit it and `master_next` (delta mode)."""
+        self.pending_master = master_next
         crashpoints.reach("trainer.encoded")
         msg = proposal.message
         data = msg.to_bytes(self.signer)
         extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
+        if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
+            extra["hilo-lag"] = f"{msg.meta['lag']:.6g}"
         checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             checkpoint_offsets = None
@@ -379,14 +469,14 @@ class HiLoProducer:
                     logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
                                    self.config.run, msg.version, e, attempt + 1, PUBLISH_ATTEMPTS)
         self.builder.commit(proposal)
+        if master_next is not None:
+            self.master.commit(master_next)
+        self.pending_master = None
         self.log_bytes += len(data)
         self.next_offset = offsets[-1] + 1
         if self.history:
             self.history.record(msg.version, msg.digest, offsets[-1])
         self.write_back()
-        if zero_grad:
-            for p in self.params:
-                p.grad = None
         if checkpoint_offsets is not None:
             self._checkpointed(checkpoint_offsets[0])
             self.checkpoint_due = False
@@ -397,7 +487,7 @@ class HiLoProducer:
             logger.warning("run %s: checkpoint at v%d not published; retrying with the next version", self.config.run, msg.version)
         self.last_step = {"version": msg.version, "bytes": len(data), "chunks": len(offsets),
                           "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
-                          "total_s": time.perf_counter() - t0}
+                          "total_s": time.perf_counter() - t0, "lag": msg.meta.get("lag", 0.0)}
         return msg.version
 
     def _checkpoint(self):
@@ -411,8 +501,13 @@ class HiLoProducer:
         if self.store:
             self.save_snapshot()
 
-    def close(self):
-        """Save the trainer's snapshot (a clean stop leaves one at the head) and release the log."""
-        if self.store and self.in_doubt is None:
-            self.save_snapshot()
-        self.log.close()
+    def close(self, flush: bool = True):
+        """Flush (delta mode, unless `flush=False`), save the trainer's snapshot (a clean stop leaves one at the head)
+        and release the log."""
+        try:
+            if flush and self.in_doubt is None:
+                self.flush()
+        finally:
+            if self.store and self.in_doubt is None:
+                self.save_snapshot()
+            self.log.close()

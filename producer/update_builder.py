@@ -18,6 +18,8 @@ from hilo.replica.state import ReplicaState
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.records import ZERO_DIGEST, UpdateMessage
 
+from .delta import relative_lag
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -44,8 +46,9 @@ class UpdateBuilder:
         self.encoder = encoder
         self.optimizer = get_optimizer(replica.state.optimizer)
 
-    def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None) -> Proposal:
-        """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated."""
+    def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None, target: list | None = None) -> Proposal:
+        """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated. With `target`
+        (delta mode's master params), the message's meta records `lag`: how far the sites still trail it."""
         if len(grads) != len(self.replica.manifest.blocks):
             raise ConfigError(f"UpdateBuilder.propose: {len(grads)} gradients for {len(self.replica.manifest.blocks)} blocks")
         h = self.optimizer.defaults() | (hparams or {})
@@ -57,6 +60,8 @@ class UpdateBuilder:
         msg = UpdateMessage(r.run, r.version + 1, r.digest, ZERO_DIGEST, r.manifest.manifest_id, self.encoder.name,
                             enc.params, self.optimizer.name, h, enc.blocks, dict(meta or {}))
         state = r.compute(msg, f"trainer v{msg.version}", enc.decoded)
+        if target is not None:
+            msg.meta["lag"] = relative_lag(target, state.params)
         msg.digest = state.digest()
         return Proposal(msg, state, enc, {"encode": t1 - t0, "apply": time.perf_counter() - t1})
 

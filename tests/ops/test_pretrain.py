@@ -16,3 +16,12 @@ def test_every_split_holds_every_digit_combination():
         ab = pairs(s).tolist()
         assert {(a % 10, b % 10) for a, b in ab} == {(x, y) for x in range(10) for y in range(10)}, s
         assert {(a // 10, b // 10) for a, b in ab} == {(x, y) for x in range(10) for y in range(10)}, s
+
+
+def test_a_held_out_sum_is_never_a_trained_one_with_its_operands_swapped():
+    # The version-2 split hashed the ordered pair: 79% of test pairs (a, b) had (b, a), the same sum, in train
+    train = {tuple(p) for p in pairs("train").tolist()}
+    for s in ("val", "test"):
+        held = {tuple(p) for p in pairs(s).tolist()}
+        assert not {(b, a) for a, b in held} & train, s
+        assert {(b, a) for a, b in held} == held, s  # both orders of a held-out pair are held out together

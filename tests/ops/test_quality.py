@@ -37,16 +37,22 @@ def test_quick_quality_run(tmp_path, capsys):
     assert main(SweepConfig(quick=True), as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
     cells = res["cells"]
-    assert {(c["task"], c["sync"]) for c in cells} == {(t, s) for t in ("distill", "rl") for s in ("full", "spar")}
+    assert {(c["task"], c["sync"], c["budget"]) for c in cells} == {
+        (t, s, b) for t in ("distill", "rl") for s, b in (("full", None), ("spar4", 0.016), ("delta", 0.016))}
     assert {c["optimizer"] for c in cells} == {"adamw", "muon", "lion", "sgd"}
     for c in cells:
         assert {"task", "optimizer", "sync", "seeds", "pass1_mean", "pass4_mean", "pass4_std", "bytes_per_step",
                 "fraction_of_adapter"} <= set(c)
         assert c["rollout_digest_equal_versions"] == [c["steps"]] * c["seeds"]  # rollout replica == trainer, every version
         assert 0 <= c["pass1_mean"] <= c["pass4_mean"] <= 1
-        if c["sync"] == "spar":
+        if c["sync"] != "full":
             assert c["fraction_of_adapter"] <= 0.016
-    assert res["lossless_delta_bytes_per_step"] > 17 * max(c["bytes_per_step"] for c in cells if c["sync"] == "spar")
+            assert c["blocks_never_sent"] <= c["blocks_sent_at_most_3"] <= c["blocks"] == 56
+            assert 0 < c["residual_ratio"] and -1 <= c["shadow_cosine"] <= 1
+        assert (c["lag_mean"] is not None) == (c["sync"] == "delta")
+        if c["sync"] == "full":
+            assert c["shadow_cosine"] > 0.999 and c["blocks_never_sent"] == 0
+    assert res["lossless_delta_bytes_per_step"] > 25 * max(c["bytes_per_step"] for c in cells if c["sync"] == "spar4")
     for p in res["plots"]:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     # 8 steps of distillation already pull the held-out reverse KL below the untrained student's
@@ -80,21 +86,40 @@ def test_budgets_give_each_lossy_sync_one_cell_per_budget(tmp_path, capsys):
     assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
     by = {(c["sync"], c["budget"]): c for c in res["cells"]}
-    assert set(by) == {("full", None), ("spar", 0.004), ("spar", 0.064)}
+    assert set(by) == {("full", None), ("spar", 0.004), ("spar", 0.064)}  # --budgets overrides PLAN for every lossy sync
     small, large = by[("spar", 0.004)], by[("spar", 0.064)]
     assert small["fraction_of_adapter"] <= 0.004 < large["fraction_of_adapter"] <= 0.064
     assert "spar @0.4%" in table(res) and "spar @6.4%" in table(res)
     assert "| full pass@4 | spar @0.4% | spar @6.4% |" in summary(res)
 
 
-def test_vs_full_reports_the_difference_with_its_standard_error():
-    from hilo.ops.bench.quality import summary, vs_full
-    full = {"task": "rl", "optimizer": "sgd", "sync": "full", "budget": None, "pass4_mean": 0.5, "pass4_seeds": [0.5, 0.5, 0.5]}
-    spar = {"task": "rl", "optimizer": "sgd", "sync": "spar", "budget": 0.016, "pass4_mean": 0.47, "pass4_seeds": [0.46, 0.47, 0.48]}
-    assert vs_full(spar, full) == "-3.0 +- 0.6"     # sqrt(0.01^2 / 3) = 0.0058
-    assert vs_full(full, full) == "+0.0"
-    assert vs_full(spar, None) == "n/a"
-    assert summary({"cells": [full, spar]}).splitlines()[-1] == "| rl | sgd | 0.500 | -3.0 +- 0.6 |"
+def test_vs_full_is_the_paired_difference_with_a_95_percent_t_interval():
+    from hilo.ops.bench.quality import paired, summary, vs_full
+    full = {"task": "rl", "optimizer": "sgd", "sync": "full", "budget": None, "pass4_mean": 0.5, "seed_ids": [0, 1, 2],
+            "pass4_seeds": [0.40, 0.50, 0.60]}
+    spar = {"task": "rl", "optimizer": "sgd", "sync": "spar", "budget": 0.016, "pass4_mean": 0.47, "seed_ids": [0, 1, 2],
+            "pass4_seeds": [0.38, 0.47, 0.56]}
+    p = paired(spar, full)
+    # per-seed differences -0.02, -0.03, -0.04: mean -0.03, SE 0.01/sqrt(3); the seed-to-seed spread of 0.1 cancels
+    assert p["diff"] == pytest.approx(-0.03) and p["se"] == pytest.approx(0.01 / 3 ** 0.5) and p["n"] == 3
+    assert p["ci95"] == pytest.approx([-0.03 - 4.303 * 0.01 / 3 ** 0.5, -0.03 + 4.303 * 0.01 / 3 ** 0.5])
+    spar["vs_full_pass4"] = p
+    assert vs_full(spar) == "-3.0 [-5.5, -0.5]"
+    assert paired({**spar, "seed_ids": [0, 7, 8]}, full) is None  # one shared seed: no interval
+    assert vs_full({**spar, "vs_full_pass4": None}) == "n/a"
+    assert summary({"cells": [full, spar]}).splitlines()[-1] == "| rl | sgd | 0.500 | -3.0 [-5.5, -0.5] |"
+
+
+def test_every_lossy_cell_tunes_on_three_rates_around_full_syncs():
+    from hilo.ops.bench.quality import LADDER, LR_GRID, PLAN, SweepConfig, lossy_grid
+    for opt, grid in LR_GRID.items():
+        for lr in grid:
+            g = lossy_grid(lr)
+            assert len(g) == 3 and g[1] == lr and set(g) <= set(LADDER), (opt, lr, g)
+    cells = SweepConfig().cells()
+    assert cells[0] == ("full", None) and cells[1][1] == 0.016  # the target budget before the others
+    assert set(cells) == {(s, b) for s, bs in PLAN.items() for b in bs}
+    assert SweepConfig(quick=True).cells() == [("full", None), ("spar4", 0.016), ("delta", 0.016)]
 
 
 def test_lossless_delta_reconstructs_exactly():

@@ -82,6 +82,39 @@ def test_plain_pytorch_loop_with_clipping_and_a_scheduler(tmp_path):
     assert_model_is_replica(opt)
 
 
+def test_delta_mode_under_a_scheduler_and_a_framework_checkpoint(tmp_path):
+    """HiLoOptimizer in delta mode: the scheduler drives the master's AdamW, the model holds the master, a separate
+    `hilo consume` process ends at the trainer's digest after the flush; state_dict resumes the master exactly."""
+    url, run, steps = f"file://{tmp_path}/log", "delta", 5
+    model = small_model()
+    cfg = ProducerConfig(run=run, log=url, mode="delta", codec="spar4", budget=Budget(0.25))
+    opt = HiLoOptimizer(model, cfg, lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids, labels = batch(gen, 8)
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    p = opt.producer
+    assert all(torch.equal(a.detach().float(), m) for a, m in zip(p.params, p.master.params))  # the model trains the master
+    saved = opt.state_dict()
+    assert set(saved["hilo"]["master"]["slots"]) == {"exp_avg", "exp_avg_sq"}
+    msgs = published(url, run)
+    assert [m.optimizer for m in msgs] == ["add"] * steps and all(m.hparams == {} for m in msgs)
+    assert all(0 < m.meta["lag"] < 1 for m in msgs)
+    sent = p.flush(lag=1e-3)
+    follower = Follow(url, run, tmp_path, p.version)
+    assert sent >= 1 and follower.digest() == p.replica.digest.hex()
+    p.close(flush=False)
+
+    again = HiLoOptimizer(small_model(), cfg, lr=3e-3)  # a framework resuming from its checkpoint
+    again.load_state_dict(saved)  # saved before the flush: the log is ahead, so the master restarts from the sites
+    assert again.version == p.version and again.producer.lag() == 0.0
+    again.producer.close(flush=False)
+
+
 def test_a_bf16_model_trains_on_fp32_replica_params(tmp_path):
     """Mixed precision: the model computes in bf16, the replica stays fp32; the model holds the replica's params
     rounded to bf16 (what a site exports by default, so rollouts and training see the same weights)."""

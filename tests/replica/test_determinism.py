@@ -1,4 +1,5 @@
-"""Every codec x optimizer: two separate processes applying the same 20 messages reach the trainer's digests."""
+"""Every codec x optimizer, and every codec in delta mode: two separate processes applying the same 20 messages
+reach the trainer's digests."""
 import json
 import os
 import pathlib
@@ -6,6 +7,7 @@ import subprocess
 import sys
 
 from hilo.replica.codecs import Budget, make_encoder
+from hilo.producer.delta import ADD, MasterCopy
 from hilo.producer.update_builder import UpdateBuilder
 from tests.conftest import CODECS, LR, OPTIMIZERS, genesis
 
@@ -28,6 +30,20 @@ def test_two_processes_match_trainer_digest_at_every_version(tmp_path, manifest,
                 (d / f"{v:06d}.msg").write_bytes(msg.to_bytes())
                 expected[name].append(replica.digest.hex())
             assert len(set(expected[name])) == STEPS, f"{name}: state did not change every version"
+        # delta mode: a Muon master ahead of "add" sites (the sites need no bit-identical matmul)
+        name = f"{codec}-delta"
+        d = tmp_path / name
+        d.mkdir()
+        replica = genesis(manifest, ADD)
+        (d / "genesis.ckpt").write_bytes(replica.checkpoint().to_bytes())
+        master, builder = MasterCopy(replica.state.params, "muon"), UpdateBuilder(replica, make_encoder(codec, manifest, Budget(0.25)))
+        expected[name] = []
+        for v in range(1, STEPS + 1):
+            state, movement = master.propose(grads.next(), {"lr": LR["muon"]})
+            master.commit(state)
+            (d / f"{v:06d}.msg").write_bytes(builder.step(movement).to_bytes())
+            expected[name].append(replica.digest.hex())
+        assert len(set(expected[name])) == STEPS, f"{name}: state did not change every version"
     worker = pathlib.Path(__file__).with_name("_apply_worker.py")
     # One thread each: two workers share this machine's cores, and the trainer (this process) runs with
     # torch's default thread count, so the comparison also crosses thread counts.
