@@ -112,7 +112,9 @@ def _worker_init():
 
 
 def _run_file(runs: pathlib.Path, cfg: RunConfig) -> pathlib.Path:
-    key = hashlib.sha256(json.dumps(asdict(cfg) | {"v": RUN_VERSION}, sort_keys=True).encode()).hexdigest()[:10]
+    # the pretrained models' specs are part of a run's identity: a new student invalidates every saved run
+    ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(STUDENT), "teacher": asdict(TEACHER)}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return runs / f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}.json"
 
 
