@@ -15,7 +15,7 @@ def snippets() -> dict:
 
 def test_every_snippet_is_in_the_readme():
     found = snippets()
-    assert set(found) == {"plain loop", "transformers Trainer", "TRL GRPOTrainer"}
+    assert set(found) == {"plain loop", "transformers Trainer", "TRL GRPOTrainer", "delta mode"}
     readme = (ROOT / "README.md").read_text()
     for name, code in found.items():
         assert code in readme, f"README's {name!r} snippet differs from tests/producer/test_training_loops.py"

@@ -44,7 +44,7 @@ class SparEncoder(Encoder):
         self.floor = floor
         if floor:  # steps since each block was last sent: the floor serves the oldest first
             self.state_names = ("residual", "age")
-            self.age = [0] * len(manifest.blocks)
+            self.age = torch.zeros(len(manifest.blocks), dtype=torch.int64)
 
     def params(self):
         """The payload byte budget the message was cut to."""
@@ -73,14 +73,15 @@ class SparEncoder(Encoder):
         ranks = [0] * len(grads)
         for e in blocks:
             ranks[e["i"]] = e["k"]
-        state = {"age": [0 if k else a + 1 for k, a in zip(ranks, self.age)]} if self.floor else {}
+        state = {"age": torch.where(torch.tensor(ranks) > 0, 0, self.age + 1)} if self.floor else {}
         return blocks, state
 
     def _ranks(self, owner, cost, nominal, sigmas):
         """Communication rank per block for `nominal` raw bytes: the floor's share first, then the greedy."""
         ranks, spent = [0] * len(cost), 0
         if self.floor:
-            for b in sorted(range(len(cost)), key=lambda b: (-self.age[b], b)):
+            age = self.age.tolist()
+            for b in sorted(range(len(cost)), key=lambda b: (-age[b], b)):
                 c = cost[b] + BLOCK_OVERHEAD
                 if spent + c > self.floor * nominal:
                     break

@@ -87,16 +87,18 @@ def test_delta_mode_under_a_scheduler_and_a_framework_checkpoint(tmp_path):
     `hilo consume` process ends at the trainer's digest after the flush; state_dict resumes the master exactly."""
     url, run, steps = f"file://{tmp_path}/log", "delta", 5
     model = small_model()
-    cfg = ProducerConfig(run=run, log=url, mode="delta", codec="spar4", budget=Budget(0.25))
-    opt = HiLoOptimizer(model, cfg, lr=3e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
     gen = torch.Generator().manual_seed(0)
+    # README: delta mode
+    cfg = ProducerConfig(run=run, log=url, mode="delta", codec="spar4", budget=Budget(0.25))
+    opt = HiLoOptimizer(model, cfg, lr=3e-3)  # AdamW runs on the trainer's master; the sites only add
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
     for _ in range(steps):
         ids, labels = batch(gen, 8)
         model(input_ids=ids, labels=labels).loss.backward()
         opt.step()
         sched.step()
         opt.zero_grad()
+    # README: end
     p = opt.producer
     assert all(torch.equal(a.detach().float(), m) for a, m in zip(p.params, p.master.params))  # the model trains the master
     saved = opt.state_dict()

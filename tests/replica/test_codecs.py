@@ -141,6 +141,10 @@ def test_coverage_floor_reaches_every_block():
             enc.commit(e)
             sent |= {b["i"] for b in e.blocks}
         never[floor] = len(manifest.blocks) - len(sent)
+        if floor:  # the floor's cursor is encoder state: a restarted trainer resumes it
+            again = make_encoder("spar4", manifest, Budget(0.004), floor=floor)
+            again.load_state_dict(enc.state_dict())
+            assert torch.equal(again.age, enc.age) and int(enc.age.max()) < 20
     assert never[0.0] > 20 and never[0.25] == 0, never
 
 
