@@ -1,6 +1,6 @@
 """`hilo bench quality`: does HiLo learn as well as full sync? The paper's comparison at CPU scale.
 
-    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS, 1 seed, 8 steps
+    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS at 1.6%, 1 seed, 8 steps
     hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x PLAN (sync x budget) x 5 seeds
 
 The protocol. Every (task, optimizer, sync, budget) cell gets its own learning rate, tuned on the val split
@@ -8,7 +8,7 @@ with seed TUNE_SEED (never a test seed) by pass@1 (pass@4 is nearer its ceiling)
 half-decade grid, every other cell on the 3 half-decade rates around full sync's choice. Then 5 test seeds
 per cell on the test split. Runs of different methods with the same seed share the LoRA init, the prompt
 stream and the evaluation sampling, so "vs full" is the paired difference, with its standard error and a
-95% t interval over the seeds. Budgets run in PRIORITY order (1.6% first). Runs go to a pool of --workers
+95% t interval over the seeds. Cells run one (sync, budget) stage at a time, budgets in PRIORITY order (1.6% first). Runs go to a pool of --workers
 processes (one torch thread each); every finished run is saved under DIR/runs/, so rerunning with the same
 --out resumes an interrupted sweep, and --saved-only reports the runs saved so far without computing any.
 Results: DIR/quality.json, DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.

@@ -47,11 +47,28 @@ def test_produce_consume_lag_inspect(tmp_path, capsys):
     assert [(r["site"], r["applied_version"], r["lag"], r["digest"]) for r in rows] == [("x", 4, 0, digest)]
     assert main(["lag", "--log", url, "--run", run]) == 0
     assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG",
-                                                               "LAG-BYTES", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAST-APPLIED"]
+                                                               "LAG-BYTES", "TRAINER-LAG", "CURRENT-OFFSET", "LOG-END-OFFSET",
+                                                               "LAST-APPLIED"]
+    assert rows[0]["trainer_lag"] is None  # gradient mode: the sites hold the trainer's policy
     assert main(["inspect", "--log", url, "--run", run, "--version", "2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["version"] == 2 and d["codec"] == "spar" and d["blocks_sent"] == len(d["blocks"]) > 0
     assert all(b["k"] >= 1 and b["block"].endswith(("lora_A", "lora_B")) for b in d["blocks"])
+
+
+def test_produce_in_delta_mode_prints_the_lag_and_flushes(tmp_path, capsys):
+    url, run = f"file://{tmp_path}/log", "cli-delta"
+    assert main(["produce", "--log", url, "--run", run, "--steps", "3", "--mode", "delta", "--codec", "spar4", "--budget", "25%"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    lags = [float(re.search(r" lag (\S+)$", line).group(1)) for line in out[:3]]
+    assert all(x > 0 for x in lags)
+    m = re.match(r"done: v(\d+) digest [0-9a-f]{32} \(flush: (\d+) message\(s\), lag (\S+)\)$", out[-1])
+    assert m and int(m.group(1)) == 3 + int(m.group(2)) and int(m.group(2)) >= 1 and float(m.group(3)) <= 1e-3
+    assert main(["consume", "--log", url, "--run", run, "--site", "x", "--state-dir", str(tmp_path / "x"),
+                 "--until-version", m.group(1), "--no-progress", "--no-export"]) == 0
+    assert capsys.readouterr().out.split()[-1] == out[-1].split()[3]  # the site reaches the trainer's digest
+    assert main(["lag", "--log", url, "--run", run, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["trainer_lag"] == pytest.approx(float(m.group(3)), rel=1e-2)  # printed to 3 digits
 
 
 def hilo(*args, timeout=120):
