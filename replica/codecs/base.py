@@ -122,12 +122,13 @@ def compressed_size(blocks: list) -> int:
     return len(zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(msgpack.packb(blocks, use_bin_type=True)))
 
 
-def fit_to_budget(build, budget: int, nominal: float, rounds: int = 6) -> list:
+def fit_to_budget(build, budget: int, nominal: float, rounds: int = 6, shrink_rounds: int = 40) -> list:
     """Blocks from `build(nominal)` (a payload cut to `nominal` raw bytes) filling `budget` compressed bytes.
 
     Compression shrinks some payloads (quantised values, delta-coded indices) by an amount known only after
     the fact, so the nominal size is rescaled by budget / measured a few times; the largest build that fits
-    wins, and one over budget after every round is cut down until it fits.
+    wins, and one over budget after every round is cut down (at most `shrink_rounds` times, 0.9x each)
+    until it fits. A budget too small for any build gets an empty payload: error feedback keeps it all.
     """
     best, best_size = None, -1
     for _ in range(rounds):
@@ -138,12 +139,12 @@ def fit_to_budget(build, budget: int, nominal: float, rounds: int = 6) -> list:
         if budget * 0.99 <= size <= budget or size == 0:
             break
         nominal = nominal * budget / size * (0.995 if size > budget else 1.0)
-    while best is None:
+    for _ in range(shrink_rounds if best is None else 0):
         nominal *= 0.9
         blocks = build(nominal)
         if compressed_size(blocks) <= budget or not blocks:
-            best = blocks
-    return best
+            return blocks
+    return [] if best is None else best
 
 
 def block_entries(manifest: Manifest, blocks: list, what: str, require_all: bool) -> list:

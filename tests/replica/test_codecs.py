@@ -4,7 +4,7 @@ import torch
 
 from hilo.ops.bench.synthetic import GradientStream, qwen3_manifest
 from hilo.replica.codecs import Budget, decode, make_encoder
-from hilo.replica.codecs.base import DEFAULT_LIMITS, compressed_size, payload_size
+from hilo.replica.codecs.base import DEFAULT_LIMITS, compressed_size, fit_to_budget, payload_size
 from hilo.replica.codecs.lowrank import pack_int4, unpack_int4
 from hilo.schemas.errors import MalformedMessage
 from hilo.schemas.records import UpdateMessage
@@ -62,6 +62,31 @@ def test_message_fits_budget(codec, fraction):
         else:  # charged on what zstd makes of the payload: the framed message stays within the budget
             assert compressed_size(blocks) <= budget.payload_bytes(manifest)
             assert len(msg.to_bytes()) <= budget.message_bytes(manifest)
+
+
+def test_fit_to_budget_gives_up_on_a_budget_no_build_fits():
+    """A budget below one compressed entry ends in an empty payload after a bounded number of builds."""
+    calls = []
+
+    def build(nominal):
+        calls.append(nominal)
+        if len(calls) > 1000:
+            raise AssertionError("fit_to_budget keeps shrinking a build that can never fit")
+        return [{"i": 0, "n": 1, "idx": bytes(range(256)), "val": b"\x01\x02"}]  # never below its own size
+
+    assert fit_to_budget(build, 3, 3.0) == []
+    assert len(calls) <= 6 + 40
+
+
+@pytest.mark.parametrize("codec", ("topk", "spar", "spar4"))
+def test_a_budget_too_small_for_one_entry_sends_nothing_and_keeps_it_all(manifest, grads, codec):
+    """Budget(bytes) just over the header reserve: the payload is empty and the residual holds the gradient."""
+    enc = make_encoder(codec, manifest, Budget(bytes=1030))
+    g = grads.next()
+    e = enc.encode(g)
+    assert e.blocks == []
+    enc.commit(e)
+    assert all(torch.equal(r, gi) for r, gi in zip(enc.residual, g))
 
 
 def _energy_kept(g, d):
