@@ -254,6 +254,7 @@ def parser() -> argparse.ArgumentParser:
     from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
     from hilo.ops.bench.synthetic import QWEN3
     from hilo.producer.delta import MODES
+    from hilo.producer.producer import ProducerConfig
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
     codecs, optimizers, shapes = list(CODECS), list(OPTIMIZERS), list(QWEN3)
@@ -318,10 +319,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="run the built-in tiny trainer as a standalone producer")
     common(p)
-    p.add_argument("--codec", default="spar", choices=codecs, help="default: %(default)s")
+    p.add_argument("--codec", default=ProducerConfig.codec, choices=codecs, help="default: %(default)s")
     p.add_argument("--budget", type=_budget, default="1.6%", help="bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: 1.6%%)")
-    p.add_argument("--optimizer", default="adamw", choices=optimizers, help="the trainer's optimizer (default: %(default)s)")
-    p.add_argument("--mode", default="gradient", choices=list(MODES), help="what each message carries: " +
+    p.add_argument("--optimizer", default=ProducerConfig.optimizer, choices=optimizers, help="the trainer's optimizer (default: %(default)s)")
+    p.add_argument("--mode", default=ProducerConfig.mode, choices=list(MODES), help="what each message carries: " +
                    "; ".join(f"{k}: {v}" for k, v in MODES.items()) + " (default: %(default)s)")
     p.add_argument("--steps", type=_at_least(1), default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")

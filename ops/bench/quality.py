@@ -329,6 +329,23 @@ def summary(res: dict) -> str:
     return "\n".join(out)
 
 
+def fidelity(res: dict) -> str:
+    """One row per method and budget: bytes and the fidelity columns, each the mean over its (task, optimizer) pairs."""
+    groups = {}
+    for c in res["cells"]:
+        if c["sync"] != "full":
+            groups.setdefault(label(c), []).append(c)
+    out = ["| method | pairs | bytes/step | shadow cosine | blocks never sent | sent <= 3x | residual ratio | site lag |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, cs in groups.items():
+        mean = lambda k: statistics.mean(c[k] for c in cs)  # noqa: E731
+        lag = "" if cs[0].get("lag_mean") is None else f"{mean('lag_mean'):.3f}"
+        out.append(f"| {name} | {len(cs)} | {mean('bytes_per_step'):,.0f} | {mean('shadow_cosine'):.2f} | "
+                   f"{mean('blocks_never_sent'):.1f} / {cs[0]['blocks']} | {mean('blocks_sent_at_most_3'):.1f} | "
+                   f"{mean('residual_ratio'):.2f} | {lag} |")
+    return "\n".join(out)
+
+
 def plots(res: dict, out: pathlib.Path) -> list:
     """pass@4 vs bytes per step, and learning curves; returns the PNG paths."""
     import matplotlib
@@ -386,5 +403,6 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")
-    print(json.dumps(res, indent=2) if as_json else table(res) + "\n\npass@4 vs full sync, points, paired over seeds [95% CI]:\n\n" + summary(res))
+    print(json.dumps(res, indent=2) if as_json else table(res) + "\n\npass@4 vs full sync, points, paired over seeds [95% CI]:\n\n" + summary(res)
+          + "\n\nfidelity, mean over each method's pairs:\n\n" + fidelity(res))
     return 0

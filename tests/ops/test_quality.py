@@ -110,6 +110,18 @@ def test_vs_full_is_the_paired_difference_with_a_95_percent_t_interval():
     assert summary({"cells": [full, spar]}).splitlines()[-1] == "| rl | sgd | 0.500 | -3.0 [-5.5, -0.5] |"
 
 
+def test_fidelity_averages_each_method_over_its_pairs_and_leaves_full_sync_out():
+    from hilo.ops.bench.quality import fidelity
+    base = {"budget": 0.016, "blocks": 56, "lag_mean": None, "blocks_sent_at_most_3": 2.0, "residual_ratio": 1.0}
+    cells = [{**base, "sync": "full", "budget": None, "bytes_per_step": 9e5, "shadow_cosine": 1.0, "blocks_never_sent": 0.0},
+             {**base, "sync": "spar4", "bytes_per_step": 7000, "shadow_cosine": 0.6, "blocks_never_sent": 1.0},
+             {**base, "sync": "spar4", "bytes_per_step": 8000, "shadow_cosine": 0.8, "blocks_never_sent": 3.0},
+             {**base, "sync": "delta", "bytes_per_step": 7500, "shadow_cosine": 0.99, "blocks_never_sent": 0.0, "lag_mean": 0.05}]
+    rows = fidelity({"cells": cells}).splitlines()[2:]
+    assert rows == ["| spar4 @1.6% | 2 | 7,500 | 0.70 | 2.0 / 56 | 2.0 | 1.00 |  |",
+                    "| delta @1.6% | 1 | 7,500 | 0.99 | 0.0 / 56 | 2.0 | 1.00 | 0.050 |"]
+
+
 def test_every_lossy_cell_tunes_on_three_rates_around_full_syncs():
     from hilo.ops.bench.quality import LADDER, LR_GRID, PLAN, SweepConfig, lossy_grid
     for opt, grid in LR_GRID.items():
