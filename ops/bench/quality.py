@@ -43,7 +43,8 @@ DEFAULT_LR = {"adamw": 1e-3, "muon": 3e-3, "lion": 1e-4, "sgd": 0.03}
 # (PLAN's order within a budget is the order the sweep runs them: the questions first)
 PLAN = {"full": (None,), "spar4": (0.010, 0.016, 0.072), "delta": (0.010, 0.016, 0.072), "spar": (0.016, 0.072),
         "topk": (0.016, 0.072), "powersgd": (0.016, 0.072), "spar4-floor": (0.016,)}
-PRIORITY = (None, 0.016, 0.010, 0.072)  # the target budget first, so a sweep cut short has it complete
+PRIORITY = (None, 0.016, 0.072, 0.010)  # the target budget first (a sweep cut short has it complete), then
+# the larger one: whether more bytes close the gap is the next question a user asks
 QUICK_SYNCS = ("full", "spar4", "delta")
 STEPS, QUICK_STEPS = 60, 8
 SEEDS = 5                   # test seeds 0..4 per cell
