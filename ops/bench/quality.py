@@ -401,6 +401,8 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
                                                "bench", f"quality-{'quick-' if cfg.quick else ''}{int(time.time())}"))
     out.mkdir(parents=True, exist_ok=True)
     res = sweep(cfg, out)
+    if not res["cells"]:  # only --saved-only gets here: nothing to plot or tabulate
+        raise ConfigError(f"quality: no finished cell in {out / 'runs'}" + "".join(f"; {m}" for m in res["unfinished"]))
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")

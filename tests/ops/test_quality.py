@@ -69,6 +69,14 @@ def test_quick_quality_run(tmp_path, capsys):
     assert [c["kl_mean"] for c in json.loads(capsys.readouterr().out)["cells"]] == [c["kl_mean"] for c in cells]
 
 
+@pytest.mark.slow
+def test_saved_only_with_nothing_saved_is_a_named_error_not_a_crash(tmp_path):
+    from hilo.ops.bench.quality import SweepConfig, main
+    from hilo.schemas.errors import ConfigError
+    with pytest.raises(ConfigError, match=f"no finished cell in {tmp_path / 'runs'}"):
+        main(SweepConfig(quick=True, saved_only=True), as_json=True, out_dir=str(tmp_path))
+
+
 @pytest.mark.parametrize("field, value", [("workers", 0), ("steps", 0), ("seeds", -1), ("tasks", ("distill", "sft")),
                                           ("optimizers", ()), ("syncs", ("spar", "zip")), ("budgets", (0.016, 0.0))])
 def test_sweep_config_names_the_bad_field(field, value):
