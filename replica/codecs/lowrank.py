@@ -41,37 +41,66 @@ def unpack_int4(buf, k: int, m: int, what: str, limits) -> torch.Tensor:
     return (nib - 8).to(torch.float32)
 
 
-def refit_scales(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """s minimising ||g - sum_j s_j u_j v_j^T|| for the rounded (k, m) u and (k, n) v, jointly (float64 least squares):
-    rounded directions are no longer orthogonal, so fitting each on its own would double-count their overlap."""
-    ud, vd, gd = u.double(), v.double(), g.double()
-    gram = (ud @ ud.T) * (vd @ vd.T)                                   # <u_i v_i^T, u_j v_j^T>
-    rhs = torch.einsum("km,mn,kn->k", ud, gd, vd)                      # <g, u_j v_j^T>
+def refit_scales(gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """s minimising ||g - sum_j s_j u_j v_j^T|| given gram_ij = <u_i v_i^T, u_j v_j^T> and rhs_j = <g, u_j v_j^T>
+    (float64 least squares): rounded directions are no longer orthogonal, so fitting each on its own would
+    double-count their overlap."""
     if not len(rhs):
         return torch.zeros(0)
-    s = torch.linalg.lstsq(gram, rhs.unsqueeze(1), driver="gelsd").solution.squeeze(1)
-    return s.float()
+    return torch.linalg.lstsq(gram, rhs.unsqueeze(1), driver="gelsd").solution.squeeze(1).float()
+
+
+class FactorPrefixes:
+    """Payloads of block i, g ~ the first k directions of factors(K) -> (U (m, K), V (n, K)), for any k.
+
+    spar's budget fit tries several ranks per block. Each direction is rounded on its own, and the joint refit
+    of s for a prefix needs only the leading k x k corner of one Gram matrix, so the directions are rounded
+    and packed once for a prefix of K and every k <= K slices them (K doubles when a larger k is asked for).
+    16 bits: u and v normalised then rounded to fp16, s_j fit to each rounded direction alone.
+    4 bits: each direction's u and v scaled so their largest entry is INT4_MAX, rounded; s refit jointly.
+    """
+
+    def __init__(self, i: int, g: torch.Tensor, factors, rank: int, bits: int = 16):
+        self.i, self.g, self.factors, self.rank, self.bits = i, g, factors, rank, bits
+        self.K = 0
+
+    def payload(self, k: int) -> dict:
+        """The block's payload map with its first k directions."""
+        if k > self.K or not self.K:
+            self._round(min(self.rank, max(4, 2 * k)))
+        rows = slice(0, k * self.row_u), slice(0, k * self.row_v)
+        if self.bits == 4:
+            s = refit_scales(self.gram[:k, :k], self.rhs[:k])
+            return {"i": self.i, "k": k, "bits": 4, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": to_bytes(s, "float32")}
+        return {"i": self.i, "k": k, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": self.s[: 4 * k]}
+
+    def _round(self, K: int):
+        U, V = self.factors(K)
+        u = torch.nn.functional.normalize(U.T, dim=1)   # (K, m)
+        v = torch.nn.functional.normalize(V.T, dim=1)   # (K, n)
+        m, n = u.shape[1], v.shape[1]
+        if self.bits == 4:
+            qu = torch.round(u * (INT4_MAX / u.abs().amax(1, keepdim=True).clamp_min(1e-30))).clamp(-INT4_MAX, INT4_MAX)
+            qv = torch.round(v * (INT4_MAX / v.abs().amax(1, keepdim=True).clamp_min(1e-30))).clamp(-INT4_MAX, INT4_MAX)
+            # small integers: the Gram products are exact in fp32 (|sum| < 2^24); rhs is a plain fp32 projection
+            self.gram = ((qu @ qu.T) * (qv @ qv.T)).double()
+            self.rhs = ((qu @ self.g) * qv).sum(1, dtype=torch.float64)
+            self.u, self.v, self.row_u, self.row_v = pack_int4(qu), pack_int4(qv), (m + 1) // 2, (n + 1) // 2
+        else:
+            u, v = u.to(torch.float16), v.to(torch.float16)
+            uf, vf = u.float(), v.float()
+            proj = ((uf @ self.g) * vf).sum(1)                               # u_j^T g v_j
+            norms = uf.pow(2).sum(1) * vf.pow(2).sum(1)
+            s = torch.where(norms > 0, proj / norms.clamp_min(1e-30), torch.zeros_like(proj))
+            self.u, self.v, self.s = to_bytes(u, "float16"), to_bytes(v, "float16"), to_bytes(s, "float32")
+            self.row_u, self.row_v = 2 * m, 2 * n
+        self.K = K
 
 
 def factor_payload(i: int, g: torch.Tensor, U: torch.Tensor, V: torch.Tensor, bits: int = 16) -> dict:
-    """Encode g ~ sum_j s_j u_j v_j^T from column factors U (m, k), V (n, k) of any scale, at `bits`.
-
-    16: u and v normalised then rounded to fp16, s_j refit to each rounded direction (least squares on it).
-    4: each direction's u and v scaled so their largest entry is INT4_MAX, rounded to integers; s refit jointly.
-    """
-    u = torch.nn.functional.normalize(U.T, dim=1)   # (k, m)
-    v = torch.nn.functional.normalize(V.T, dim=1)   # (k, n)
-    if bits == 4:
-        qu = torch.round(u * (INT4_MAX / u.abs().amax(1, keepdim=True).clamp_min(1e-30))).clamp(-INT4_MAX, INT4_MAX)
-        qv = torch.round(v * (INT4_MAX / v.abs().amax(1, keepdim=True).clamp_min(1e-30))).clamp(-INT4_MAX, INT4_MAX)
-        s = refit_scales(qu, qv, g)
-        return {"i": i, "k": int(qu.shape[0]), "bits": 4, "u": pack_int4(qu), "v": pack_int4(qv), "s": to_bytes(s, "float32")}
-    u, v = u.to(torch.float16), v.to(torch.float16)
-    uf, vf = u.float(), v.float()
-    proj = torch.einsum("km,mn,kn->k", uf, g, vf)                       # u_j^T g v_j
-    norms = uf.pow(2).sum(1) * vf.pow(2).sum(1)
-    s = torch.where(norms > 0, proj / norms.clamp_min(1e-30), torch.zeros_like(proj))
-    return {"i": i, "k": int(u.shape[0]), "u": to_bytes(u, "float16"), "v": to_bytes(v, "float16"), "s": to_bytes(s, "float32")}
+    """Encode g ~ sum_j s_j u_j v_j^T from column factors U (m, k), V (n, k) of any scale, at `bits`."""
+    k = U.shape[1]
+    return FactorPrefixes(i, g, lambda K: (U[:, :K], V[:, :K]), k, bits).payload(k)
 
 
 def decode_block(entry: dict, shape, what: str, limits) -> torch.Tensor:

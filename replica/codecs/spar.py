@@ -16,7 +16,7 @@ import torch
 from hilo.schemas.errors import ConfigError
 
 from .base import BLOCK_OVERHEAD, Budget, Encoder, fit_to_budget
-from .lowrank import decode, direction_bytes, factor_payload
+from .lowrank import FactorPrefixes, decode, direction_bytes
 
 
 def thin_svd_small_side(g: torch.Tensor):
@@ -53,21 +53,20 @@ class SparEncoder(Encoder):
     def compress(self, grads):
         """SVD every block, pick directions greedily against the compressed size, encode each block's prefix."""
         budget = self.budget.payload_bytes(self.manifest)
-        factors = [self._factors(g) for g in grads]
+        svds = [thin_svd_small_side(g) for g in grads]
         cost = [direction_bytes(g.shape, self.bits) for g in grads]
         worth, owner = [], []
-        for b, (sigma, _, _) in enumerate(factors):
+        for b, (sigma, _, _) in enumerate(svds):
             worth.append(sigma.double().pow(2) / cost[b])
             owner.append(torch.full((len(sigma),), b))
         flat = torch.cat(worth)
         order = torch.argsort(flat, descending=True, stable=True)
         owner = [b for b, w in zip(torch.cat(owner)[order].tolist(), flat[order].tolist()) if w > 0]
-        chosen = {}
+        prefixes = [FactorPrefixes(b, g, self._factors(g, svd), min(g.shape), self.bits) for b, (g, svd) in enumerate(zip(grads, svds))]
 
         def build(nominal):
-            ranks = self._ranks(owner, cost, nominal, [f[0] for f in factors])
-            chosen["ranks"] = ranks
-            return [self._block(b, grads[b], factors[b], k) for b, k in enumerate(ranks) if k > 0]
+            ranks = self._ranks(owner, cost, nominal, [svd[0] for svd in svds])
+            return [prefixes[b].payload(k) for b, k in enumerate(ranks) if k > 0]
 
         blocks = fit_to_budget(build, budget, budget)
         ranks = [0] * len(grads)
@@ -100,15 +99,15 @@ class SparEncoder(Encoder):
         return ranks
 
     @staticmethod
-    def _factors(g):
-        """(sigma, U (m, r), V (n, r)) of g, columns of U scaled by sigma."""
-        sigma, vecs, wide = thin_svd_small_side(g)
-        big = (g.T if wide else g) @ vecs
-        return (sigma, vecs, big) if wide else (sigma, big, vecs)
+    def _factors(g, svd):
+        """K -> (U (m, K), V (n, K)): the top K singular directions of g, the big side's columns scaled by sigma."""
+        sigma, vecs, wide = svd
+        x = g.T if wide else g
 
-    def _block(self, b, g, factors, k):
-        _, U, V = factors
-        return factor_payload(b, g, U[:, :k], V[:, :k], self.bits)
+        def top(K):
+            big = x @ vecs[:, :K]
+            return (vecs[:, :K], big) if wide else (big, vecs[:, :K])
+        return top
 
 
 class Spar4Encoder(SparEncoder):

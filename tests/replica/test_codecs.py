@@ -5,7 +5,7 @@ import torch
 from hilo.ops.bench.synthetic import GradientStream, qwen3_manifest
 from hilo.replica.codecs import Budget, decode, make_encoder
 from hilo.replica.codecs.base import DEFAULT_LIMITS, compressed_size, fit_to_budget, payload_size
-from hilo.replica.codecs.lowrank import pack_int4, unpack_int4
+from hilo.replica.codecs.lowrank import INT4_MAX, FactorPrefixes, decode_block, pack_int4, unpack_int4
 from hilo.schemas.errors import MalformedMessage
 from hilo.schemas.records import UpdateMessage
 from tests.conftest import CODECS, LOSSY
@@ -139,6 +139,35 @@ def test_int4_nibbles_round_trip(m):
     data = pack_int4(q)
     assert len(data) == 3 * ((m + 1) // 2)
     assert torch.equal(unpack_int4(data, 3, m, "t", DEFAULT_LIMITS), q.float())
+
+
+@pytest.mark.parametrize("bits", (16, 4))
+def test_factor_prefixes_match_a_direct_fit_whatever_order_the_ranks_are_asked_in(bits):
+    """Every prefix k sliced from the shared rounding equals a least-squares fit of its own (odd sizes, k
+    asked out of order so the rounding is redone mid-way)."""
+    m, n, r = 7, 33, 7
+    gen = torch.Generator().manual_seed(bits)
+    g = torch.randn(m, n, generator=gen)
+    U, V = torch.randn(m, r, generator=gen), torch.randn(n, r, generator=gen)
+    prefixes = FactorPrefixes(5, g, lambda K: (U[:, :K], V[:, :K]), r, bits)
+    for k in (2, 1, 7, 3, 5):
+        entry = prefixes.payload(k)
+        assert entry["i"] == 5 and entry["k"] == k
+        got = decode_block(entry, (m, n), "t", DEFAULT_LIMITS)
+        u = torch.nn.functional.normalize(U[:, :k].T, dim=1)
+        v = torch.nn.functional.normalize(V[:, :k].T, dim=1)
+        if bits == 4:
+            u = torch.round(u * INT4_MAX / u.abs().amax(1, keepdim=True))
+            v = torch.round(v * INT4_MAX / v.abs().amax(1, keepdim=True))
+        else:
+            u, v = u.half().float(), v.half().float()
+        design = torch.stack([torch.outer(a, b).flatten() for a, b in zip(u, v)], 1).double()   # (m n, k)
+        if bits == 4:
+            s = torch.linalg.lstsq(design, g.flatten().double().unsqueeze(1)).solution.squeeze(1)
+        else:   # fp16 directions are fit one at a time
+            s = (design * g.flatten().double().unsqueeze(1)).sum(0) / design.pow(2).sum(0)
+        want = (design @ s).reshape(m, n).float()
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (k, float((got - want).abs().max()))
 
 
 def test_spar4_spends_the_same_bytes_on_more_directions_and_compressed_budgets_are_spent():
