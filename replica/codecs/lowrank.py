@@ -82,8 +82,8 @@ class FactorPrefixes:
         if self.bits == 4:
             qu = torch.round(u * (INT4_MAX / u.abs().amax(1, keepdim=True).clamp_min(1e-30))).clamp(-INT4_MAX, INT4_MAX)
             qv = torch.round(v * (INT4_MAX / v.abs().amax(1, keepdim=True).clamp_min(1e-30))).clamp(-INT4_MAX, INT4_MAX)
-            # small integers: the Gram products are exact in fp32 (|sum| < 2^24); rhs is a plain fp32 projection
-            self.gram = ((qu @ qu.T) * (qv @ qv.T)).double()
+            # integers <= 7: each Gram factor is exact in fp32 (sums < 2^24 for m < 342k), their product is not
+            self.gram = (qu @ qu.T).double() * (qv @ qv.T).double()
             self.rhs = ((qu @ self.g) * qv).sum(1, dtype=torch.float64)
             self.u, self.v, self.row_u, self.row_v = pack_int4(qu), pack_int4(qv), (m + 1) // 2, (n + 1) // 2
         else:
