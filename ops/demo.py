@@ -3,7 +3,7 @@
     hilo demo                       # embedded file log in a temp folder, no broker
     hilo demo --log kafka://127.0.0.1:9092 --json
 
-The trainer (this process) trains the built-in tiny Qwen3+LoRA model with spar + adamw and publishes
+The trainer (this process) trains the built-in tiny Qwen3+LoRA model with spar4 + adamw and publishes
 every step. Three `hilo consume` processes follow the log; site-2 is SIGKILLed mid-run and restarted
 from its state dir. Exit 0 only if every site's final digest equals the trainer's.
 """
@@ -50,11 +50,11 @@ def run_demo(log_url: str | None, steps: int, as_json: bool, out=sys.stdout) -> 
     run = f"demo-{int(time.time())}-{os.getpid()}"
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else (lambda *a: print(*a, file=out, flush=True))
     say(f"hilo demo: run {run}, log {url}, work dir {work}")
-    cfg = ProducerConfig(run=run, log=url, codec="spar", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10)
+    cfg = ProducerConfig(run=run, log=url, codec="spar4", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10)
     producer = HiLoProducer(build_model(seed=0), cfg)
     adapter = producer.manifest.adapter_bytes()
     say(f"trainer: tiny Qwen3 + LoRA r={producer.manifest.rank}, {producer.manifest.numel:,} LoRA params "
-        f"({adapter:,} B in bf16), codec spar at 1.6%, optimizer adamw, {steps} steps")
+        f"({adapter:,} B in bf16), codec spar4 at 1.6%, optimizer adamw, {steps} steps")
     logs = {s: open(f"{work}/{s}.log", "ab") for s in SITES}
     procs = {s: _consume(url, run, s, f"{work}/{s}", steps, logs[s]) for s in SITES}
     kill_at, restart_at = steps // 3, (2 * steps) // 3

@@ -47,7 +47,7 @@ class ProducerConfig:
 
     run: run id; topics are RUN.updates and RUN.checkpoints.
     log: file://DIR (embedded, one machine) or kafka://HOST:PORT. Default: file://./hilo-log
-    codec: dense | topk | powersgd | spar | spar4 (replica/codecs/__init__.py). Default: spar
+    codec: dense | topk | powersgd | spar | spar4 (replica/codecs/__init__.py). Default: spar4 (4-bit factors; `spar` sends fp16 ones, see README "Does it learn as well?")
     budget: bytes per message (Budget(fraction=...) of the bf16 adapter, or Budget(bytes=...)). Default: 1.6%
     optimizer: sgd | adamw | lion | muon. Default: adamw
     hparams: optimizer hyperparameter defaults (lr, betas, ...); step(**h) overrides per step.
@@ -74,7 +74,7 @@ class ProducerConfig:
 
     run: str
     log: str = "file://./hilo-log"
-    codec: str = "spar"
+    codec: str = "spar4"
     budget: Budget = Budget()
     optimizer: str = "adamw"
     hparams: dict = field(default_factory=dict)
