@@ -111,6 +111,7 @@ class KafkaLog(Log):
         self.timeout_ms = request_timeout_ms
         self.connect_timeout_ms = connect_timeout_ms
         self._unreachable = None  # the LogError of a failed first connection: reported again at once, not after another wait
+        self._reached = False     # a client connected once: a later failed reconnect is a restarting cluster, not a bad address
         self._admin = self._producer = self._consumer = None
         self._positions = {}  # topic -> next offset the consumer will return
         self._read_failures = 0  # consecutive reads that failed (a reader failing twice is replaced)
@@ -133,14 +134,18 @@ class KafkaLog(Log):
         an untrusted certificate, the wrong security.protocol, or no broker)."""
         with kafka_causes.watch() as lines:
             try:
-                return client(bootstrap_servers=self.bootstrap, **self._security, **kwargs)
+                connected = client(bootstrap_servers=self.bootstrap, **self._security, **kwargs)
             except KafkaError as e:
                 cause = kafka_causes.explain(lines, self.config)
                 if cause is None:
                     cause = (f"cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); is the broker "
                              f"running and reachable? (ops/kafka/start.sh starts a local one)")
-                self._unreachable = LogError(f"{self.url}: {cause}")
-                raise self._unreachable from None
+                failure = LogError(f"{self.url}: {cause}")
+                if not self._reached:  # never reached: a wrong address or credentials, said at once from now on
+                    self._unreachable = failure
+                raise failure from None
+        self._reached = True
+        return connected
 
     # -- topics -------------------------------------------------------------------------------
     def create_topics(self, run, retention_ms=-1):
@@ -311,8 +316,10 @@ class KafkaLog(Log):
             polled = c.poll(timeout_ms=int(timeout_s * 1000), max_records=500)
             # The consumer's position is past transaction markers and aborted records too, not only past records.
             position = c.position(tp, timeout_ms=int(timeout_s * 1000)) or 0
-        except KafkaError as e:
-            if not getattr(e, "retriable", False):
+        except (KafkaError, LogError) as e:  # LogError: replacing the reader failed to connect
+            if isinstance(e, LogError) and not self._reached:
+                raise
+            if isinstance(e, KafkaError) and not getattr(e, "retriable", False):
                 raise _failure(f"{self.url}: reading {topic!r} at offset {offset}", e) from None
             self._read_failures += 1
             self._positions.pop(topic, None)  # whatever the consumer fetched is dropped: the next read seeks again

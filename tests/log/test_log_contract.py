@@ -60,3 +60,27 @@ def test_kafka_refuses_misconfigured_topics(bad):
     with pytest.raises(LogError, match="2 partitions; hilo-sync needs exactly 1|cleanup.policy=compact"):
         log.create_topics(run)
     log.close()
+
+
+@pytest.mark.kafka
+def test_a_reader_replaced_while_every_broker_is_down_waits_instead_of_failing():
+    """A site's reader is replaced after two failed reads; if that happens while the whole cluster is down, the
+    reconnect failing is a retriable empty read, and the client keeps no "unreachable" verdict. (Found by the
+    whole-cluster restart test: the site thread died with "cannot connect within 10s", and its commits with it.)"""
+    log = open_log(KAFKA_URL)
+    run = new_run("reconnect")
+    log.create_topics(run)
+    t = updates_topic(run)
+    log.append(t, [(b"0", b"v0", {})])
+    assert [r.value for r in log.read(t, 0, timeout_s=5)] == [b"v0"]
+    reachable, log.bootstrap = log.bootstrap, "127.0.0.1:1"  # every broker gone: nothing listens on port 1
+    log._drop_consumer()  # what two failed reads do
+    assert log.read(t, 0, timeout_s=0.5) == []
+    assert log._unreachable is None
+    log.bootstrap = reachable  # the cluster is back
+    for _ in range(20):  # bounded: each empty read already waited on the broker
+        got = log.read(t, 0, timeout_s=2)
+        if got:
+            break
+    assert [r.value for r in got] == [b"v0"]
+    log.close()
