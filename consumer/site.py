@@ -16,22 +16,26 @@ import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
 from hilo.log import checkpoints_topic, crashpoints, open_log, site_group, updates_topic
 from hilo.log.base import check_run
-from hilo.log.follower import Follower, bootstrap_from_log
-from hilo.log.history import HistoryWriter
 from hilo.log.kafka_config import check_kafka_config
-from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head
+from hilo.replay.follower import Applied, Follower
+from hilo.replay.history import HistoryWriter
+from hilo.replay.snapshot import SnapshotStore
+from hilo.replay.start import Source, choose_start
+from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
+from hilo.schemas.position import Position
 from hilo.schemas.signing import Verifier
 
 from .adapter_export import DTYPES, export_adapter, prune_adapters
 from .group_commit import GroupCommitter
+from .serving_state import ServingState
 from .shell_hook import run_hook
 from .vllm_serving import VllmDown, VllmError, VllmServer
 
@@ -60,7 +64,7 @@ class SiteConfig:
     wait_checkpoint_s: how long to wait for the producer's first checkpoint. Default: 600
     kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
     history: append (version, digest, offset) of every applied version to this file, for a history check
-        (log/history.py). Default: None
+        (replay/history.py). Default: None
     """
 
     log: str
@@ -106,29 +110,52 @@ class SiteConfig:
 
 
 class Site:
-    """One site's follower plus its side effects (adapter export, hook, snapshot, group commit)."""
+    """One site's follower plus its side effects (adapter export, hook, snapshot, group commit).
 
-    def __init__(self, cfg: SiteConfig, log_backend=None, clock=time.time):
+    Building one does no I/O; `Site.open(config)` opens the log, waits for the run, bootstraps and checks vLLM.
+    """
+
+    def __init__(self, cfg: SiteConfig, log, store: SnapshotStore, follower: Follower, verifier=None, clock=time.time):
         self.cfg, self.clock = cfg, clock
-        self.log = log_backend or open_log(cfg.log, kafka_config=cfg.kafka_config)
-        self.store = SnapshotStore(cfg.state_dir)
-        self.verifier = Verifier.load(cfg.trust) if cfg.trust else None
+        self.log, self.store, self.follower, self.verifier = log, store, follower, verifier
         self.group = site_group(cfg.run, cfg.site)
         self.stopping = False
-        self.follower = self._bootstrap()
         self.history = HistoryWriter(cfg.history) if cfg.history else None
-        if self.history:
-            self.history.record(self.follower.replica.version, self.follower.replica.digest, self.follower.next_offset, start=True)
         self.since_snapshot = 0
-        self.exported = None          # (version, adapter dir) of the newest export
-        self.serving = None           # (version, adapter dir) vLLM serves, once a load succeeded
-        self.served_versions = []     # every version loaded into vLLM, in order (what a catch-up loaded)
         self.timing = {}              # seconds the newest export and vLLM load took: {"version", "export_s", "load_s"}
         self.committer = None         # the background group committer, started by the first commit
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
-        self.retry_at, self.retry_wait = 0.0, cfg.retry_serve_s
-        if self.server:
-            self._start_serving()
+        self.state = ServingState(cfg.retry_serve_s)
+
+    @classmethod
+    def open(cls, cfg: SiteConfig, log_backend=None, clock=time.time) -> "Site":
+        """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM."""
+        log = log_backend or open_log(cfg.log, kafka_config=cfg.kafka_config)
+        store = SnapshotStore(cfg.state_dir)
+        verifier = Verifier.load(cfg.trust) if cfg.trust else None
+        site = cls(cfg, log, store, None, verifier, clock)
+        site.follower = site._bootstrap()
+        if site.history:
+            r = site.follower.replica
+            site.history.record(r.version, r.digest, site.follower.next_offset, start=True)
+        if site.server:
+            site._start_serving()
+        return site
+
+    @property
+    def exported(self):
+        """(version, adapter dir) of the newest export, or None."""
+        return self.state.exported
+
+    @property
+    def serving(self):
+        """(version, adapter dir) vLLM serves, once a load succeeded, or None."""
+        return self.state.serving
+
+    @property
+    def served_versions(self) -> list:
+        """Every version loaded into vLLM, in order (what a catch-up loaded)."""
+        return self.state.served_versions
 
     def _start_serving(self):
         """Check the server and load the bootstrapped version now: a wrong server or adapter fails here, in one line."""
@@ -146,46 +173,38 @@ class Site:
         self._wait_for_topics()
         local = None if cfg.from_version is not None else self.store.load()
         if local is not None:
-            replica, pos = local
-            source = "local snapshot"
-        else:
-            replica, pos = bootstrap_from_log(self.log, cfg.run, cfg.from_version, self.verifier)
-            source = "checkpoint"
-        if local is not None:
-            self._same_history(replica, pos)
-        if local is not None and not self.log.retained(updates_topic(cfg.run), pos["next_offset"]):
-            newer, newer_pos = bootstrap_from_log(self.log, cfg.run, verifier=self.verifier)
-            if newer.genesis != replica.genesis or newer.version < replica.version:
-                raise LogError(f"site {cfg.site}: holds v{replica.version} (history {replica.genesis.hex()[:12]}); the log kept only "
-                               f"v{newer.version} of history {newer.genesis.hex()[:12]}: refusing to move backwards or to another "
+            self._same_history(*local)
+        start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version)
+        replica, pos = start.replica, start.position
+        if start.source is Source.CHECKPOINT_OVER_EXPIRED:
+            old = start.set_aside
+            if replica.genesis != old.genesis or replica.version < old.version:
+                raise LogError(f"site {cfg.site}: holds v{old.version} (history {old.genesis.hex()[:12]}); the log kept only "
+                               f"v{replica.version} of history {replica.genesis.hex()[:12]}: refusing to move backwards or to another "
                                f"history (remove {cfg.state_dir} to follow what the log holds now)")
             logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
-                           cfg.site, replica.version, newer.version)
-            replica, pos = newer, newer_pos
-            source = "checkpoint (snapshot fell out of retention)"
+                           cfg.site, old.version, replica.version)
         replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
-        rotations = [tuple(r) for r in pos.get("keys", [])] if local is not None and source == "local snapshot" else []
-        if self.verifier is not None and rotations:  # key rotations this site verified before its restart
-            replica.verifier = Verifier.from_raw(bytes.fromhex(rotations[-1][1]))
-        offset = pos["next_offset"] if cfg.from_offset is None else cfg.from_offset
+        if self.verifier is not None and pos.keys:  # key rotations this site verified before its restart
+            replica.verifier = Verifier.from_raw(bytes.fromhex(pos.keys[-1][1]))
+        if cfg.from_offset is not None:
+            pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
-                 cfg.site, replica.version, replica.digest.hex()[:12], source, updates_topic(cfg.run), offset)
-        follower = Follower(self.log, cfg.run, replica, offset, pos.get("log_bytes", 0))
-        follower.rotations = rotations
-        return follower
+                    cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
+        return Follower(self.log, cfg.run, replica, pos)
 
-    def _same_history(self, replica, pos):
+    def _same_history(self, replica, pos: Position):
         """A local snapshot must belong to the history the log holds: same genesis, and a log at least as long."""
         cfg, topic = self.cfg, updates_topic(self.cfg.run)
         h = head(self.log, checkpoints_topic(cfg.run), cfg.run) or {}
-        theirs = h.get("hilo-genesis")
+        theirs = h.get(H.GENESIS)
         if theirs is not None and theirs != replica.genesis.hex():
             raise LogError(f"site {cfg.site}: its snapshot v{replica.version} is of history {replica.genesis.hex()[:12]}, the log's "
                            f"checkpoints are of history {theirs[:12]} (the run was started again under the same name): refusing "
                            f"it (remove {cfg.state_dir} to follow the new history)")
         end = self.log.end_offset(topic)
-        if pos["next_offset"] > end:
-            raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos['next_offset']}, the log ends at {end} "
+        if pos.next_offset > end:
+            raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos.next_offset}, the log ends at {end} "
                            f"(the topic was deleted and made again?): refusing to move backwards (remove {cfg.state_dir} to start over)")
 
     def _wait_for_topics(self):
@@ -207,16 +226,16 @@ class Site:
             time.sleep(0.2)  # waiting on another process (the producer); nothing to synchronise with
 
     # -- per version ---------------------------------------------------------------------------
-    def on_applied(self, upd, msg):
+    def on_applied(self, applied: Applied):
         """Bookkeeping after each applied version: snapshot every K, commit the position."""
-        r = self.follower.replica
         if self.history:
-            self.history.record(r.version, r.digest, msg.last_offset)
+            self.history.record(applied.version, applied.digest, applied.last_offset)
         self.since_snapshot += 1
         if self.since_snapshot >= self.cfg.snapshot_every:
             self.snapshot()
         self.commit()
-        logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, r.version, r.digest.hex()[:12], msg.last_offset)
+        logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, applied.version, applied.digest.hex()[:12],
+                     applied.last_offset)
 
     def publish_newest(self, strict: bool = False):
         """Export the newest version (once), run the hook, load it into vLLM; a vLLM that is down is retried later.
@@ -227,14 +246,14 @@ class Site:
         if not cfg.export_adapters:
             return
         t0 = time.perf_counter()
-        if self.exported is None or self.exported[0] != r.version:
+        if self.state.needs_export(r.version):
             keep = [self.serving[1]] if self.serving else []
             out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters, protect=keep)
-            self.exported = (r.version, out)
+            self.state.on_exported(r.version, out)
             self.timing = {"version": r.version, "export_s": time.perf_counter() - t0}
             if cfg.on_version:
                 run_hook(cfg.on_version, r.version, out, r.digest.hex())
-        if self.server is None or (self.serving and self.serving[0] == r.version):
+        if self.server is None or not self.state.needs_load(r.version):
             return
         version, out = self.exported
         t1 = time.perf_counter()
@@ -250,23 +269,19 @@ class Site:
                 raise
             self._retry_later(e)
             return
-        self.serving, self.retry_wait = (version, out), cfg.retry_serve_s
-        self.served_versions.append(version)
+        self.state.on_loaded()
         self.timing["load_s"] = time.perf_counter() - t1
         prune_adapters(out.parent, cfg.keep_adapters, protect=[out])  # the previously served one may go now
         self.commit()
 
     def _retry_later(self, error):
-        self.retry_at = time.monotonic() + self.retry_wait
+        wait = self.state.on_failed(time.monotonic())
         logger.warning("site %s: vLLM did not take v%d (%s); still serving %s, retrying the newest in %.0fs", self.cfg.site,
-                       self.exported[0], error, f"v{self.serving[0]}" if self.serving else "nothing", self.retry_wait)
-        self.retry_wait = min(60.0, 2 * self.retry_wait)
+                       self.exported[0], error, f"v{self.serving[0]}" if self.serving else "nothing", wait)
 
     def snapshot(self):
         """Atomically save state + position."""
-        f = self.follower
-        self.store.save(f.replica, {"next_offset": f.next_offset, "log_bytes": f.log_bytes, "saved_at": self.clock(),
-                                    "keys": f.rotations})
+        self.store.save(self.follower.replica, self.follower.position(saved_at=self.clock()))
         self.since_snapshot = 0
 
     def commit(self):
@@ -290,7 +305,7 @@ class Site:
         """Follow until SIGTERM, --until-version or --idle-exit; returns the final version."""
         cfg, f = self.cfg, self.follower
         h = head(self.log, updates_topic(cfg.run), cfg.run) or {}
-        behind = max(0, int(h.get("hilo-version", 0)) - f.replica.version)
+        behind = max(0, int(h.get(H.VERSION, 0)) - f.replica.version)
         bar = tqdm(total=behind, desc=f"{cfg.site} catching up", unit="v", file=sys.stderr,
                    disable=(not behind) if progress is None else not progress)
         last_new = time.monotonic()
@@ -299,10 +314,13 @@ class Site:
             while not self.stopping:
                 if cfg.until_version is not None and f.replica.version >= cfg.until_version:
                     break
-                n = f.poll(timeout_s=1.0, should_stop=lambda: self.stopping or (
-                    cfg.until_version is not None and f.replica.version >= cfg.until_version),
-                    on_applied=self.on_applied)
-                if n or (self.server and self.serving != self.exported and time.monotonic() >= self.retry_at):
+                n = 0
+                for applied in f.updates(timeout_s=1.0):
+                    self.on_applied(applied)
+                    n += 1
+                    if self.stopping or (cfg.until_version is not None and applied.version >= cfg.until_version):
+                        break
+                if n or (self.server and self.state.retry_due(time.monotonic())):
                     self.publish_newest()
                 if n:
                     last_new = time.monotonic()

@@ -1,7 +1,6 @@
 """The log both ends speak: backends behind one interface, chosen by URL (file://DIR or kafka://HOST:PORT).
 
-Also here, because trainer and sites both need them and neither owns them: reading a topic's tail
-(tail.py), the follower/replay loop (follower.py) and the local snapshot store (snapshot.py).
+Also here: reading a topic's tail (tail.py). Replaying the log onto a replica is hilo.replay.
 """
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
 from hilo.schemas.errors import ConfigError

@@ -1,4 +1,5 @@
 """Reading the newest complete message of a topic without scanning it from the start."""
+from hilo.schemas import headers as H
 from hilo.schemas.chunks import Message, Reassembler
 from hilo.schemas.errors import LogError, MalformedMessage
 
@@ -20,8 +21,8 @@ def _last_record(log, topic: str, before: int, begin: int):
 
 def _chunk(rec, run: str):
     """(i, n) of a record's "i/n" chunk header if it is this run's, else None."""
-    i, _, n = rec.headers.get("hilo-chunk", "").partition("/")
-    if not (i.isdigit() and n.isdigit()) or rec.headers.get("hilo-run") != run:
+    i, _, n = rec.headers.get(H.CHUNK, "").partition("/")
+    if not (i.isdigit() and n.isdigit()) or rec.headers.get(H.RUN) != run:
         return None
     return int(i), int(n)
 

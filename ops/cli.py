@@ -178,7 +178,7 @@ def cmd_consume(a):
                      on_version=a.on_version, vllm=a.vllm, lora_name=a.lora_name, from_offset=a.from_offset,
                      from_version=a.from_version, until_version=a.until_version, trust=a.trust, idle_exit_s=a.idle_exit,
                      wait_checkpoint_s=a.wait_checkpoint, kafka_config=a.kafka_config, history=a.history)
-    site = Site(cfg)
+    site = Site.open(cfg)
     site.install_signal_handlers()
     v = site.run(progress=False if a.no_progress else None)
     print(f"{a.site}: v{v} digest {site.follower.replica.digest.hex()}")

@@ -4,6 +4,7 @@ import time
 
 from hilo.log import site_group, updates_topic
 from hilo.log.tail import head
+from hilo.schemas import headers as H
 
 COLUMNS = ("SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "TRAINER-LAG", "CURRENT-OFFSET",
            "LOG-END-OFFSET", "LAST-APPLIED")
@@ -14,10 +15,10 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
     now = time.time() if now is None else now
     topic = updates_topic(run)
     h = head(log, topic, run) or {}
-    head_version = int(h.get("hilo-version", 0))
-    head_bytes = int(h.get("hilo-log-bytes", 0))
+    head_version = int(h.get(H.VERSION, 0))
+    head_bytes = int(h.get(H.LOG_BYTES, 0))
     # delta mode: how far the head version trails the trainer's master (relative); absent in gradient mode
-    trainer_lag = float(h["hilo-lag"]) if "hilo-lag" in h else None
+    trainer_lag = float(h[H.LAG]) if H.LAG in h else None
     end = log.end_offset(topic)
     rows = []
     prefix = site_group(run, "")

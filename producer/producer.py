@@ -18,16 +18,19 @@ import torch
 
 from hilo.log import checkpoints_topic, crashpoints, open_log, site_group, updates_topic
 from hilo.log.base import check_run
-from hilo.log.follower import Follower, bootstrap_from_log
-from hilo.log.history import HistoryWriter
 from hilo.log.kafka_config import check_kafka_config
-from hilo.log.snapshot import SnapshotStore
 from hilo.log.tail import head
+from hilo.replay.follower import Follower
+from hilo.replay.history import HistoryWriter
+from hilo.replay.snapshot import SnapshotStore
+from hilo.replay.start import Source, choose_start
 from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
+from hilo.schemas import headers as H
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
 from hilo.schemas.errors import ConfigError, FencedError, LogError, TrainerError
+from hilo.schemas.position import Position
 from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
 
@@ -62,7 +65,7 @@ class ProducerConfig:
     signing_key: Ed25519 private key (PEM, mode 0600; `hilo keys generate`) that signs every update and checkpoint.
         Default: None (unsigned)
     kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
-    history: append (version, digest, offset) of every acknowledged version to this file (log/history.py). Default: None
+    history: append (version, digest, offset) of every acknowledged version to this file (replay/history.py). Default: None
     mode: what a message carries (MODES). "gradient": the compressed gradient; every replica runs `optimizer` on it.
         "delta": the trainer runs `optimizer` on its own master copy and publishes the compressed difference between
         the master and the sites' copy; sites apply it with the stateless "add" step (no optimizer state; their
@@ -140,7 +143,7 @@ class HiLoProducer:
         self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
         self.snapshot_version = None  # the version of the trainer snapshot this start used, if any
         # Fence every earlier trainer of the run first (Kafka: its open transaction is aborted), then read the log.
-        at = int((head(self.log, self.updates, config.run) or {}).get("hilo-version", 0))
+        at = int((head(self.log, self.updates, config.run) or {}).get(H.VERSION, 0))
         self.fencing_token = self.log.become_writer(config.run, at)
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
@@ -198,20 +201,20 @@ class HiLoProducer:
             logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
             return replica, 0, offset
         begin = self.log.begin_offset(self.updates)
-        if local is not None and self.log.retained(self.updates, local[1]["next_offset"]):
-            (replica, position), source = local, "local snapshot"
+        start = choose_start(self.log, run, local, verifier=self.signer and self.signer.verifier())
+        replica, position, source = start.replica, start.position, start.source.value
+        if start.source is Source.SNAPSHOT:
             self.snapshot_version = replica.version
         else:
-            (replica, position), source = bootstrap_from_log(self.log, run, verifier=self.signer and self.signer.verifier()), "the log"
             self._check_layout(replica)
-            if not self.log.retained(self.updates, position["next_offset"]):
-                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position['next_offset']}.."
+            if not self.log.retained(self.updates, position.next_offset):
+                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position.next_offset}.."
                                f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
                                f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
                                f"state dir, or start over with new_history=True (--new-history)")
-        follower = self._catch_up(replica, position["next_offset"], position.get("log_bytes", 0))
+        follower = self._catch_up(replica, position)
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], source)
-        if not self.log.retained(self.updates, int(head(self.log, self.checkpoints, run).get("hilo-updates-offset", 0))):  # its updates expired: no site could bootstrap from it
+        if not self.log.retained(self.updates, int(head(self.log, self.checkpoints, run).get(H.UPDATES_OFFSET, 0))):  # its updates expired: no site could bootstrap from it
             self._publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
             logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
         return replica, follower.log_bytes, follower.next_offset
@@ -241,11 +244,11 @@ class HiLoProducer:
                 raise LogError(f"run {run}: site group {group} is at v{seen}, beyond this trainer's snapshot v{replica.version}; "
                                f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
         offset = self.log.end_offset(self.updates)
-        self._publish_checkpoint(replica, offset, position.get("log_bytes", 0))
+        self._publish_checkpoint(replica, offset, position.log_bytes)
         self.snapshot_version = replica.version
         logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",
                        run, replica.version)
-        return replica, position.get("log_bytes", 0), offset
+        return replica, position.log_bytes, offset
 
     def _restore_encoder(self):
         """Resume the error feedback (and PowerSGD's Q; delta mode's master) from the snapshot when the run has not
@@ -279,19 +282,19 @@ class HiLoProducer:
             buf = io.BytesIO()
             torch.save(obj, buf)
             blobs[name] = buf.getvalue()
-        self.store.save(self.replica, {"next_offset": self.next_offset, "log_bytes": self.log_bytes}, blobs)
+        self.store.save(self.replica, Position(self.next_offset, self.log_bytes), blobs)
 
-    def _catch_up(self, replica, next_offset, log_bytes) -> Follower:
-        """Apply the log from `next_offset` to its end on `replica`, classifying every record as a site does:
+    def _catch_up(self, replica, position: Position) -> Follower:
+        """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
         duplicates skipped, foreign records skipped loudly, a gap or fork raises (another writer: a hard stop)."""
-        follower = Follower(self.log, self.config.run, replica, next_offset, log_bytes)
-        follower.catch_up()
+        follower = Follower(self.log, self.config.run, replica, position)
+        follower.catch_up_all()
         return follower
 
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
         pending, before = self.in_doubt, self.version
-        follower = self._catch_up(self.replica, self.next_offset, self.log_bytes)
+        follower = self._catch_up(self.replica, Position(self.next_offset, self.log_bytes))
         self.log_bytes, self.next_offset = follower.log_bytes, follower.next_offset
         ours = pending is not None and self.version == pending.version and self.replica.digest == pending.message.digest
         if self.version != before and not ours:  # the log moved, and not by this trainer's message
@@ -313,8 +316,8 @@ class HiLoProducer:
     def _checkpoint_records(self, ckpt, updates_offset, log_bytes) -> list:
         """The chunk records of a checkpoint whose replay starts at `updates_offset` of the updates topic."""
         data = ckpt.to_bytes(self.signer)
-        extra = {"hilo-digest": ckpt.digest.hex(), "hilo-updates-offset": str(updates_offset), "hilo-log-bytes": str(log_bytes),
-                 "hilo-genesis": ckpt.genesis.hex()}
+        extra = {H.DIGEST: ckpt.digest.hex(), H.UPDATES_OFFSET: str(updates_offset), H.LOG_BYTES: str(log_bytes),
+                 H.GENESIS: ckpt.genesis.hex()}
         return split(data, self.config.run, "checkpoint", ckpt.version, self.config.chunk_bytes, extra)
 
     def _publish_checkpoint(self, replica, updates_offset, log_bytes):
@@ -341,7 +344,7 @@ class HiLoProducer:
             raise ConfigError(f"run {self.config.run}: rotate_key needs a signing_key to sign the rotation with")
         new = Signer.load(new_key_path)
         rot = KeyRotation(self.config.run, self.version + 1, new.public_bytes())
-        extra = {"hilo-digest": self.replica.digest.hex(), "hilo-log-bytes": str(self.log_bytes)}  # what `head` readers expect
+        extra = {H.DIGEST: self.replica.digest.hex(), H.LOG_BYTES: str(self.log_bytes)}  # what `head` readers expect
         self.log.append(self.updates, split(rot.to_bytes(self.signer), self.config.run, "key", self.version, self.config.chunk_bytes, extra))
         logger.warning("run %s: from v%d signed by key %s (was %s)", self.config.run, self.version + 1, new.key_id.hex(),
                        self.signer.key_id.hex())
@@ -360,16 +363,16 @@ class HiLoProducer:
         msg = proposal.message
         try:
             h = head(self.log, self.updates, self.config.run) or {}
-            landed = h.get("hilo-version") == str(msg.version) and h.get("hilo-digest") == msg.digest.hex()
+            landed = h.get(H.VERSION) == str(msg.version) and h.get(H.DIGEST) == msg.digest.hex()
             end = self.log.end_offset(self.updates) if landed else None
         except Exception as e:  # noqa: BLE001  (any failure here leaves the outcome unknown)
             self.in_doubt = proposal
             logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
                            "the next step resyncs from the log", self.config.run, msg.version, error, e, self.version)
             raise error from None
-        if not landed and int(h.get("hilo-version", -1)) >= msg.version:  # someone else moved the run meanwhile
+        if not landed and int(h.get(H.VERSION, -1)) >= msg.version:  # someone else moved the run meanwhile
             raise FencedError(f"run {self.config.run}: publishing v{msg.version} failed ({error}), and the log holds another "
-                              f"v{h['hilo-version']} (digest {h.get('hilo-digest', '?')[:12]}): another trainer writes this run; "
+                              f"v{h[H.VERSION]} (digest {h.get(H.DIGEST, '?')[:12]}): another trainer writes this run; "
                               f"this one publishes nothing more") from None
         if not landed:
             raise error  # not published: nothing was committed, as if this step never ran
@@ -438,9 +441,9 @@ class HiLoProducer:
         crashpoints.reach("trainer.encoded")
         msg = proposal.message
         data = msg.to_bytes(self.signer)
-        extra = {"hilo-digest": msg.digest.hex(), "hilo-log-bytes": str(self.log_bytes + len(data))}
+        extra = {H.DIGEST: msg.digest.hex(), H.LOG_BYTES: str(self.log_bytes + len(data))}
         if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
-            extra["hilo-lag"] = f"{msg.meta['lag']:.6g}"
+            extra[H.LAG] = f"{msg.meta['lag']:.6g}"
         checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             checkpoint_offsets = None

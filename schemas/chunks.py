@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from . import headers as H
 from .errors import ForeignRecord, LimitExceeded, MalformedMessage
 from .limits import DEFAULT_LIMITS, Limits
 
@@ -34,10 +35,10 @@ class Message:
 def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:
     """(key, value, headers) per chunk; every chunk carries the whole message's size and checksum."""
     n = max(1, -(-len(data) // chunk_bytes))
-    common = {"hilo-run": run, "hilo-kind": kind, "hilo-version": str(version),
-              "hilo-sum": xxhash.xxh3_64_hexdigest(data), "hilo-size": str(len(data))} | (extra or {})
+    common = {H.RUN: run, H.KIND: kind, H.VERSION: str(version),
+              H.SUM: xxhash.xxh3_64_hexdigest(data), H.SIZE: str(len(data))} | (extra or {})
     key = str(version).encode()
-    return [(key, data[i * chunk_bytes:(i + 1) * chunk_bytes], common | {"hilo-chunk": f"{i}/{n}"}) for i in range(n)]
+    return [(key, data[i * chunk_bytes:(i + 1) * chunk_bytes], common | {H.CHUNK: f"{i}/{n}"}) for i in range(n)]
 
 
 def _int(headers, name, what, hi):
@@ -68,19 +69,19 @@ class Reassembler:
         """Add one record; raise LogError/MalformedMessage naming the offset for foreign or broken records."""
         what = f"{self.topic} offset {rec.offset}"
         h = rec.headers
-        if "hilo-chunk" not in h or "hilo-run" not in h:
+        if H.CHUNK not in h or H.RUN not in h:
             raise ForeignRecord(f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
-        if h["hilo-run"] != self.run:
-            raise ForeignRecord(f"{what}: record of run {h['hilo-run']!r} in the topic of run {self.run!r}")
-        i_s, _, n_s = h["hilo-chunk"].partition("/")
+        if h[H.RUN] != self.run:
+            raise ForeignRecord(f"{what}: record of run {h[H.RUN]!r} in the topic of run {self.run!r}")
+        i_s, _, n_s = h[H.CHUNK].partition("/")
         if not (i_s.isdigit() and n_s.isdigit()) or not 0 <= int(i_s) < int(n_s) <= self.limits.max_chunks:
-            raise MalformedMessage(f"{what}: header 'hilo-chunk' = {h['hilo-chunk']!r}, expected i/n with 0 <= i < n <= {self.limits.max_chunks}")
+            raise MalformedMessage(f"{what}: header '{H.CHUNK}' = {h[H.CHUNK]!r}, expected i/n with 0 <= i < n <= {self.limits.max_chunks}")
         i, n = int(i_s), int(n_s)
-        version = _int(h, "hilo-version", what, 1 << 62)
-        size = _int(h, "hilo-size", what, 1 << 62)
+        version = _int(h, H.VERSION, what, 1 << 62)
+        size = _int(h, H.SIZE, what, 1 << 62)
         if size > self.max_bytes:
             raise LimitExceeded(f"{what} (v{version}): message of {size} bytes > limit {self.max_bytes}")
-        ident = (h.get("hilo-sum"), version, n, size)
+        ident = (h.get(H.SUM), version, n, size)
         if i == 0:
             if self.parts:
                 self.discarded += 1
@@ -101,7 +102,7 @@ class Reassembler:
         data = b"".join(p.value for p in self.parts)
         first = self.parts[0].offset
         self.reset()
-        if len(data) != size or xxhash.xxh3_64_hexdigest(data) != h.get("hilo-sum"):
+        if len(data) != size or xxhash.xxh3_64_hexdigest(data) != h.get(H.SUM):
             raise MalformedMessage(f"{self.topic} offsets {first}..{rec.offset} (v{version}): reassembled {len(data)} bytes "
-                                   f"do not match header size {size} / checksum {h.get('hilo-sum')}")
-        return Message(data, first, rec.offset, h.get("hilo-kind", ""), version, dict(h))
+                                   f"do not match header size {size} / checksum {h.get(H.SUM)}")
+        return Message(data, first, rec.offset, h.get(H.KIND, ""), version, dict(h))

@@ -9,7 +9,7 @@
    the same state dir and killed: at a named site point (mid-fetch, mid-apply, between the snapshot's
    renames, mid-export, mid-commit, ...) reached a random 1-3 times, or (one kill in four) at a random
    instant. Each restart resumes from the site's snapshot.
-3. A last site runs to the head; the history check (log/history.py) compares every site and trainer
+3. A last site runs to the head; the history check (replay/history.py) compares every site and trainer
    session with the trainer's acknowledged versions and with the log read afresh.
 Reports kills per point, anomalies (gaps, duplicates, forks, lost acknowledged versions) and the final
 digests; exit 1 on any anomaly. Results: JSON in --out (default ~/.cache/hilo-sync/bench/faults-TIME).
@@ -29,10 +29,10 @@ from tqdm import tqdm
 from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log
 from hilo.log.crashpoints import SITE_POINTS, TRAINER_POINTS
-from hilo.log.history import check, log_versions, read_history
 from hilo.ops.bench.report import results_dir, save
 from hilo.ops.tiny_trainer import build_model
 from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.replay.history import check, log_versions, read_history
 from hilo.replica.codecs import Budget
 
 
@@ -132,10 +132,10 @@ def main(as_json: bool, url: str, kills: int, trainer_kills: int, out: str | Non
     with tqdm(total=kills, desc="site kills", file=sys.stderr) as bar:
         site_counts, launched = _site_kills(url, run, kills, folder, rng, producer, bar)
     t_sites = time.monotonic() - t0 - t_trainer
-    final = Site(SiteConfig(log=url, run=run, site="victim", state_dir=str(folder / "victim"), until_version=producer.version,
+    final = Site.open(SiteConfig(log=url, run=run, site="victim", state_dir=str(folder / "victim"), until_version=producer.version,
                             export_adapters=False, history=str(folder / "victim.jsonl")))
     final.run(progress=False)
-    late = Site(SiteConfig(log=url, run=run, site="late", state_dir=str(folder / "late"), until_version=producer.version,
+    late = Site.open(SiteConfig(log=url, run=run, site="late", state_dir=str(folder / "late"), until_version=producer.version,
                            export_adapters=False, history=str(folder / "late.jsonl")))
     late.run(progress=False)
     report = check(read_history(str(folder / "trainer.jsonl")),

@@ -12,6 +12,7 @@ import uuid
 
 from hilo.log import open_log, updates_topic
 from hilo.ops.bench.report import results_dir, save
+from hilo.schemas import headers as H
 
 
 def main(as_json: bool, url: str, size: int, rounds: int, out: str | None) -> int:
@@ -20,7 +21,7 @@ def main(as_json: bool, url: str, size: int, rounds: int, out: str | None) -> in
     plain, txn = open_log(url), open_log(url)
     plain.create_topics(run)
     txn.become_writer(run, 0)  # transactional from here on, as a trainer is
-    record = [(b"k", os.urandom(size), {"hilo-run": run})]
+    record = [(b"k", os.urandom(size), {H.RUN: run})]
     times = {"plain_ms": [], "transaction_ms": []}
     for _ in range(rounds):
         for name, log in (("plain_ms", plain), ("transaction_ms", txn)):

@@ -90,7 +90,7 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
     try:
         log = f"file://{work}/log-{shape}"
         producer = HiLoProducer(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))  # spar at 1.6%
-        site = Site(SiteConfig(log=log, run=f"serve-{shape}", site="bench", state_dir=str(work / f"site-{shape}"),
+        site = Site.open(SiteConfig(log=log, run=f"serve-{shape}", site="bench", state_dir=str(work / f"site-{shape}"),
                                vllm=url, keep_adapters=2))
         gen = torch.Generator().manual_seed(1)
         rows, before = [], _logprob(url)
@@ -101,7 +101,8 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             v = producer.step(lr=1e-2)
             t1 = time.perf_counter()
             while site.follower.replica.version < v:
-                site.follower.poll(timeout_s=5.0, on_applied=site.on_applied)
+                for applied in site.follower.updates(timeout_s=5.0):
+                    site.on_applied(applied)
             t2 = time.perf_counter()
             site.publish_newest(strict=True)
             t3 = time.perf_counter()

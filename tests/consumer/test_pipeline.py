@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from hilo.consumer.site import Site, SiteConfig
-from hilo.ops.lag import lag_rows
-from hilo.log.history import read_history
 from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
+from hilo.replay.history import read_history
 from hilo.schemas.chunks import split
 from hilo.schemas.errors import ChainError, DivergenceError, LogError, MalformedMessage
 from hilo.schemas.records import UpdateMessage
@@ -18,7 +18,7 @@ from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, 
 
 def site(log_url, run, tmp_path, name="s1", **kw):
     kw.setdefault("wait_checkpoint_s", 5)
-    return Site(SiteConfig(log=log_url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
+    return Site.open(SiteConfig(log=log_url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
 
 
 def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
@@ -291,14 +291,14 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog):
     producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 5)
     log = FailingCommits(open_log(log_url))
-    s = Site(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
+    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
              log_backend=log)
     assert s.run(progress=False) == 5 and s.follower.replica.digest == producer.replica.digest
     assert caplog.text.count("committing its position failed") == 1  # reported once, not per version
     assert lag_rows(open_log(log_url), run) == []  # nothing committed while it failed
     log.fail = False
     publish_random(producer, 1, seed=2)
-    s = Site(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=6, export_adapters=False),
+    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=6, export_adapters=False),
              log_backend=log)
     s.run(progress=False)
     assert [r["applied_version"] for r in lag_rows(open_log(log_url), run)] == [6]

@@ -14,7 +14,7 @@ from tests.conftest import new_run, producer_config, publish_random, small_model
 
 
 def site(url, run, tmp_path, name="s", **kw):
-    return Site(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), export_adapters=False,
+    return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), export_adapters=False,
                            wait_checkpoint_s=5, **kw))
 
 

@@ -48,7 +48,7 @@ def tiny_model(rank=16):
 
 def make_site(url, run, tmp_path, vllm_url, name="s", **kw):
     kw.setdefault("wait_checkpoint_s", 30)
-    return Site(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), vllm=vllm_url,
+    return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), vllm=vllm_url,
                            export_dtype="float32", **kw))
 
 

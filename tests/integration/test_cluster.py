@@ -14,8 +14,8 @@ import pytest
 
 from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log, updates_topic
-from hilo.log.history import check, log_versions, read_history
 from hilo.producer.producer import HiLoProducer
+from hilo.replay.history import check, log_versions, read_history
 from tests.conftest import new_run, producer_config, publish_random, small_model
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -40,7 +40,7 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
     log = open_log(url)
     part = log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
     assert sorted(part["replica_nodes"]) == [1, 2, 3] and len(part["isr_nodes"]) == 3  # RF 3, all in sync
-    live = Site(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False,
+    live = Site.open(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False,
                            history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
@@ -55,7 +55,7 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
     follower.join(timeout=300)
     assert not follower.is_alive() and live.follower.replica.version == 13
     assert live.follower.replica.digest == producer.replica.digest  # every acknowledged version, in order, no fork
-    late = Site(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False,
+    late = Site.open(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False,
                            history=str(hist / "late.jsonl")))
     late.run(progress=False)
     assert late.follower.replica.digest == producer.replica.digest
@@ -72,7 +72,7 @@ def _whole_cluster_restart(url, env, nodes, tmp_path):
     run, hist = new_run(f"restart{nodes}"), tmp_path / "history"
     producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 4)
-    live = Site(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=10,
+    live = Site.open(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=10,
                            export_adapters=False, history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
@@ -116,7 +116,7 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     run, hist = new_run("coord"), tmp_path / "history"
     producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 3)
-    sites = {name: Site(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
+    sites = {name: Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
                                    export_adapters=False, history=str(hist / f"{name}.jsonl"))) for name in ("a", "b")}
     threads = [threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True) for s in sites.values()]
     for t in threads:

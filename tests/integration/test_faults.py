@@ -9,10 +9,10 @@ import time
 import pytest
 
 from hilo.consumer.site import Site, SiteConfig
-from hilo.ops.lag import lag_rows
 from hilo.log import open_log
-from hilo.log.history import log_versions
+from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
+from hilo.replay.history import log_versions
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -57,7 +57,7 @@ def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path
         p.wait()
         rows = [r for r in lag_rows(log, run) if r["site"] == "victim"]
         behind_at_kill += bool(rows and rows[0]["applied_version"] < producer.version)
-    final = Site(SiteConfig(log=KAFKA_URL, run=run, site="victim", state_dir=state, until_version=producer.version))
+    final = Site.open(SiteConfig(log=KAFKA_URL, run=run, site="victim", state_dir=state, until_version=producer.version))
     final.run(progress=False)
     assert final.follower.replica.digest == producer.replica.digest
     assert behind_at_kill >= 10, f"only {behind_at_kill}/20 kills landed while the site had work left"
@@ -81,7 +81,7 @@ def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp
     done = re.search(r"done: v(\d+) digest ([0-9a-f]{32})", out)
     assert resumed and done and int(done.group(1)) == int(resumed.group(1)) + 8
     for name in ("a", "b"):
-        s = Site(SiteConfig(log=KAFKA_URL, run=run, site=name, state_dir=str(tmp_path / name),
+        s = Site.open(SiteConfig(log=KAFKA_URL, run=run, site=name, state_dir=str(tmp_path / name),
                             until_version=int(done.group(1)), export_adapters=False))
         s.run(progress=False)
         assert s.follower.replica.digest.hex() == done.group(2)
@@ -104,8 +104,8 @@ def test_sigterm_stops_between_versions_and_saves_the_position(tmp_path, log_kin
 
 
 def _check_histories(url, run, folder, trainers, sites):
-    """The history check of log/history.py over the files a fault test's processes wrote; prints its report."""
-    from hilo.log.history import check, read_history
+    """The history check of replay/history.py over the files a fault test's processes wrote; prints its report."""
+    from hilo.replay.history import check, read_history
     trainer = [e for t in trainers for e in read_history(str(folder / f"{t}.jsonl"))]
     report = check(trainer, {s: read_history(str(folder / f"{s}.jsonl")) for s in sites}, log_versions(open_log(url), run))
     print("\n" + report.summary())
@@ -148,7 +148,7 @@ def zombie(url, tmp_path):
     live.send_signal(signal.SIGTERM)
     live_out, _ = live.communicate(timeout=120)
     assert live.returncode == 0 and f"live: v{final} digest {digest}" in live_out
-    late = Site(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=final,
+    late = Site.open(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=final,
                            export_adapters=False, history=str(hist / "late.jsonl")))
     late.run(progress=False)
     assert late.follower.replica.digest.hex() == digest

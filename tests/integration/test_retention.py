@@ -27,7 +27,7 @@ def expire(run, topics=("updates", "checkpoints")):
 
 
 def site(run, tmp_path, **kw):
-    return Site(SiteConfig(log=KAFKA_URL, run=run, site="s", state_dir=str(tmp_path / "s"), export_adapters=False,
+    return Site.open(SiteConfig(log=KAFKA_URL, run=run, site="s", state_dir=str(tmp_path / "s"), export_adapters=False,
                            wait_checkpoint_s=5, **kw))
 
 

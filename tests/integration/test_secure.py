@@ -67,7 +67,7 @@ def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_l
     producer = HiLoProducer(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"],
                                                            signing_key=str(keys[0]), checkpoint_every=3))
     publish_random(producer, 5)
-    site = Site(SiteConfig(log=url, run=run, site="eu-1", state_dir=str(tmp_path / "eu-1"), until_version=5,
+    site = Site.open(SiteConfig(log=url, run=run, site="eu-1", state_dir=str(tmp_path / "eu-1"), until_version=5,
                            export_adapters=False, trust=str(keys[1]), kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 5 and site.follower.replica.digest == producer.replica.digest
     # the CLI at DEBUG, kafka-python's own config dump included: the password never appears
@@ -97,7 +97,7 @@ def test_the_site_principal_cannot_write_an_update(secure, tmp_path):
         in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(LogError, match="may not describe"):  # nor can it start a trainer of the run
         HiLoProducer(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
-    site = Site(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
+    site = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
                            kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 2 and site.follower.replica.digest == producer.replica.digest
     # read after the site got v2 (so the commit markers are written): the trainer's two versions, nothing more
@@ -143,7 +143,7 @@ def test_three_secured_nodes_carry_a_run(tmp_path_factory, tmp_path):
         part = producer.log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
         assert sorted(part["replica_nodes"]) == [1, 2, 3]  # replicated across the three SASL_SSL brokers
         done = threading.Event()
-        site = Site(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
+        site = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
                                export_adapters=False, kafka_config=clients(sec)["site"]))
         follower = threading.Thread(target=lambda: (site.run(progress=False), done.set()), daemon=True)
         follower.start()

@@ -7,7 +7,7 @@ import resource
 import sys
 
 from hilo.log import open_log
-from hilo.log.follower import Follower, bootstrap_from_log
+from hilo.replay.follower import Follower, bootstrap_from_log
 from hilo.schemas.errors import HiloError
 
 
@@ -21,7 +21,7 @@ replica, pos = bootstrap_from_log(log, run)
 base = rss_mib()
 error = None
 try:
-    Follower(log, run, replica, pos["next_offset"]).catch_up()
+    Follower(log, run, replica, pos).catch_up_all()
 except HiloError as e:
     error = str(e)
 print(json.dumps({"error": error, "grew_mib": rss_mib() - base}))

@@ -80,7 +80,7 @@ def test_a_small_checkpoint_record_inflating_to_1_5_gib_is_refused_unread(tmp_pa
     log = open_log(url)
     log.create_topics("r")
     log.append(checkpoints_topic("r"), split(bomb, "r", "checkpoint", 7, extra={"hilo-updates-offset": "0"}))
-    code = ("import json, resource, sys; from hilo.log import open_log; from hilo.log.follower import bootstrap_from_log\n"
+    code = ("import json, resource, sys; from hilo.log import open_log; from hilo.replay.follower import bootstrap_from_log\n"
             "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
             "try:\n    bootstrap_from_log(open_log(sys.argv[1]), 'r'); err = None\nexcept Exception as e:\n    err = str(e)\n"
             "print(json.dumps({'error': err, 'grew_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base}))")

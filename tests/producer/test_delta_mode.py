@@ -21,7 +21,7 @@ def delta_producer(log_url, run, **kw):
 
 
 def follow(log_url, run, tmp_path, version):
-    s = Site(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=version,
+    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=version,
                         export_adapters=False, wait_checkpoint_s=5))
     assert s.run(progress=False) == version
     return s.follower.replica

@@ -5,9 +5,9 @@ import torch
 
 from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log
+from hilo.log.base import Transaction
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.schemas.errors import HiloError, LogError
-from hilo.log.base import Transaction
 from tests.conftest import new_run, producer_config, publish_random, small_model
 
 
@@ -72,7 +72,7 @@ def _reference(tmp_path, gens):
 
 
 def _site_digest(url, run, tmp_path, version):
-    s = Site(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
+    s = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
     s.run(progress=False)
     return s.follower.replica.digest
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from hilo.log import open_log
-from hilo.log.follower import Follower, bootstrap_from_log
 from hilo.ops.tiny_trainer import batch, build_base, build_tokenizer
 from hilo.producer.optimizer import HiLoOptimizer
 from hilo.producer.producer import ProducerConfig
+from hilo.replay.follower import Follower, bootstrap_from_log
 from hilo.replica.codecs import Budget
 from hilo.schemas.errors import ConfigError, LogError, TrainerError
 from tests.conftest import small_model
@@ -42,9 +42,7 @@ def published(url, run):
     """Every update message of the run, in log order (read back as a site reads it)."""
     log = open_log(url)
     replica, pos = bootstrap_from_log(log, run, max_version=0)
-    msgs = []
-    Follower(log, run, replica, pos["next_offset"]).catch_up(on_applied=lambda upd, msg: msgs.append(upd))
-    return msgs
+    return [a.update for a in Follower(log, run, replica, pos).catch_up()]
 
 
 def assert_model_is_replica(opt):

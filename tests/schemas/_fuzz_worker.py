@@ -11,15 +11,15 @@ import resource
 import shutil
 import sys
 
-from hilo.log.snapshot import SnapshotStore
-from hilo.ops.bench.synthetic import initial_params, qwen3_manifest
-from hilo.replica.codecs import Budget, make_encoder
+from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
-from hilo.ops.bench.synthetic import GradientStream
+from hilo.replay.snapshot import SnapshotStore
+from hilo.replica.codecs import Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Reassembler, Record, split
 from hilo.schemas.errors import HiloError
 from hilo.schemas.framing import HEADER_BYTES
+from hilo.schemas.position import Position
 from hilo.schemas.records import decode_record
 
 kind, n, seed, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -54,7 +54,7 @@ def rss():
 
 base, rejected, accepted = rss(), 0, 0
 store = SnapshotStore(f"{work}/snap")
-store.save(replica, {"next_offset": 1})
+store.save(replica, Position(1))
 good_files = {p.name: p.read_bytes() for p in (store.path).iterdir()}
 msg_records = [Record(i, k, v, h) for i, (k, v, h) in enumerate(split(ckpt, "fuzz", "checkpoint", 1, len(ckpt) // 5 + 1))]
 for i in range(n):

@@ -1,20 +1,26 @@
 """The follower: read the updates topic from an offset, reassemble chunks, apply each version in order.
 
-Used by every site (consumer/site.py) and by a restarting trainer to catch up to the log head.
+Used by every site (consumer/site.py) and by a restarting trainer to catch up to the log head. It never calls
+back into its caller (raft's Ready/Advance): `updates()` yields each version as it is applied, the caller
+acts on it (snapshot, commit, export) and asks for the next one, or stops iterating to stop between versions.
 """
 import logging
+from dataclasses import dataclass
+from typing import Iterator
 
 from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
+from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import DivergenceError, ForeignRecord, LogError, MalformedMessage
 from hilo.schemas.framing import frame_bound, split_trailer
-from hilo.schemas.signing import SignatureError, Verifier
+from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, KeyRotation, UpdateMessage, decode_record
+from hilo.schemas.signing import SignatureError, Verifier
 
-from . import crashpoints
-from .base import checkpoints_topic, updates_topic
-from .tail import last_message
+from hilo.log import crashpoints
+from hilo.log.base import checkpoints_topic, updates_topic
+from hilo.log.tail import last_message
 
 logger = logging.getLogger(__name__)
 _warned_unverified = set()  # runs this process follows signed but unverified: said once each
@@ -57,8 +63,8 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
             ckpt = decode_record(msg.data, what)
             if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
                 raise LogError(f"{what}: not a checkpoint of run {run!r}")
-            if "hilo-updates-offset" not in msg.headers:
-                raise MalformedMessage(f"{what}: missing header 'hilo-updates-offset'")
+            if H.UPDATES_OFFSET not in msg.headers:
+                raise MalformedMessage(f"{what}: missing header '{H.UPDATES_OFFSET}'")
             replica = PolicyReplica.from_checkpoint(ckpt, what)
         except (MalformedMessage, DivergenceError, LogError, SignatureError) as e:
             logger.warning("%s; falling back to the previous checkpoint", e)
@@ -67,7 +73,23 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
         if skipped is not None:
             logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
         replica.verifier = verifier
-        return replica, {"next_offset": int(msg.headers["hilo-updates-offset"]), "log_bytes": int(msg.headers.get("hilo-log-bytes", 0))}
+        return replica, Position(int(msg.headers[H.UPDATES_OFFSET]), int(msg.headers.get(H.LOG_BYTES, 0)))
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One version the follower just applied: the replica now holds `update.version` with digest `digest`."""
+
+    update: UpdateMessage
+    first_offset: int
+    last_offset: int
+    headers: dict
+    digest: bytes
+
+    @property
+    def version(self) -> int:
+        """The version applied."""
+        return self.update.version
 
 
 class Follower:
@@ -79,69 +101,84 @@ class Follower:
     halt every site and the trainer.
     """
 
-    def __init__(self, log_backend, run: str, replica: PolicyReplica, next_offset: int, log_bytes: int = 0):
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position):
         self.log, self.run, self.replica = log_backend, run, replica
         self.topic = updates_topic(run)
+        next_offset = position.next_offset
         self.next_offset = next_offset     # resume point: a snapshot stores this
         self.read_offset = next_offset     # where the next read starts (may be inside a message)
-        self.log_bytes = log_bytes         # cumulative bytes of update messages through the replica's version
+        self.log_bytes = position.log_bytes  # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = Reassembler(run, self.topic, max_bytes=frame_bound(update_size_bound(replica.manifest)))
         self.foreign = 0                   # records skipped because they are not this run's
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
-        self.rotations = []
+        self.rotations = list(position.keys)
         if not self.log.retained(self.topic, next_offset):
             raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
                            f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint")
         self.next_offset = self.read_offset = max(next_offset, self.log.begin_offset(self.topic))
 
-    def poll(self, timeout_s: float = 1.0, should_stop=lambda: False, on_applied=None) -> int:
-        """Read once and apply every complete message; returns how many versions were applied."""
-        applied = 0
+    def updates(self, timeout_s: float = 1.0) -> Iterator[Applied]:
+        """Read once; yield each version as it is applied. Stopping the iteration early stops between versions:
+        a half-read message is dropped and read again by the next call."""
         batch = self.log.read(self.topic, self.read_offset, timeout_s)
         if batch:
             crashpoints.reach("follower.fetched")
-        for rec in batch:
-            self.read_offset = rec.offset + 1
-            try:
-                msg = self.reassembler.feed(rec)
-            except ForeignRecord as e:
-                self.foreign += 1
-                logger.warning("%s: skipped (a record that is not this run's cannot change its policy; find who writes it)", e)
-                continue
-            if msg is None:
-                continue
-            what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
-            if msg.kind == "key":
-                self._rotate(msg, what)
-                continue
-            if msg.kind != "update":
-                raise LogError(f"{what}: a {msg.kind!r} record in the updates topic")
-            if self.replica.verifier is None:
-                warn_if_signed(msg.data, self.run, what)
-            upd: UpdateMessage = self.replica.parse(msg.data, what)
-            if upd.version != msg.version:
-                raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")
-            crashpoints.reach("follower.applying")
-            if self.replica.apply(upd, what):
-                crashpoints.reach("follower.applied")
-                applied += 1
-                self.log_bytes = int(msg.headers.get("hilo-log-bytes", self.log_bytes + len(msg.data)))
-                self.next_offset = msg.last_offset + 1
-                if on_applied:
-                    on_applied(upd, msg)
-            else:
-                self.next_offset = max(self.next_offset, msg.last_offset + 1)
-            if should_stop():
-                self.read_offset = self.next_offset  # drop a half-read message; it is re-read on resume
+        finished = False
+        try:
+            for rec in batch:
+                self.read_offset = rec.offset + 1
+                applied = self._feed(rec)
+                if applied is not None:
+                    yield applied
+            finished = True
+        finally:
+            if not finished:  # the caller stopped (or a record raised): resume at the last whole message
+                self.read_offset = self.next_offset
                 self.reassembler.reset()
-                return applied
         # Past what the batch returned: transaction markers and aborted records take offsets no reader gets.
         self.read_offset = max(self.read_offset, batch.next_offset)
         if not self.reassembler.parts:  # no message half-read: resuming from here loses nothing
             self.next_offset = max(self.next_offset, self.read_offset)
-        return applied
+
+    def poll(self, timeout_s: float = 1.0) -> int:
+        """Read once and apply every complete message; returns how many versions were applied."""
+        return sum(1 for _ in self.updates(timeout_s))
+
+    def _feed(self, rec) -> Applied | None:
+        """One record: reassemble; apply a complete update (returns it) or skip what cannot move the replica."""
+        try:
+            msg = self.reassembler.feed(rec)
+        except ForeignRecord as e:
+            self.foreign += 1
+            logger.warning("%s: skipped (a record that is not this run's cannot change its policy; find who writes it)", e)
+            return None
+        if msg is None:
+            return None
+        what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
+        if msg.kind == "key":
+            self._rotate(msg, what)
+            return None
+        if msg.kind != "update":
+            raise LogError(f"{what}: a {msg.kind!r} record in the updates topic")
+        if self.replica.verifier is None:
+            warn_if_signed(msg.data, self.run, what)
+        upd: UpdateMessage = self.replica.parse(msg.data, what)
+        if upd.version != msg.version:
+            raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")
+        crashpoints.reach("follower.applying")
+        if not self.replica.apply(upd, what):  # a duplicate of an applied version
+            self.next_offset = max(self.next_offset, msg.last_offset + 1)
+            return None
+        crashpoints.reach("follower.applied")
+        self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
+        self.next_offset = msg.last_offset + 1
+        return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest)
+
+    def position(self, saved_at: float | None = None) -> Position:
+        """Where this follower stands: what a snapshot of its replica stores."""
+        return Position(self.next_offset, self.log_bytes, tuple(self.rotations), saved_at)
 
     def _rotate(self, msg, what):
         """A signed 'next key' record: verified with the key trusted now, it moves trust to the new key."""
@@ -163,10 +200,12 @@ class Follower:
         logger.info("%s: from v%d the run is signed by key %s (rotation signed by %s)", what, rot.from_version,
                     self.replica.verifier.key_id.hex(), verifier.key_id.hex())
 
-    def catch_up(self, on_applied=None) -> int:
-        """Apply everything up to the current log end; returns versions applied."""
+    def catch_up(self) -> Iterator[Applied]:
+        """Apply everything up to the current log end, yielding each version applied."""
         end = self.log.end_offset(self.topic)
-        total = 0
         while self.read_offset < end:
-            total += self.poll(timeout_s=5.0, on_applied=on_applied)
-        return total
+            yield from self.updates(timeout_s=5.0)
+
+    def catch_up_all(self) -> int:
+        """`catch_up` for a caller with nothing to do per version; returns how many versions were applied."""
+        return sum(1 for _ in self.catch_up())

@@ -12,9 +12,10 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
 
-from .base import updates_topic
+from hilo.log.base import updates_topic
 
 
 class HistoryWriter:
@@ -129,6 +130,6 @@ def log_versions(log, run: str) -> dict:
         for rec in batch:
             msg = r.feed(rec)
             if msg is not None and msg.kind == "update":
-                out[msg.version] = msg.headers.get("hilo-digest")
+                out[msg.version] = msg.headers.get(H.DIGEST)
         pos = max(pos, batch.next_offset)
     return out

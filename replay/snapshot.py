@@ -12,9 +12,10 @@ import shutil
 
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.errors import ConfigError, MalformedMessage
+from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, decode_record
 
-from . import crashpoints
+from hilo.log import crashpoints
 
 # Named crash points of `save`, in order (tests stop a save at each one, as a crash there would).
 CRASH_POINTS = ("written", "old-moved", "new-in-place")
@@ -52,14 +53,14 @@ class SnapshotStore:
         self.failpoint = failpoint or (lambda point: crashpoints.reach(f"snapshot.{point}"))
         ensure_writable_dir(self.dir, "state dir")
 
-    def save(self, replica: PolicyReplica, position: dict, extra: dict | None = None) -> None:
-        """Write state + position (next offset, version, ...) and `extra` files ({name: bytes}) atomically, together."""
+    def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None) -> None:
+        """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically, together."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f"snapshot.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         files = {"state.ckpt": replica.checkpoint().to_bytes(),
-                 "position.json": json.dumps(position | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
+                 "position.json": json.dumps(position.to_json() | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
         for name, data in (files | (extra or {})).items():
             with open(tmp / name, "wb") as f:
                 f.write(data)
@@ -93,10 +94,8 @@ class SnapshotStore:
             path = olds[-1]
         what = f"snapshot {path}"
         try:
-            position = json.loads((path / "position.json").read_text())
-            if not isinstance(position, dict) or not isinstance(position.get("next_offset"), int):
-                raise ValueError("no integer 'next_offset'")
-        except (ValueError, UnicodeDecodeError) as e:
+            position = Position.from_json(json.loads((path / "position.json").read_text()), "position")
+        except (ValueError, UnicodeDecodeError, MalformedMessage) as e:
             raise MalformedMessage(f"{what}/position.json: corrupt ({e}); remove {path} to bootstrap from the log") from None
         if not (path / "state.ckpt").exists():
             raise MalformedMessage(f"{what}/state.ckpt: missing; remove {path} to bootstrap from the log")
