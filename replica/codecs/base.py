@@ -33,6 +33,10 @@ class Budget:
         if self.bytes is not None and self.bytes <= HEADER_RESERVE:
             raise ConfigError(f"Budget.bytes must exceed the {HEADER_RESERVE}-byte header reserve, got {self.bytes}")
 
+    def describe(self) -> str:
+        """As `--budget` takes it: '1.6%' or a byte count."""
+        return f"{100 * self.fraction:g}%" if self.bytes is None else str(self.bytes)
+
     def message_bytes(self, manifest: Manifest) -> int:
         """The whole message's byte budget for this adapter."""
         return self.bytes if self.bytes is not None else int(self.fraction * manifest.adapter_bytes())

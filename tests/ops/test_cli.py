@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hilo.ops.cli import main
+from hilo.ops.cli import main, parser
 
 
 def _help(*args):
@@ -16,7 +16,6 @@ def _help(*args):
 
 
 def test_help_lists_every_command_with_its_summary():
-    from hilo.ops.cli import parser
     sub = next(a for a in parser()._actions if a.dest == "command")
     out = _help()
     for name, choice in sub.choices.items():  # the parser's own table, each with a one-line summary
@@ -171,3 +170,40 @@ def test_security_options_on_the_file_log_are_one_line_errors(tmp_path, args, er
     conf.write_text("security.protocol=SSL\n")
     rc, _, err, _ = hilo(*[a.format(log=f"file://{tmp_path}/log", conf=conf) for a in args])
     assert rc == 1 and error.format(conf=conf) in one_line(err), err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["lag", "--help"], ["topics", "list", "--log", "LOG"], ["lag", "--log", "LOG", "--run", "r1"]])
+def test_operator_commands_do_not_import_torch(tmp_path, args):
+    """`hilo --help`, `hilo lag` and friends read the command table and import only their own module."""
+    url = f"file://{tmp_path}/log"
+    from hilo.log import open_log
+    open_log(url).create_topics("r1")
+    code = ("import sys; from hilo.ops.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH', 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, *[url if a == "LOG" else a for a in args]], capture_output=True, text=True, timeout=120)
+    assert "TORCH False" in r.stdout, r.stdout + r.stderr
+
+
+def test_consume_options_and_defaults_come_from_site_config():
+    """Each SiteConfig field the CLI exposes has the dataclass's default and the docstring's help: written once."""
+    import dataclasses
+    from hilo.consumer.site import SiteConfig
+    from hilo.ops.commands import consume
+    from hilo.ops.commands.args import field_docs
+    p = parser(["consume"])
+    sub = next(a for a in p._actions if a.dest == "command").choices["consume"]
+    actions = {a.dest: a for a in sub._actions}
+    docs = field_docs(SiteConfig)
+    for name in consume.FIELDS:
+        f = SiteConfig.__dataclass_fields__[name]
+        assert name in actions, name
+        if f.type is not bool and "bool" not in str(f.type):
+            assert actions[name].default == f.default, name
+        assert docs[name].split(".")[0][:30] in actions[name].help, name
+    a = p.parse_args(["consume", "--log", "file:///x", "--run", "r", "--site", "s", "--state-dir", "/tmp/s", "--no-export",
+                      "--idle-exit", "2.5"])
+    from hilo.ops.commands.args import config_from_args
+    cfg = config_from_args(SiteConfig, a)
+    assert (cfg.export_adapters, cfg.idle_exit_s, cfg.snapshot_every) == (False, 2.5, SiteConfig.snapshot_every)
+    assert dataclasses.replace(cfg) == cfg

@@ -1,0 +1,169 @@
+"""Argument types and option groups the commands share, and options generated from config dataclasses.
+
+A config's fields, defaults and help are written once, in the dataclass and its docstring
+("name: what it is. Default: X"); `config_options` turns them into options and `config_from_args`
+turns parsed options back into the config.
+"""
+import argparse
+import dataclasses
+import json
+import re
+import types
+import typing
+
+
+def budget(text: str):
+    """'0.016' (fraction of the bf16 adapter), '1.6%', or a byte count like '2MB' / '500000'."""
+    from hilo.replica.codecs import Budget
+    t = text.strip().upper()
+    try:
+        if t.endswith("%"):
+            return Budget(fraction=float(t[:-1]) / 100)
+        for suffix, mult in (("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("B", 1)):
+            if t.endswith(suffix):
+                return Budget(fraction=None, bytes=int(float(t[: -len(suffix)]) * mult))
+        v = float(t)
+        return Budget(fraction=v) if v <= 4 else Budget(fraction=None, bytes=int(v))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: {e}") from None
+
+
+def fractions(text: str) -> tuple:
+    """'1.6%,6.4%' or '0.016,0.064': budgets as fractions of the bf16 adapter (no byte counts)."""
+    out = tuple(budget(t).fraction for t in text.split(","))
+    if None in out:
+        raise argparse.ArgumentTypeError(f"--budgets {text!r}: give fractions of the adapter (1.6% or 0.016), not bytes")
+    return out
+
+
+def run_id(text: str) -> str:
+    """A run id, checked by the one rule every backend uses."""
+    from hilo.log.base import check_run
+    from hilo.schemas.errors import ConfigError
+    try:
+        return check_run(text, "--run")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def at_least(lo: int):
+    """argparse type: an int >= lo."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} is below the minimum {lo}")
+        return v
+    return parse
+
+
+def names(allowed):
+    """argparse type: a comma list of names from `allowed` (a registry's keys)."""
+    def parse(text: str) -> list:
+        got = [n for n in text.split(",") if n]
+        bad = [n for n in got if n not in allowed]
+        if bad or not got:
+            raise argparse.ArgumentTypeError(f"{text!r}: unknown {bad or 'empty list'}; expected a comma list of {', '.join(allowed)}")
+        return got
+    return parse
+
+
+def log_args(p):
+    """--log and --kafka-config."""
+    p.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT[,HOST:PORT]")
+    p.add_argument("--kafka-config", metavar="FILE", help="Kafka client .properties: security.protocol, ssl.ca.location, "
+                   "sasl.mechanism, sasl.username, sasl.password.file, ... (README: Running across sites)")
+
+
+def common(p):
+    """--log, --kafka-config and --run."""
+    log_args(p)
+    p.add_argument("--run", required=True, type=run_id, help="run id (letters, digits, '_', '-'); topics are RUN.updates "
+                   "and RUN.checkpoints")
+
+
+def open_from(a):
+    """The log of `--log`, with the TLS/SASL settings of `--kafka-config`."""
+    from hilo.log import open_log
+    return open_log(a.log, kafka_config=a.kafka_config)
+
+
+def existing_run(log, run: str):
+    """LogError unless `run` has topics on `log`: says which runs do exist (read-only commands create nothing)."""
+    from hilo.log import updates_topic
+    from hilo.schemas.errors import LogError, NoSuchTopic
+    try:
+        log.check_topic(updates_topic(run))
+    except NoSuchTopic:
+        runs = log.runs()
+        shown = ", ".join(runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "") if runs else "none"
+        raise LogError(f"{log.url}: run {run!r} does not exist; runs here: {shown} (hilo topics list --log {log.url})") from None
+
+
+def report(subparsers, name, summary, rows_of, format_rows):
+    """A read-only command over one run that prints `rows_of(log, run)` as a table, or JSON with --json."""
+    p = subparsers.add_parser(name, help=summary)
+    common(p)
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+
+    def fn(a):
+        log = open_from(a)
+        existing_run(log, a.run)
+        rows = rows_of(log, a.run)
+        print(json.dumps(rows, indent=2) if a.json else format_rows(rows))
+        return 0
+    p.set_defaults(fn=fn)
+    return p
+
+
+# -- options from config dataclasses ----------------------------------------------------------------
+def field_docs(cls) -> dict:
+    """{field: help} from a config docstring's "name[, name]: text" paragraphs (continuation lines indented)."""
+    out, current = {}, None
+    for line in (cls.__doc__ or "").splitlines():
+        m = re.match(r"^    ([a-z_, ]+): (.*)$", line)
+        if m and all(n.strip() in cls.__dataclass_fields__ for n in m.group(1).split(",")):
+            current = [n.strip() for n in m.group(1).split(",")]
+            for n in current:
+                out[n] = m.group(2).strip()
+        elif current and line.startswith("        "):
+            for n in current:
+                out[n] += " " + line.strip()
+        else:
+            current = None
+    return out
+
+
+def _scalar(annotation):
+    """int / float / str of an annotation such as `int | None`."""
+    args = [t for t in typing.get_args(annotation) if t is not type(None)] if isinstance(annotation, types.UnionType) else [annotation]
+    return args[0] if args and args[0] in (int, float, str, bool) else str
+
+
+def config_options(p, cls, fields, flags=None, choices=None):
+    """Add one option per field of `cls`: flag --field-name (or flags[field]), type, default and help from the
+    dataclass. A bool field whose default is True becomes a --no-... switch."""
+    flags, choices, docs = flags or {}, choices or {}, field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for name in fields:
+        f = cls.__dataclass_fields__[name]
+        default = f.default if f.default is not dataclasses.MISSING else None
+        text = re.sub(r"\s*Default: .*$", "", docs.get(name, name)).replace("%", "%%")
+        kind = _scalar(hints[name])
+        if kind is bool:
+            flag = flags.get(name, ("--no-" if default else "--") + name.replace("_", "-"))
+            p.add_argument(flag, dest=name, action="store_false" if default else "store_true",
+                           help=f"turn off (on by default): {text}" if default else text)
+            continue
+        flag = flags.get(name, "--" + name.replace("_", "-"))
+        shown = " (default: %(default)s)" if default is not None else ""
+        p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name), help=text + shown,
+                       metavar=None if name in choices else flag[2:].upper().replace("-", "_"))
+
+
+def config_from_args(cls, a, **given):
+    """`cls` built from the parsed options named like its fields (and `given`)."""
+    values = {n: getattr(a, n) for n in cls.__dataclass_fields__ if hasattr(a, n)}
+    return cls(**(values | given))

@@ -1,0 +1,119 @@
+"""`hilo bench NAME`: the benchmarks, each printing JSON with --json and writing its results folder."""
+import json
+
+from . import COMMANDS
+from .args import at_least, budget, fractions, names
+
+
+def codecs(a):
+    """Bytes, encode and apply time, error per codec x optimizer."""
+    from hilo.ops.bench.codecs import run, table
+    rows = run(a.shapes, a.codecs, a.optimizers, a.steps, a.budget)
+    print(json.dumps(rows, indent=2) if a.json else table(rows))
+    return 0
+
+
+def quality(a):
+    """The quality sweep."""
+    from hilo.ops.bench.quality import SweepConfig, main
+    lists = {k: tuple(getattr(a, k).split(",")) for k in ("tasks", "optimizers", "syncs") if getattr(a, k)}
+    cfg = SweepConfig(quick=a.quick, steps=a.steps, seeds=a.seeds, workers=a.workers, budgets=a.budgets,
+                      saved_only=a.saved_only, **lists)
+    return main(cfg, a.json, a.out)
+
+
+def serve(a):
+    """Publish -> served by vLLM, per version."""
+    from hilo.ops.bench.serve import main
+    return main(a.json, a.shapes, a.versions, a.out)
+
+
+def faults(a):
+    """SIGKILLs at every crash point, then the history check."""
+    from hilo.ops.bench.faults import main
+    return main(a.json, a.log, a.kills, a.trainer_kills, a.out, a.seed)
+
+
+def publish(a):
+    """Publish time, plain append vs transaction."""
+    from hilo.ops.bench.publish import main
+    return main(a.json, a.log, a.bytes, a.rounds, a.out)
+
+
+def wan(a):
+    """Freshness and step time over shaped links."""
+    from hilo.ops.bench.wan import main
+    return main(a.json, a.steps, a.compute_s, a.links, a.sites, a.out, a.shape)
+
+
+def register(sub):
+    """The bench command group; codec, optimizer, shape and sync names come from their registries."""
+    from hilo.ops.bench.onpolicy import SYNCS
+    from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
+    from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
+    from hilo.ops.bench.synthetic import QWEN3
+    from hilo.replica.codecs import CODECS
+    from hilo.replica.optimizers import OPTIMIZERS
+    all_codecs, optimizers, shapes = list(CODECS), list(OPTIMIZERS), list(QWEN3)
+    p = sub.add_parser("bench", help=COMMANDS["bench"][1])
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    b = bsub.add_parser("codecs", help="message bytes, encode ms, decode+apply ms, error per codec x optimizer")
+    b.add_argument("--shapes", type=names(shapes), default="qwen3-1.7b,qwen3-0.6b", help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
+    b.add_argument("--codecs", type=names(all_codecs), default=",".join(all_codecs), help="default: %(default)s")
+    b.add_argument("--optimizers", type=names(optimizers), default=",".join(optimizers), help="default: %(default)s")
+    b.add_argument("--steps", type=at_least(1), default=3, help="timed messages per row after one warm-up (default: %(default)s)")
+    b.add_argument("--budget", type=budget, default="1.6%", help="default: %(default)s")
+    b.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    b.set_defaults(fn=codecs)
+    q = bsub.add_parser("quality", help="on-policy distillation and RL: pass@1/pass@4 per optimizer x sync method")
+    q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
+    q.add_argument("--steps", type=at_least(1), help="training steps per run (default: 8 quick, 60 full)")
+    q.add_argument("--seeds", type=at_least(1), help="test seeds per cell (default: 1 quick, 5 full)")
+    q.add_argument("--workers", type=at_least(1), default=2, help="parallel runs, one torch thread each (default: %(default)s)")
+    q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
+    q.add_argument("--optimizers", help=f"comma list of {', '.join(optimizers)} (default: all)")
+    q.add_argument("--syncs", help=f"comma list of {', '.join(SYNCS)} (default: all; quick: {','.join(QUICK_SYNCS)})")
+    q.add_argument("--budgets", type=fractions, help="comma list of per-message budgets as fractions of the bf16 adapter; "
+                   "every lossy sync runs at each (default: each sync's own, " +
+                   "; ".join(f"{s} {','.join(f'{100 * b:g}%%' for b in bs)}" for s, bs in PLAN.items() if s != "full") + ")")
+    q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
+                   "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
+    q.add_argument("--saved-only", action="store_true",
+                   help="compute nothing: report the runs already saved under --out (a sweep in progress or stopped)")
+    q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
+    q.set_defaults(fn=quality)
+    s = bsub.add_parser("serve", help="publish -> first vLLM request served by the new version (apply, export, reload), per version")
+    s.add_argument("--shapes", type=names(list(SERVE_SHAPES)), default="tiny,qwen3-0.6b",
+                   help=f"comma list of {', '.join(SERVE_SHAPES)} (default: %(default)s)")
+    s.add_argument("--versions", type=at_least(1), default=5, help="timed versions per shape after one warm-up (default: %(default)s)")
+    s.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/serve-TIME)")
+    s.add_argument("--json", action="store_true", help="print the results object")
+    s.set_defaults(fn=serve)
+
+    def kafka_bench(name, summary, fn):
+        """A benchmark on a Kafka log: --log, --out, --json; returns its parser for the rest."""
+        b = bsub.add_parser(name, help=summary)
+        b.add_argument("--log", default="kafka://127.0.0.1:9092", metavar="URL", help="the log (default: %(default)s, "
+                       "ops/kafka/start.sh)")
+        b.add_argument("--out", metavar="DIR", help=f"results folder (default: ~/.cache/hilo-sync/bench/{name}-TIME)")
+        b.add_argument("--json", action="store_true", help="print the results object")
+        b.set_defaults(fn=fn)
+        return b
+
+    f = kafka_bench("faults", "SIGKILL trainers and sites at every named crash point; check every history", faults)
+    f.add_argument("--kills", type=at_least(1), default=200, help="site SIGKILLs (default: %(default)s)")
+    f.add_argument("--trainer-kills", type=at_least(0), default=20, help="trainer SIGKILLs (default: %(default)s)")
+    f.add_argument("--seed", type=int, default=0, help="which crash counts and instants (default: %(default)s)")
+    b = kafka_bench("publish", "per-version publish time on Kafka: plain append vs in a transaction", publish)
+    b.add_argument("--bytes", type=at_least(1), default=100_000, help="record size (default: %(default)s)")
+    b.add_argument("--rounds", type=at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
+    w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
+    w.add_argument("--steps", type=at_least(1), default=2, help="messages per method and config (default: %(default)s)")
+    w.add_argument("--compute-s", type=float, default=8.0,
+                   help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
+    w.add_argument("--links", default="100,1000", help="link rates in Mbit/s (default: %(default)s)")
+    w.add_argument("--sites", default="1,4", help="site counts (default: %(default)s)")
+    w.add_argument("--shape", default="qwen3-1.7b", choices=shapes, help="adapter shape (default: %(default)s)")
+    w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
+    w.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
+    w.set_defaults(fn=wan)

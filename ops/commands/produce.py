@@ -1,0 +1,41 @@
+"""`hilo produce`: the built-in tiny trainer as a standalone producer. Options come from ProducerConfig."""
+from . import COMMANDS
+from .args import at_least, budget, common, config_from_args, config_options
+
+FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history")
+
+
+def run(a):
+    """Train --steps steps of the tiny model, publishing one version per step."""
+    from hilo.ops.tiny_trainer import build_model, train
+    from hilo.producer.producer import HiLoProducer, ProducerConfig
+    producer = HiLoProducer(build_model(seed=a.seed), config_from_args(ProducerConfig, a))
+    adapter = producer.manifest.adapter_bytes()
+
+    def on_step(version, loss, compute_s, info):
+        print(f"v{version} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of adapter) "
+              f"chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms"
+              + (f" lag {info['lag']:.2e}" if a.mode == "delta" else ""), flush=True)
+    train(producer, a.steps, lr=a.lr, seed=a.seed, on_step=on_step)
+    flushed = producer.flush()
+    print(f"done: v{producer.version} digest {producer.replica.digest.hex()}"
+          + (f" (flush: {flushed} message(s), lag {producer.lag():.2e})" if a.mode == "delta" else ""))
+    producer.close()
+    return 0
+
+
+def register(sub):
+    """The produce parser; codec, optimizer and mode choices come from their registries."""
+    from hilo.producer.delta import MODES
+    from hilo.producer.producer import ProducerConfig
+    from hilo.replica.codecs import CODECS
+    from hilo.replica.optimizers import OPTIMIZERS
+    p = sub.add_parser("produce", help=COMMANDS["produce"][1])
+    common(p)
+    p.add_argument("--budget", type=budget, default=ProducerConfig.budget,
+                   help=f"bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: {ProducerConfig.budget.describe()}%)")
+    config_options(p, ProducerConfig, FIELDS, choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES)})
+    p.add_argument("--steps", type=at_least(1), default=100, help="training steps to run (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")
+    p.set_defaults(fn=run)

@@ -1,0 +1,35 @@
+"""`hilo topics create|list|describe`: a run's topics."""
+from hilo.log import checkpoints_topic, updates_topic
+
+from . import COMMANDS
+from .args import common, log_args, open_from, report
+
+
+def create(a):
+    """Create the run's topics, or check existing ones."""
+    created = open_from(a).create_topics(a.run, a.retention_ms)
+    for t in (updates_topic(a.run), checkpoints_topic(a.run)):
+        print(f"{t}: {'created' if t in created else 'exists, checked (1 partition, cleanup.policy=delete)'}")
+    return 0
+
+
+def list_runs(a):
+    """Print the runs on a log."""
+    for run in open_from(a).runs():
+        print(run)
+    return 0
+
+
+def register(sub):
+    """The topics command group."""
+    from hilo.ops.describe import describe_run, format_rows
+    p = sub.add_parser("topics", help=COMMANDS["topics"][1])
+    tsub = p.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    c = tsub.add_parser("create", help="create RUN.updates (1 partition, delete policy) and RUN.checkpoints; check existing ones")
+    common(c)
+    c.add_argument("--retention-ms", type=int, default=-1, help="retention of both topics; -1 keeps forever (default)")
+    c.set_defaults(fn=create)
+    c = tsub.add_parser("list", help="the runs on a log (topics RUN.updates)")
+    log_args(c)
+    c.set_defaults(fn=list_runs)
+    report(tsub, "describe", "a run's topics: retained offsets and versions, retention", describe_run, format_rows)
