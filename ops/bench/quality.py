@@ -9,7 +9,7 @@ half-decade grid, every other cell on the 3 half-decade rates around full sync's
 per cell on the test split. Runs of different methods with the same seed share the LoRA init, the prompt
 stream and the evaluation sampling, so "vs full" is the paired difference, with its standard error and a
 95% t interval over the seeds. Cells run one (sync, budget) stage at a time, budgets in PRIORITY order (1.6% first). Runs go to a pool of --workers
-processes (one torch thread each); every finished run is saved under DIR/runs/, so rerunning with the same
+processes (one torch thread each); every finished run is appended to DIR/runs.jsonl, so rerunning with the same
 --out resumes an interrupted sweep, and --saved-only reports the runs saved so far without computing any.
 Results: DIR/quality.json, DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
 """
@@ -29,6 +29,7 @@ import torch
 
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
 from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained
+from hilo.ops.bench.runstore import RunStore
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.schemas.errors import ConfigError
 
@@ -112,39 +113,35 @@ def _worker_init():
     _MODELS = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
 
 
-def _run_file(runs: pathlib.Path, cfg: RunConfig) -> pathlib.Path:
+def _run_id(cfg: RunConfig) -> str:
     # the pretrained models' specs are part of a run's identity: a new student invalidates every saved run
     ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(STUDENT), "teacher": asdict(TEACHER)}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
-    return runs / f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}.json"
+    return f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}"
 
 
-def _run_to_file(cfg: RunConfig, path: str) -> dict:
-    """Worker body: one run, written atomically so an interrupted sweep resumes without redoing it."""
-    res = run(cfg, *_MODELS)
-    tmp = f"{path}.tmp{os.getpid()}"
-    pathlib.Path(tmp).write_text(json.dumps(res))
-    os.replace(tmp, path)
-    return res
+def _run_one(cfg: RunConfig) -> dict:
+    """Worker body: one run."""
+    return run(cfg, *_MODELS)
 
 
-def run_all(cfgs: list, runs: pathlib.Path, workers: int, label: str, compute: bool = True) -> list:
-    """Results of `cfgs` in order: read from `runs/` where a finished run is saved, the rest computed in a pool
-    (or None where compute is False)."""
-    runs.mkdir(parents=True, exist_ok=True)
-    paths = [_run_file(runs, c) for c in cfgs]
-    results = {i: json.loads(p.read_text()) for i, p in enumerate(paths) if p.exists()}
+def run_all(cfgs: list, runs: RunStore, workers: int, label: str, compute: bool = True) -> list:
+    """Results of `cfgs` in order: read from `runs` where a finished run is saved, the rest computed in a pool
+    and saved as each finishes (or None where compute is False)."""
+    ids = [_run_id(c) for c in cfgs]
+    results = {i: runs.get(r) for i, r in enumerate(ids) if runs.get(r) is not None}
     todo = [i for i in range(len(cfgs)) if i not in results]
     if results:
-        _say(f"quality: {label}: {len(results)} of {len(cfgs)} runs already in {runs}")
+        _say(f"quality: {label}: {len(results)} of {len(cfgs)} runs already in {runs.path}")
     if not compute:
         return [results.get(i) for i in range(len(cfgs))]
     t0 = time.time()
     with ProcessPoolExecutor(min(workers, len(todo)) or 1, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
-        futures = {pool.submit(_run_to_file, cfgs[i], str(paths[i])): i for i in todo}
+        futures = {pool.submit(_run_one, cfgs[i]): i for i in todo}
         for n, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             results[i] = fut.result()
+            runs.put(ids[i], results[i])
             c, el = cfgs[i], time.time() - t0
             _say(f"  {label} [{n}/{len(todo)}] {c.task}/{c.optimizer}/{c.sync} lr={c.lr:g} seed={c.seed}: "
                  f"pass@4 {results[i]['pass4']:.3f} ({el / 60:.1f} min, ~{el / n * (len(todo) - n) / 60:.0f} min left)")
@@ -161,7 +158,7 @@ def _tune(cells: dict, runs, workers, compute, label_: str) -> tuple:
         got = [(c, next(results)) for c in cfgs]
         done = [(c, r) for c, r in got if r is not None]
         if len(done) < len(cfgs):
-            raise ConfigError(f"quality: {runs} holds {len(done)} of {len(cfgs)} tuning runs of {'/'.join(map(str, key))}"
+            raise ConfigError(f"quality: {runs.path} holds {len(done)} of {len(cfgs)} tuning runs of {'/'.join(map(str, key))}"
                               f"; run without --saved-only to finish them")
         cell_rows = [{"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
                       "lr": c.lr, "val_pass1": r["pass1"], "val_pass4": r["pass4"]} for c, r in done]
@@ -214,7 +211,7 @@ def paired(cell: dict, full: dict, key: str = "pass4") -> dict | None:
 
 
 def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
-    """Run the sweep (resuming from out/runs/); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
+    """Run the sweep (resuming from out/runs.jsonl); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
 
     Per budget in PRIORITY order: tune every cell of that budget on val (seed TUNE_SEED; full sync on its LR_GRID,
     every other method on the 3 rates around full sync's choice), then run its test seeds (seed-major, so a sweep
@@ -231,7 +228,7 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     _say(f"quality: student greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
     steps = cfg.steps or (QUICK_STEPS if quick else STEPS)
     seeds = cfg.seeds or (1 if quick else SEEDS)
-    runs = out / "runs"
+    runs = RunStore(out)
     plan = cfg.cells()
     if not quick and ("full", None) not in plan:
         plan = [("full", None)] + plan  # every other method's grid is centred on full sync's rate
@@ -402,7 +399,7 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     res = sweep(cfg, out)
     if not res["cells"]:  # only --saved-only gets here: nothing to plot or tabulate
-        raise ConfigError(f"quality: no finished cell in {out / 'runs'}" + "".join(f"; {m}" for m in res["unfinished"]))
+        raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}" + "".join(f"; {m}" for m in res["unfinished"]))
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")

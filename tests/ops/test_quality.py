@@ -58,12 +58,12 @@ def test_quick_quality_run(tmp_path, capsys):
     # 8 steps of distillation already pull the held-out reverse KL below the untrained student's
     assert all(c["kl_mean"] < res["untrained"]["kl"] for c in cells if c["task"] == "distill")
 
-    # Rerunning into the same folder resumes: every run comes from runs/, none is recomputed
-    saved = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
-    assert len(saved) == len(cells)
+    # Rerunning into the same folder resumes: every run comes from runs.jsonl, none is recomputed (nothing appended)
+    saved = (tmp_path / "runs.jsonl").read_bytes()
+    assert len(saved.splitlines()) == len(cells)
     assert main(SweepConfig(quick=True), as_json=True, out_dir=str(tmp_path)) == 0
     again = json.loads(capsys.readouterr().out)
-    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()} == saved
+    assert (tmp_path / "runs.jsonl").read_bytes() == saved
     assert [c["pass4_mean"] for c in again["cells"]] == [c["pass4_mean"] for c in cells]
     assert main(SweepConfig(quick=True, saved_only=True), as_json=True, out_dir=str(tmp_path)) == 0
     assert [c["kl_mean"] for c in json.loads(capsys.readouterr().out)["cells"]] == [c["kl_mean"] for c in cells]
@@ -73,7 +73,7 @@ def test_quick_quality_run(tmp_path, capsys):
 def test_saved_only_with_nothing_saved_is_a_named_error_not_a_crash(tmp_path):
     from hilo.ops.bench.quality import SweepConfig, main
     from hilo.schemas.errors import ConfigError
-    with pytest.raises(ConfigError, match=f"no finished cell in {tmp_path / 'runs'}"):
+    with pytest.raises(ConfigError, match=f"no finished cell in {tmp_path / 'runs.jsonl'}"):
         main(SweepConfig(quick=True, saved_only=True), as_json=True, out_dir=str(tmp_path))
 
 
