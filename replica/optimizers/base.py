@@ -1,6 +1,6 @@
 """The optimizer interface and the arithmetic rules every implementation follows.
 
-Rules (DESIGN.md, "The replica contract"): out-of-place, elementwise, individually rounded fp32 ops only
+Rules (docs/design.md, "The replica contract"): out-of-place, elementwise, individually rounded fp32 ops only
 (mul, add, sub, div, sqrt, sign). No torch.optim, no addcmul/lerp/alpha= (they may fuse), no foreach or
 fused kernels. Scalars are rounded to fp32 once (`f32`) before they touch a tensor; powers like beta^t
 come from running products kept in the state, never from pow/exp.

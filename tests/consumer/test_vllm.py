@@ -12,7 +12,6 @@ import pathlib
 import socket
 import subprocess
 import threading
-import time
 
 import pytest
 import requests
@@ -24,6 +23,7 @@ from hilo.log import open_log
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -171,14 +171,6 @@ class Forwarder:
                     pass
 
 
-def _until(cond, timeout_s=120):
-    """Poll another thread's progress (no sleep-as-synchronisation: the condition is what we wait for)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-
-
 def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_path):
     vllm_url, _ = vllm
     fwd = Forwarder(int(vllm_url.rsplit(":", 1)[1]))
@@ -189,10 +181,10 @@ def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_
     worker = threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True)
     worker.start()
     publish_random(producer, 4)
-    _until(lambda: s.follower.replica.version == 4)
+    wait_until(lambda: s.follower.replica.version == 4, 120, 'the site applied v4 with vLLM down')
     assert s.serving is None and s.served_versions == []
     fwd.open()
-    _until(lambda: s.serving is not None)
+    wait_until(lambda: s.serving is not None, 120, 'vLLM serves a version once it is back')
     assert s.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
     s.stopping = True
     worker.join(timeout=60)

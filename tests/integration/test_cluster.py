@@ -17,6 +17,7 @@ from hilo.log import open_log, updates_topic
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import check, log_versions, read_history
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -121,10 +122,8 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     threads = [threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True) for s in sites.values()]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 120
-    while not all(s.committer and s.committer.committed and json.loads(s.committer.committed[1])["version"] == 3
-                  for s in sites.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)  # watching the sites' threads until both committed v3 (the offsets topic then exists)
+    wait_until(lambda: all(s.committer and s.committer.committed and json.loads(s.committer.committed[1])["version"] == 3
+                           for s in sites.values()), 120, "both sites committed v3 (the offsets topic then exists)")
     offsets = open_log(url).admin.describe_topics(["__consumer_offsets"])  # one partition here (start.sh)
     coordinator = offsets[0]["partitions"][0]["leader_id"]
     os.kill(int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{coordinator}" / "pid").read_text()), signal.SIGKILL)
@@ -132,16 +131,13 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     while time.monotonic() - down_at < 45:  # the outage: the trainer keeps publishing, sites keep applying
         publish_random(producer, 1, seed=producer.version)
     at_end = producer.version  # with the coordinator still down, every site must reach what the trainer published
-    deadline = time.monotonic() + 60
-    while any(s.follower.replica.version < at_end for s in sites.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)  # watching the sites' threads, bounded
+    wait_until(lambda: all(s.follower.replica.version >= at_end for s in sites.values()), 60,
+               f"both sites applied v{at_end} with the group coordinator down")
     applied_while_down = {n: s.follower.replica.version for n, s in sites.items()}
     subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
     publish_random(producer, 2, seed=99)
     final = producer.version
-    deadline = time.monotonic() + 300
-    while any(s.follower.replica.version < final for s in sites.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)  # watching other threads' progress, bounded; their own loop is what is tested
+    wait_until(lambda: all(s.follower.replica.version >= final for s in sites.values()), 300, f"both sites applied v{final}")
     for s in sites.values():
         s.stopping = True  # as SIGTERM does: stop between versions
     for t in threads:
