@@ -8,6 +8,7 @@
 The trainer is a replica: its LoRA params are whatever the decoded messages make them, so every site
 that applies the same messages holds the same policy, bit for bit.
 """
+import enum
 import io
 import json
 import logging
@@ -34,11 +35,20 @@ from hilo.schemas.position import Position
 from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
 
-from .delta import ADD, MODES, MasterCopy, relative_lag
+from .delta import ADD, MODES
 from .lora_params import lora_parameters
+from .sync_mode import SYNC_MODES
 from .update_builder import Proposal, UpdateBuilder
 
 logger = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    """What a failed publish turned out to be, asked of the log afterwards."""
+
+    COMMITTED = "committed"        # the log holds the message after all
+    NOT_ON_LOG = "not on the log"  # safe to publish it again
+    IN_DOUBT = "in doubt"          # the log could not be read: the next step resyncs before anything else
 
 
 PUBLISH_ATTEMPTS = 3  # a publish the log does not hold is tried this often (a fresh producer each time) before step() raises
@@ -147,9 +157,8 @@ class HiLoProducer:
         self.fencing_token = self.log.become_writer(config.run, at)
         replica, self.log_bytes, self.next_offset = self._start()
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
-        # delta mode: the trainer's own params + optimizer state, ahead of the sites by what the encoder still holds
-        self.master = MasterCopy(replica.state.params, config.optimizer) if config.mode == "delta" else None
-        self.pending_master = None  # the master state of the proposal in flight (or in doubt)
+        self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
+        self.pending = None  # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
         self.history = HistoryWriter(config.history) if config.history else None
         if self.history:
             self.history.record(replica.version, replica.digest, self.next_offset, start=True)
@@ -159,12 +168,17 @@ class HiLoProducer:
     @property
     def site_optimizer(self) -> str:
         """The step every replica of the run applies: the optimizer (gradient mode) or "add" (delta mode)."""
-        return ADD if self.config.mode == "delta" else self.config.optimizer
+        return SYNC_MODES[self.config.mode].site_optimizer(self.config.optimizer)
 
     @property
     def rule(self):
         """The optimizer step() hyperparameters are for: the run's (gradient mode) or the master's (delta mode)."""
-        return self.master.optimizer if self.master else self.builder.optimizer
+        return self.sync.rule(self.builder)
+
+    @property
+    def master(self):
+        """Delta mode's master copy (None in gradient mode)."""
+        return self.sync.master
 
     @property
     def replica(self) -> PolicyReplica:
@@ -256,27 +270,25 @@ class HiLoProducer:
         fresh optimizer state): an adapter-only checkpoint is enough to go on."""
         if self.snapshot_version is None:
             return
-        names = ("encoder.pt", "master.pt") if self.master is not None else ("encoder.pt",)
+        names = ("encoder.pt", *self.sync.STATE_FILES)
         data = {n: self.store.load_extra(n) for n in names}
         lacking = [n for n, d in data.items() if d is None]
         if lacking or self.replica.version != self.snapshot_version:
             logger.warning("run %s: resuming at v%d without the trainer state of that version (%s); error feedback restarts "
                            "from zero%s", self.config.run, self.replica.version,
                            f"the snapshot has no {', '.join(lacking)}" if lacking else f"the snapshot is of v{self.snapshot_version}",
-                           " and the master from the sites' params with fresh optimizer state" if self.master else "")
+                           self.sync.lost_on_restart)
             return
         where = f"{self.store.dir}/snapshot"
-        self.builder.encoder.load_state_dict(torch.load(io.BytesIO(data["encoder.pt"]), weights_only=True), f"{where}/encoder.pt")
-        if self.master is not None:
-            self.master.load_state_dict(torch.load(io.BytesIO(data["master.pt"]), weights_only=True), f"{where}/master.pt")
+        objs = {n: torch.load(io.BytesIO(d), weights_only=True) for n, d in data.items()}
+        self.builder.encoder.load_state_dict(objs.pop("encoder.pt"), f"{where}/encoder.pt")
+        self.sync.load_state_files(objs, where)
         logger.info("run %s: trainer state (%s) restored from the snapshot (v%d)", self.config.run, ", ".join(names), self.replica.version)
 
     def save_snapshot(self):
         """The trainer's own snapshot: replica, position, encoder state and delta mode's master (never published),
         replaced atomically."""
-        extra = {"encoder.pt": self.builder.encoder.state_dict()}
-        if self.master is not None:
-            extra["master.pt"] = self.master.state_dict()
+        extra = {"encoder.pt": self.builder.encoder.state_dict()} | self.sync.state_files()
         blobs = {}
         for name, obj in extra.items():
             buf = io.BytesIO()
@@ -303,14 +315,13 @@ class HiLoProducer:
                               f"this run; this one publishes nothing more")
         if ours:
             self.builder.encoder.commit(pending.encoding)  # the log has our message: keep its error feedback
-            if self.pending_master is not None:
-                self.master.commit(self.pending_master)
+            self.sync.commit(self.pending)
             if self.history:
                 self.history.record(self.version, self.replica.digest, self.next_offset - 1)
             logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", self.config.run, pending.version)
         elif pending is not None:
             logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", self.config.run, pending.version)
-        self.in_doubt = self.pending_master = None
+        self.in_doubt = self.pending = None
         self.write_back()
 
     def _checkpoint_records(self, ckpt, updates_offset, log_bytes) -> list:
@@ -355,29 +366,29 @@ class HiLoProducer:
     def write_back(self):
         """Copy the trainer's fp32 params (the replica's; delta mode: the master's) into the training model (its dtype)."""
         with torch.no_grad():
-            for p, src in zip(self.params, self.master.params if self.master else self.replica.state.params):
+            for p, src in zip(self.params, self.sync.policy(self.replica)):
                 p.copy_(src.to(p.dtype))
 
-    def _settle(self, proposal: Proposal, error: Exception):
-        """After a failed publish: the offsets of `proposal` if the log holds it anyway; else re-raise `error`."""
+    def _settle(self, proposal: Proposal, error: Exception) -> tuple:
+        """After a failed publish, ask the log what happened: (Outcome, offsets of `proposal` when COMMITTED).
+        FencedError when the log holds another message for that version (another trainer writes the run)."""
         msg = proposal.message
         try:
             h = head(self.log, self.updates, self.config.run) or {}
             landed = h.get(H.VERSION) == str(msg.version) and h.get(H.DIGEST) == msg.digest.hex()
             end = self.log.end_offset(self.updates) if landed else None
         except Exception as e:  # noqa: BLE001  (any failure here leaves the outcome unknown)
-            self.in_doubt = proposal
             logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
                            "the next step resyncs from the log", self.config.run, msg.version, error, e, self.version)
-            raise error from None
+            return Outcome.IN_DOUBT, None
         if not landed and int(h.get(H.VERSION, -1)) >= msg.version:  # someone else moved the run meanwhile
             raise FencedError(f"run {self.config.run}: publishing v{msg.version} failed ({error}), and the log holds another "
                               f"v{h[H.VERSION]} (digest {h.get(H.DIGEST, '?')[:12]}): another trainer writes this run; "
                               f"this one publishes nothing more") from None
         if not landed:
-            raise error  # not published: nothing was committed, as if this step never ran
+            return Outcome.NOT_ON_LOG, None
         logger.warning("run %s: publishing v%d reported %s, but the log holds it; continuing", self.config.run, msg.version, error)
-        return [end - 1]
+        return Outcome.COMMITTED, [end - 1]
 
     def gradients(self) -> list:
         """The LoRA params' .grad in manifest order (zeros for a block outside the graph); refuses none at all, or NaN/Inf."""
@@ -393,7 +404,7 @@ class HiLoProducer:
 
     def lag(self) -> float:
         """How far the sites' policy trails the trainer's: ||master - site|| / ||master|| (0 in gradient mode)."""
-        return relative_lag(self.master.params, self.replica.state.params) if self.master else 0.0
+        return self.sync.lag(self.replica)
 
     def step(self, meta: dict | None = None, zero_grad: bool = True, **hparams) -> int:
         """Encode the LoRA grads, publish, then commit: apply locally, write params back (and zero the grads
@@ -402,12 +413,8 @@ class HiLoProducer:
         t0 = time.perf_counter()
         if self.in_doubt is not None:
             self.resync()
-        grads, h = self.gradients(), self.config.hparams | hparams
-        if self.master is None:
-            version = self._publish(self.builder.propose(grads, h, meta), None, t0)
-        else:
-            master_next, movement = self.master.propose(grads, h)
-            version = self._publish(self.builder.propose(movement, {}, meta, target=master_next.params), master_next, t0)
+        proposal, pending = self.sync.propose(self.builder, self.gradients(), self.config.hparams | hparams, meta)
+        version = self._publish(proposal, pending, t0)
         if zero_grad:
             for p in self.params:
                 p.grad = None
@@ -417,7 +424,7 @@ class HiLoProducer:
         """Delta mode: publish messages carrying no new step until the sites trail the master by at most `lag`
         (default flush_lag), at most `max_messages` (default flush_max) of them; returns how many. Gradient mode
         sends nothing: every replica already holds the trainer's state."""
-        if self.master is None:
+        if not self.sync.flushes:
             return 0
         tol = self.config.flush_lag if lag is None else lag
         most = self.config.flush_max if max_messages is None else max_messages
@@ -426,8 +433,7 @@ class HiLoProducer:
             t0 = time.perf_counter()
             if self.in_doubt is not None:
                 self.resync()
-            zeros = [torch.zeros_like(p) for p in self.master.params]  # no new movement: spend the budget on the residual
-            self._publish(self.builder.propose(zeros, {}, {"flush": 1}, target=self.master.params), None, t0)
+            self._publish(self.sync.flush_proposal(self.builder), None, t0)
             sent += 1
         if sent or start > tol:
             log = logger.warning if self.lag() > tol else logger.info
@@ -435,9 +441,9 @@ class HiLoProducer:
                 self.config.run, sent, self.version, start, self.lag(), tol)
         return sent
 
-    def _publish(self, proposal, master_next, t0: float) -> int:
-        """Publish `proposal` (with its checkpoint when due), then commit it and `master_next` (delta mode)."""
-        self.pending_master = master_next
+    def _publish(self, proposal, pending, t0: float) -> int:
+        """Publish `proposal` (with its checkpoint when due), then commit it and `pending` (the sync mode's state)."""
+        self.pending = pending
         crashpoints.reach("trainer.encoded")
         msg = proposal.message
         data = msg.to_bytes(self.signer)
@@ -446,35 +452,27 @@ class HiLoProducer:
             extra[H.LAG] = f"{msg.meta['lag']:.6g}"
         checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
-            checkpoint_offsets = None
             try:
-                # One transaction on Kafka: the version's chunks and its checkpoint's become visible together, or not at all.
-                with self.log.transaction() as tx:
-                    offsets = tx.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
-                    if checkpoint:
-                        ckpt = proposal.state.to_checkpoint(self.config.run, self.replica.genesis, msg.digest)
-                        checkpoint_offsets = tx.append(self.checkpoints, self._checkpoint_records(ckpt, offsets[-1] + 1,
-                                                                                                 self.log_bytes + len(data)))
-                    crashpoints.reach("trainer.in-transaction")
-                crashpoints.reach("trainer.committed")
+                offsets, checkpoint_offsets = self._append(proposal, data, extra, checkpoint)
                 break
             except FencedError:
                 raise  # certain: nothing more will be written
-            except Exception as e:  # noqa: BLE001  (the broker may have stored it even so: the log decides)
-                try:
-                    offsets, checkpoint_offsets = self._settle(proposal, e), None
-                    break
-                except FencedError:
-                    raise
-                except Exception:  # noqa: BLE001  (not on the log: publish it again, with a fresh producer)
-                    if self.in_doubt is not None or attempt == PUBLISH_ATTEMPTS:
-                        raise
-                    logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
-                                   self.config.run, msg.version, e, attempt + 1, PUBLISH_ATTEMPTS)
+            except Exception as e:  # noqa: BLE001  (whatever the transport raised, the broker may hold it: the log decides)
+                error = e
+            outcome, offsets = self._settle(proposal, error)
+            checkpoint_offsets = None
+            if outcome is Outcome.COMMITTED:
+                break
+            if outcome is Outcome.IN_DOUBT:
+                self.in_doubt = proposal
+                raise error
+            if attempt == PUBLISH_ATTEMPTS:
+                raise error
+            logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
+                           self.config.run, msg.version, error, attempt + 1, PUBLISH_ATTEMPTS)
         self.builder.commit(proposal)
-        if master_next is not None:
-            self.master.commit(master_next)
-        self.pending_master = None
+        self.sync.commit(pending)
+        self.pending = None
         self.log_bytes += len(data)
         self.next_offset = offsets[-1] + 1
         if self.history:
@@ -492,6 +490,20 @@ class HiLoProducer:
                           "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
                           "total_s": time.perf_counter() - t0, "lag": msg.meta.get("lag", 0.0)}
         return msg.version
+
+    def _append(self, proposal, data: bytes, extra: dict, checkpoint: bool) -> tuple:
+        """One transaction on the log: the version's chunks and, when due, its checkpoint's become visible together,
+        or not at all. Returns (update offsets, checkpoint offsets or None)."""
+        msg, checkpoint_offsets = proposal.message, None
+        with self.log.transaction() as tx:
+            offsets = tx.append(self.updates, split(data, self.config.run, "update", msg.version, self.config.chunk_bytes, extra))
+            if checkpoint:
+                ckpt = proposal.state.to_checkpoint(self.config.run, self.replica.genesis, msg.digest)
+                checkpoint_offsets = tx.append(self.checkpoints, self._checkpoint_records(ckpt, offsets[-1] + 1,
+                                                                                         self.log_bytes + len(data)))
+            crashpoints.reach("trainer.in-transaction")
+        crashpoints.reach("trainer.committed")
+        return offsets, checkpoint_offsets
 
     def _checkpoint(self):
         """Publish a checkpoint of the committed state (and save the local snapshot); a failure is retried next version."""
