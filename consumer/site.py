@@ -52,8 +52,9 @@ class SiteConfig:
     export_dtype: bfloat16 | float16 | float32. Default: bfloat16
     keep_adapters: newest N adapter dirs kept. Default: 3
     on_version: shell command run after each export of the newest version (HILO_VERSION, HILO_ADAPTER_DIR,
-        HILO_DIGEST). Default: None
-    vllm: base URL of a vLLM server to load each newest version into (needs export_adapters). Default: None
+        HILO_DIGEST); for engines other than vLLM. Default: None
+    vllm: base URL of a vLLM server to load each newest version into (needs export_adapters; the server runs with
+        --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, as ops/vllm/start.sh starts it). Default: None
     lora_name: the adapter name requests to that server use. Default: policy
     retry_serve_s: first wait before retrying a load vLLM could not take (doubles up to 60 s). Default: 2
     trust: the trainer's Ed25519 public key (PEM); only records it signed are applied. Default: None (verify nothing)
