@@ -8,6 +8,7 @@ ones. `close` gives the last position a bounded time to land.
 import logging
 import threading
 
+from hilo.log.retry import Backoff
 from hilo.schemas.errors import HiloError
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class GroupCommitter:
             self._cv.notify()
 
     def _loop(self):
-        wait = BACKOFF_S[0]
+        backoff = Backoff(*BACKOFF_S)
         while True:
             with self._cv:
                 while self._pending is None and not self._stop:
@@ -53,12 +54,12 @@ class GroupCommitter:
                         self._pending = item  # retry this one unless a newer one came
                     if self._stop:
                         return
-                    self._cv.wait(wait)  # backoff; a stop or a newer position wakes it early
-                wait = min(BACKOFF_S[1], 2 * wait)
+                    self._cv.wait(backoff.next())  # a stop or a newer position wakes it early
                 continue
             if self.failing:
                 logger.info("site %s: position committed again (offset %d)", self.site, item[0])
-            self.failing, self.committed, wait = False, item, BACKOFF_S[0]
+            self.failing, self.committed = False, item
+            backoff.reset()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Let the newest position land (one more try if the last failed), then stop; bounded by `timeout_s`."""

@@ -7,6 +7,8 @@ load keeps serving the previous version and doubles the wait before the next try
 """
 from dataclasses import dataclass, field
 
+from hilo.log.retry import Backoff
+
 MAX_WAIT_S = 60.0
 
 
@@ -19,10 +21,9 @@ class ServingState:
     serving: tuple | None = None
     served_versions: list = field(default_factory=list)   # every version loaded, in order
     retry_at: float = 0.0                                 # monotonic time of the next retry of a failed load
-    wait_s: float = 0.0
 
     def __post_init__(self):
-        self.wait_s = self.first_wait_s
+        self.backoff = Backoff(self.first_wait_s, MAX_WAIT_S)
 
     def on_exported(self, version: int, out) -> None:
         """The newest version was written to `out`."""
@@ -42,11 +43,12 @@ class ServingState:
 
     def on_loaded(self) -> None:
         """The server took the newest export."""
-        self.serving, self.wait_s = self.exported, self.first_wait_s
+        self.serving = self.exported
+        self.backoff.reset()
         self.served_versions.append(self.exported[0])
 
     def on_failed(self, now: float) -> float:
         """The load failed: schedule the retry; returns the wait chosen."""
-        wait, self.retry_at = self.wait_s, now + self.wait_s
-        self.wait_s = min(MAX_WAIT_S, 2 * self.wait_s)
+        wait = self.backoff.next()
+        self.retry_at = now + wait
         return wait

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
-from hilo.log import checkpoints_topic, crashpoints, open_log, site_group, updates_topic
+from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.tail import head
@@ -108,6 +108,10 @@ class SiteConfig:
             raise ConfigError(f"SiteConfig.vllm = {self.vllm!r}: expected an http:// or https:// URL")
         if not self.lora_name or "/" in self.lora_name:
             raise ConfigError(f"SiteConfig.lora_name = {self.lora_name!r}: must be a non-empty name without '/'")
+
+
+class _NotYet(Exception):
+    """The run's first checkpoint is not there yet (args[0]: the NoSuchTopic, when the topic is missing too)."""
 
 
 class Site:
@@ -209,22 +213,27 @@ class Site:
                            f"(the topic was deleted and made again?): refusing to move backwards (remove {cfg.state_dir} to start over)")
 
     def _wait_for_topics(self):
-        deadline = time.monotonic() + self.cfg.wait_checkpoint_s
-        announced = False
-        while True:
+        """Wait (up to wait_checkpoint_s) for the run's first checkpoint; a topic still missing then is NoSuchTopic, a
+        checkpoint still missing is left to bootstrap's clear error, anything else (a refused ACL) is raised at once."""
+        cfg, topic = self.cfg, checkpoints_topic(self.cfg.run)
+
+        def ready():
             try:
-                self.log.check_topic(checkpoints_topic(self.cfg.run))
-                if head(self.log, checkpoints_topic(self.cfg.run), self.cfg.run) is not None:
-                    return
-            except NoSuchTopic:  # not made yet; anything else (a refused ACL, say) is reported now
-                if time.monotonic() >= deadline:
-                    raise
-            if time.monotonic() >= deadline:
-                return  # let bootstrap_from_log raise its clear error
-            if not announced:
-                logger.info("site %s: waiting up to %.0fs for run %s's first checkpoint", self.cfg.site, self.cfg.wait_checkpoint_s, self.cfg.run)
-                announced = True
-            time.sleep(0.2)  # waiting on another process (the producer); nothing to synchronise with
+                self.log.check_topic(topic)
+            except NoSuchTopic as e:  # not made yet
+                raise _NotYet(e) from None
+            if head(self.log, topic, cfg.run) is None:
+                raise _NotYet(None)
+
+        def announce(e, attempt):
+            if attempt == 1:
+                logger.info("site %s: waiting up to %.0fs for run %s's first checkpoint", cfg.site, cfg.wait_checkpoint_s, cfg.run)
+        try:  # waiting on another process (the producer): polled every 0.2 s
+            retry.call(ready, retriable=lambda e: isinstance(e, _NotYet), attempts=None, within_s=cfg.wait_checkpoint_s,
+                       first_s=0.2, longest_s=0.2, on_retry=announce)
+        except _NotYet as e:
+            if e.args[0] is not None:
+                raise e.args[0] from None
 
     # -- per version ---------------------------------------------------------------------------
     def on_applied(self, applied: Applied):

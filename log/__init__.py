@@ -17,6 +17,6 @@ def open_log(url: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, kafka_config=None
         from .filelog import FileLog
         return FileLog(url[len("file://"):])
     if url.startswith("kafka://"):
-        from .kafkalog import KafkaLog
+        from .kafka.backend import KafkaLog
         return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes, config=kafka_config)
     raise ConfigError(f"--log {url!r}: expected file://DIR or kafka://HOST:PORT")

@@ -108,7 +108,7 @@ class Log:
 
     def become_writer(self, run: str, version: int):
         """Make this client the run's only writer: an earlier writer's next append raises FencedError. Returns
-        the fencing token (file log) or the producer epoch (Kafka)."""
+        the fencing token (file log) or None (Kafka: the producer epoch is the broker's)."""
         raise NotImplementedError
 
     def trim(self, topic: str, before: int) -> bool:

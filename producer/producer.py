@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hilo.log import checkpoints_topic, crashpoints, open_log, site_group, updates_topic
+from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.tail import head
@@ -49,6 +49,10 @@ class Outcome(enum.Enum):
     COMMITTED = "committed"        # the log holds the message after all
     NOT_ON_LOG = "not on the log"  # safe to publish it again
     IN_DOUBT = "in doubt"          # the log could not be read: the next step resyncs before anything else
+
+
+class _NotOnLog(Exception):
+    """A publish failed and the log does not hold it (args[0]: the transport's error): safe to try again."""
 
 
 PUBLISH_ATTEMPTS = 3  # a publish the log does not hold is tried this often (a fresh producer each time) before step() raises
@@ -451,25 +455,28 @@ class HiLoProducer:
         if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
             extra[H.LAG] = f"{msg.meta['lag']:.6g}"
         checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
-        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+        def attempt():
             try:
-                offsets, checkpoint_offsets = self._append(proposal, data, extra, checkpoint)
-                break
+                return self._append(proposal, data, extra, checkpoint)
             except FencedError:
                 raise  # certain: nothing more will be written
             except Exception as e:  # noqa: BLE001  (whatever the transport raised, the broker may hold it: the log decides)
-                error = e
-            outcome, offsets = self._settle(proposal, error)
-            checkpoint_offsets = None
-            if outcome is Outcome.COMMITTED:
-                break
-            if outcome is Outcome.IN_DOUBT:
-                self.in_doubt = proposal
-                raise error
-            if attempt == PUBLISH_ATTEMPTS:
-                raise error
+                outcome, offsets = self._settle(proposal, e)
+                if outcome is Outcome.COMMITTED:
+                    return offsets, None
+                if outcome is Outcome.IN_DOUBT:
+                    self.in_doubt = proposal
+                    raise
+                raise _NotOnLog(e) from e
+
+        def again(e, n):
             logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
-                           self.config.run, msg.version, error, attempt + 1, PUBLISH_ATTEMPTS)
+                           self.config.run, msg.version, e.args[0], n + 1, PUBLISH_ATTEMPTS)
+        try:  # each try with a fresh producer (the writer drops a failed one)
+            offsets, checkpoint_offsets = retry.call(attempt, retriable=lambda e: isinstance(e, _NotOnLog),
+                                                     attempts=PUBLISH_ATTEMPTS, first_s=0, longest_s=0, on_retry=again)
+        except _NotOnLog as e:
+            raise e.args[0] from None
         self.builder.commit(proposal)
         self.sync.commit(pending)
         self.pending = None

@@ -5,7 +5,7 @@ import pytest
 
 from hilo.log import open_log
 from hilo.log.kafka_config import KEYS, KafkaClientConfig, Secret
-from hilo.log.kafkalog import KafkaLog
+from hilo.log.kafka.backend import KafkaLog
 from hilo.schemas.errors import ConfigError
 
 SECRET = "s3cret-Value-42"
@@ -80,7 +80,7 @@ def test_a_password_file_others_can_read_is_refused_without_reading_it_out(files
 def test_every_key_is_documented_and_the_defaults_are_plaintext(files):
     doc = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert [k for k in KEYS if k not in doc] == []  # the README's table lists every key this file accepts
-    assert KafkaLog("127.0.0.1:1")._security == {"security_protocol": "PLAINTEXT"}
+    assert KafkaLog("127.0.0.1:1").connector.security == {"security_protocol": "PLAINTEXT"}
 
 
 def test_a_kafka_config_for_a_file_log_is_refused(files, tmp_path):

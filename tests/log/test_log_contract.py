@@ -73,11 +73,11 @@ def test_a_reader_replaced_while_every_broker_is_down_waits_instead_of_failing()
     t = updates_topic(run)
     log.append(t, [(b"0", b"v0", {})])
     assert [r.value for r in log.read(t, 0, timeout_s=5)] == [b"v0"]
-    reachable, log.bootstrap = log.bootstrap, "127.0.0.1:1"  # every broker gone: nothing listens on port 1
-    log._drop_consumer()  # what two failed reads do
+    reachable, log.connector.bootstrap = log.connector.bootstrap, "127.0.0.1:1"  # every broker gone: nothing listens on port 1
+    log.reader.replace()  # what two failed reads do
     assert log.read(t, 0, timeout_s=0.5) == []
-    assert log._unreachable is None
-    log.bootstrap = reachable  # the cluster is back
+    assert log.connector.reached  # no "unreachable" verdict kept
+    log.connector.bootstrap = reachable  # the cluster is back
     for _ in range(20):  # bounded: each empty read already waited on the broker
         got = log.read(t, 0, timeout_s=2)
         if got:

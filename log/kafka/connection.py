@@ -1,0 +1,66 @@
+"""Connecting kafka-python clients, and what a failed connection means.
+
+A cluster never reached is a wrong address, wrong credentials or no broker: the error is kept and said again at
+once by every later use (no second 10 s wait). A cluster reached once and then not is restarting: a failed
+reconnect is worth retrying, and the reader treats it as an empty read.
+"""
+import enum
+
+from kafka.errors import KafkaError
+
+from hilo.schemas.errors import LogError
+
+from . import causes
+
+
+class Reach(enum.Enum):
+    """What this client knows of the cluster."""
+
+    NEVER = "never reached yet"
+    REACHED = "reached"              # a later failed reconnect is a restarting cluster
+    UNREACHABLE = "unreachable"      # the first connection failed: the error is kept
+
+
+class Connector:
+    """Makes connected kafka-python clients for `bootstrap` with the TLS/SASL settings of `config`.
+
+    bootstrap: HOST:PORT[,HOST:PORT], the servers dialled (public: a test points it at a dead port to play a
+        cluster that went away).
+    security: the kafka-python keyword arguments of the security settings (no secrets in any error).
+    connect_timeout_ms: how long the first connection may take. Default: 10000
+    """
+
+    def __init__(self, bootstrap: str, config, connect_timeout_ms: int = 10_000):
+        self.bootstrap, self.config, self.connect_timeout_ms = bootstrap, config, connect_timeout_ms
+        self.security = config.client_kwargs()
+        self.url = f"kafka://{bootstrap}"
+        self.reach, self.error = Reach.NEVER, None
+
+    def check(self) -> None:
+        """Raise the kept error of a cluster never reached."""
+        if self.reach is Reach.UNREACHABLE:
+            raise self.error
+
+    def connect(self, client, **kwargs):
+        """A connected `client` (KafkaAdminClient, KafkaProducer, KafkaConsumer), or LogError saying why not
+        (refused credentials, an untrusted certificate, the wrong security.protocol, or no broker)."""
+        self.check()
+        with causes.watch() as lines:
+            try:
+                connected = client(bootstrap_servers=self.bootstrap, **self.security, **kwargs)
+            except KafkaError as e:
+                cause = causes.explain(lines, self.config)
+                if cause is None:
+                    cause = (f"cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); is the broker "
+                             f"running and reachable? (ops/kafka/start.sh starts a local one)")
+                failure = LogError(f"{self.url}: {cause}")
+                if self.reach is Reach.NEVER:
+                    self.reach, self.error = Reach.UNREACHABLE, failure
+                raise failure from None
+        self.reach = Reach.REACHED
+        return connected
+
+    @property
+    def reached(self) -> bool:
+        """Whether a client ever connected (a failed reconnect is then a restarting cluster)."""
+        return self.reach is Reach.REACHED
