@@ -9,22 +9,18 @@ The trainer is a replica: its LoRA params are whatever the decoded messages make
 that applies the same messages holds the same policy, bit for bit.
 """
 import enum
-import io
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group, updates_topic
+from hilo.log import checkpoints_topic, crashpoints, open_log, retry, updates_topic
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.tail import head
-from hilo.replay.follower import Follower
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
-from hilo.replay.start import Source, choose_start
 from hilo.replica.codecs import CODECS, Budget, make_encoder
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
@@ -35,8 +31,10 @@ from hilo.schemas.position import Position
 from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
 
-from .delta import ADD, MODES
+from .delta import MODES
+from . import trainer_state
 from .lora_params import lora_parameters
+from .resume import TrainerStart, catch_up
 from .sync_mode import SYNC_MODES
 from .update_builder import Proposal, UpdateBuilder
 
@@ -155,18 +153,21 @@ class HiLoProducer:
         self.in_doubt: Proposal | None = None   # published with an unknown outcome; settled by the next resync
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
         self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
-        self.snapshot_version = None  # the version of the trainer snapshot this start used, if any
         # Fence every earlier trainer of the run first (Kafka: its open transaction is aborted), then read the log.
         at = int((head(self.log, self.updates, config.run) or {}).get(H.VERSION, 0))
         self.fencing_token = self.log.become_writer(config.run, at)
-        replica, self.log_bytes, self.next_offset = self._start()
+        started = TrainerStart(self.log, config, self.manifest, self.site_optimizer, self._publish_checkpoint).run(
+            self.store.load() if self.store else None, self.params, self.signer and self.signer.verifier())
+        replica, self.log_bytes, self.next_offset = started.replica, started.position.log_bytes, started.position.next_offset
+        self.snapshot_version = started.snapshot_version  # the trainer snapshot this start used, if any
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
         self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
         self.pending = None  # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
         self.history = HistoryWriter(config.history) if config.history else None
         if self.history:
             self.history.record(replica.version, replica.digest, self.next_offset, start=True)
-        self._restore_encoder()
+        if self.snapshot_version is not None:
+            trainer_state.restore(self.store, self.snapshot_version, self.replica, self.builder.encoder, self.sync, config.run)
         self.write_back()
 
     @property
@@ -194,123 +195,14 @@ class HiLoProducer:
         """Last published (committed) version."""
         return self.replica.version
 
-    def _start(self):
-        """(replica, cumulative update bytes, next updates offset): genesis on an empty log, else resume."""
-        run = self.config.run
-        local = self.store.load() if self.store else None
-        if local is not None:
-            self._check_layout(local[0])
-        if head(self.log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
-            if self.log.end_offset(self.updates) > self.log.begin_offset(self.updates):
-                raise LogError(f"{self.log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
-            had = max(self.log.end_offset(self.updates), self.log.end_offset(self.checkpoints))  # offsets survive retention
-            if had and local is not None:
-                return self._continue_expired(*local)
-            if had and not self.config.new_history:
-                raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records have all expired, "
-                               f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
-                               f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
-                               f"to start over (sites that followed the old history refuse the new one until their state is reset)")
-            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in self.params], self.site_optimizer)
-            offset = self.log.end_offset(self.updates)
-            self._publish_checkpoint(replica, offset, 0)
-            if had:
-                logger.warning("run %s: STARTED A NEW HISTORY (genesis %s) over an expired one, as asked (new_history)", run, replica.digest.hex()[:12])
-            logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
-            return replica, 0, offset
-        begin = self.log.begin_offset(self.updates)
-        start = choose_start(self.log, run, local, verifier=self.signer and self.signer.verifier())
-        replica, position, source = start.replica, start.position, start.source.value
-        if start.source is Source.SNAPSHOT:
-            self.snapshot_version = replica.version
-        else:
-            self._check_layout(replica)
-            if not self.log.retained(self.updates, position.next_offset):
-                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position.next_offset}.."
-                               f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
-                               f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
-                               f"state dir, or start over with new_history=True (--new-history)")
-        follower = self._catch_up(replica, position)
-        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], source)
-        if not self.log.retained(self.updates, int(head(self.log, self.checkpoints, run).get(H.UPDATES_OFFSET, 0))):  # its updates expired: no site could bootstrap from it
-            self._publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
-            logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
-        return replica, follower.log_bytes, follower.next_offset
-
-    def _check_layout(self, replica):
-        """The model and config must be the run's: same adapter layout, same optimizer."""
-        run = self.config.run
-        if replica.manifest.manifest_id != self.manifest.manifest_id:
-            raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
-                           f"(model: {self.manifest.base_model}, rank {self.manifest.rank}, {len(self.manifest.blocks)} blocks; "
-                           f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
-        if replica.state.optimizer != self.site_optimizer:
-            def says(o):
-                return "mode delta (sites apply 'add')" if o == ADD else f"mode gradient, optimizer {o!r}"
-            raise ConfigError(f"run {run} is a {says(replica.state.optimizer)} run; this config says {says(self.site_optimizer)}")
-
-    def _continue_expired(self, replica, position):
-        """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
-        run = self.config.run
-        for group in self.log.groups(site_group(run, "")):  # sites' committed positions outlive the records
-            c = self.log.committed(group, self.updates)
-            try:
-                seen = json.loads(c[1] or "{}").get("version", -1) if c else -1
-            except ValueError:
-                seen = -1
-            if seen > replica.version:
-                raise LogError(f"run {run}: site group {group} is at v{seen}, beyond this trainer's snapshot v{replica.version}; "
-                               f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
-        offset = self.log.end_offset(self.updates)
-        self._publish_checkpoint(replica, offset, position.log_bytes)
-        self.snapshot_version = replica.version
-        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",
-                       run, replica.version)
-        return replica, position.log_bytes, offset
-
-    def _restore_encoder(self):
-        """Resume the error feedback (and PowerSGD's Q; delta mode's master) from the snapshot when the run has not
-        moved past it. Without it, error feedback restarts from zero and a delta master from the sites' params (lag 0,
-        fresh optimizer state): an adapter-only checkpoint is enough to go on."""
-        if self.snapshot_version is None:
-            return
-        names = ("encoder.pt", *self.sync.STATE_FILES)
-        data = {n: self.store.load_extra(n) for n in names}
-        lacking = [n for n, d in data.items() if d is None]
-        if lacking or self.replica.version != self.snapshot_version:
-            logger.warning("run %s: resuming at v%d without the trainer state of that version (%s); error feedback restarts "
-                           "from zero%s", self.config.run, self.replica.version,
-                           f"the snapshot has no {', '.join(lacking)}" if lacking else f"the snapshot is of v{self.snapshot_version}",
-                           self.sync.lost_on_restart)
-            return
-        where = f"{self.store.dir}/snapshot"
-        objs = {n: torch.load(io.BytesIO(d), weights_only=True) for n, d in data.items()}
-        self.builder.encoder.load_state_dict(objs.pop("encoder.pt"), f"{where}/encoder.pt")
-        self.sync.load_state_files(objs, where)
-        logger.info("run %s: trainer state (%s) restored from the snapshot (v%d)", self.config.run, ", ".join(names), self.replica.version)
-
     def save_snapshot(self):
-        """The trainer's own snapshot: replica, position, encoder state and delta mode's master (never published),
-        replaced atomically."""
-        extra = {"encoder.pt": self.builder.encoder.state_dict()} | self.sync.state_files()
-        blobs = {}
-        for name, obj in extra.items():
-            buf = io.BytesIO()
-            torch.save(obj, buf)
-            blobs[name] = buf.getvalue()
-        self.store.save(self.replica, Position(self.next_offset, self.log_bytes), blobs)
-
-    def _catch_up(self, replica, position: Position) -> Follower:
-        """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
-        duplicates skipped, foreign records skipped loudly, a gap or fork raises (another writer: a hard stop)."""
-        follower = Follower(self.log, self.config.run, replica, position)
-        follower.catch_up_all()
-        return follower
+        """The trainer's own snapshot: replica, position, and the trainer-only state (never published), atomically."""
+        trainer_state.save(self.store, self.replica, Position(self.next_offset, self.log_bytes), self.builder.encoder, self.sync)
 
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
         pending, before = self.in_doubt, self.version
-        follower = self._catch_up(self.replica, Position(self.next_offset, self.log_bytes))
+        follower = catch_up(self.log, self.config.run, self.replica, Position(self.next_offset, self.log_bytes))
         self.log_bytes, self.next_offset = follower.log_bytes, follower.next_offset
         ours = pending is not None and self.version == pending.version and self.replica.digest == pending.message.digest
         if self.version != before and not ours:  # the log moved, and not by this trainer's message

@@ -1,0 +1,124 @@
+"""Where a trainer starts: genesis on an empty log, its own snapshot, or the newest checkpoint; then the log head.
+
+Fencing comes first (HiLoProducer.__init__), so no earlier trainer writes while this one reads. Then:
+- no checkpoint on the log: genesis (published as the first checkpoint), unless the log once held the run and
+  everything expired, where only the trainer's snapshot (or new_history) may go on;
+- otherwise the shared start decision (replay/start.py): the snapshot if the log still holds what follows it,
+  else the newest checkpoint; then every update to the log head is applied, as a site applies them.
+A checkpoint whose updates expired is replaced by a fresh one, so late sites can always bootstrap.
+"""
+import json
+import logging
+from dataclasses import dataclass
+
+from hilo.log import checkpoints_topic, site_group, updates_topic
+from hilo.log.tail import head
+from hilo.replay.follower import Follower
+from hilo.replay.start import Source, choose_start
+from hilo.replica.replica import PolicyReplica
+from hilo.schemas import headers as H
+from hilo.schemas.errors import ConfigError, LogError
+from hilo.schemas.position import Position
+
+from .delta import ADD
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The trainer's replica at the log head, the position after it, and the version of the trainer snapshot used
+    (its encoder state applies only if the log had not moved past it)."""
+
+    replica: PolicyReplica
+    position: Position
+    snapshot_version: int | None
+
+
+def catch_up(log, run: str, replica, position: Position) -> Follower:
+    """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
+    duplicates skipped, foreign records skipped loudly, a gap or fork raises (another writer: a hard stop)."""
+    follower = Follower(log, run, replica, position)
+    follower.catch_up_all()
+    return follower
+
+
+class TrainerStart:
+    """The start decision of one trainer. publish_checkpoint(replica, updates_offset, log_bytes) publishes one."""
+
+    def __init__(self, log, config, manifest, site_optimizer: str, publish_checkpoint):
+        self.log, self.config, self.manifest = log, config, manifest
+        self.site_optimizer, self.publish_checkpoint = site_optimizer, publish_checkpoint
+        self.run_id = config.run
+        self.updates, self.checkpoints = updates_topic(config.run), checkpoints_topic(config.run)
+
+    def run(self, snapshot, params: list, verifier=None) -> Resumed:
+        """Start from `snapshot` ((replica, Position) of the trainer's state dir, or None) and the model's `params`."""
+        run, log = self.run_id, self.log
+        if snapshot is not None:
+            self.check_layout(snapshot[0])
+        if head(log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
+            if log.end_offset(self.updates) > log.begin_offset(self.updates):
+                raise LogError(f"{log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
+            had = max(log.end_offset(self.updates), log.end_offset(self.checkpoints))  # offsets survive retention
+            if had and snapshot is not None:
+                return self._continue_expired(*snapshot)
+            if had and not self.config.new_history:
+                raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records have all expired, "
+                               f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
+                               f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
+                               f"to start over (sites that followed the old history refuse the new one until their state is reset)")
+            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer)
+            offset = log.end_offset(self.updates)
+            self.publish_checkpoint(replica, offset, 0)
+            if had:
+                logger.warning("run %s: STARTED A NEW HISTORY (genesis %s) over an expired one, as asked (new_history)", run, replica.digest.hex()[:12])
+            logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
+            return Resumed(replica, Position(offset, 0), None)
+        begin = log.begin_offset(self.updates)
+        start = choose_start(log, run, snapshot, verifier=verifier)
+        replica, position = start.replica, start.position
+        if start.source is not Source.SNAPSHOT:
+            self.check_layout(replica)
+            if not log.retained(self.updates, position.next_offset):
+                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position.next_offset}.."
+                               f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
+                               f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
+                               f"state dir, or start over with new_history=True (--new-history)")
+        snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
+        follower = catch_up(log, run, replica, position)
+        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
+        if not log.retained(self.updates, int(head(log, self.checkpoints, run).get(H.UPDATES_OFFSET, 0))):  # no site could bootstrap from it
+            self.publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
+            logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
+        return Resumed(replica, follower.position(), snapshot_version)
+
+    def check_layout(self, replica):
+        """The model and config must be the run's: same adapter layout, same optimizer."""
+        run, manifest = self.run_id, self.manifest
+        if replica.manifest.manifest_id != manifest.manifest_id:
+            raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
+                           f"(model: {manifest.base_model}, rank {manifest.rank}, {len(manifest.blocks)} blocks; "
+                           f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
+        if replica.state.optimizer != self.site_optimizer:
+            def says(o):
+                return "mode delta (sites apply 'add')" if o == ADD else f"mode gradient, optimizer {o!r}"
+            raise ConfigError(f"run {run} is a {says(replica.state.optimizer)} run; this config says {says(self.site_optimizer)}")
+
+    def _continue_expired(self, replica, position):
+        """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
+        run = self.run_id
+        for group in self.log.groups(site_group(run, "")):  # sites' committed positions outlive the records
+            c = self.log.committed(group, self.updates)
+            try:
+                seen = json.loads(c[1] or "{}").get("version", -1) if c else -1
+            except ValueError:
+                seen = -1
+            if seen > replica.version:
+                raise LogError(f"run {run}: site group {group} is at v{seen}, beyond this trainer's snapshot v{replica.version}; "
+                               f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
+        offset = self.log.end_offset(self.updates)
+        self.publish_checkpoint(replica, offset, position.log_bytes)
+        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",
+                       run, replica.version)
+        return Resumed(replica, Position(offset, position.log_bytes), replica.version)
