@@ -1,4 +1,7 @@
-"""Helpers the tests share."""
+"""Helpers the tests share: waiting on another thread or process, starting `hilo` processes, opening a site."""
+import re
+import subprocess
+import sys
 import time
 
 
@@ -10,3 +13,27 @@ def wait_until(cond, timeout_s: float, what: str, every_s: float = 0.05):
     while not cond():
         assert time.monotonic() < deadline, f"not reached within {timeout_s:.0f}s: {what}"
         time.sleep(every_s)
+
+
+def hilo(*args, **kw) -> subprocess.Popen:
+    """`hilo ARGS` as a separate process, stdout and stderr piped as text."""
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", *args], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def wait_for_line(proc, pattern, timeout_s=120):
+    """Read the process's stderr until a line matches (the process is then known to be past that point)."""
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stderr:
+        if re.search(pattern, line):
+            return line
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"process never printed {pattern!r} (exit {proc.poll()})")
+
+
+def open_site(url, run, tmp_path, name="s", **kw):
+    """A Site of `run` with its state under tmp_path/NAME; waits at most 5 s for the first checkpoint by default."""
+    from hilo.consumer.site import Site, SiteConfig
+    kw.setdefault("wait_checkpoint_s", 5)
+    return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), **kw))

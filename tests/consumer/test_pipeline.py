@@ -14,11 +14,11 @@ from hilo.schemas.chunks import split
 from hilo.schemas.errors import ChainError, DivergenceError, LogError, MalformedMessage
 from hilo.schemas.records import UpdateMessage
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
+from tests.helpers import open_site
 
 
 def site(log_url, run, tmp_path, name="s1", **kw):
-    kw.setdefault("wait_checkpoint_s", 5)
-    return Site.open(SiteConfig(log=log_url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
+    return open_site(log_url, run, tmp_path, name, **kw)
 
 
 def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):

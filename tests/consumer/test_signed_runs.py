@@ -3,7 +3,6 @@ import json
 
 import pytest
 
-from hilo.consumer.site import Site, SiteConfig
 from hilo.log import checkpoints_topic, open_log, updates_topic
 from hilo.producer.producer import HiLoProducer
 from hilo.replica.state import ReplicaState
@@ -11,11 +10,11 @@ from hilo.schemas.chunks import split
 from hilo.schemas.records import UpdateMessage
 from hilo.schemas.signing import SignatureError, Signer, generate
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import open_site
 
 
 def site(url, run, tmp_path, name="s", **kw):
-    return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), export_adapters=False,
-                           wait_checkpoint_s=5, **kw))
+    return open_site(url, run, tmp_path, name, export_adapters=False, **kw)
 
 
 def _crafted_next(producer):

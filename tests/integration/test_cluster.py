@@ -155,5 +155,5 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
 
 def test_a_resumed_zombie_trainer_is_fenced_on_three_brokers(cluster, tmp_path):
     """The zombie of test_faults.py on the 3-node cluster: A SIGSTOPped, B runs, A SIGCONTed and fenced."""
-    from tests.integration.test_faults import zombie
+    from tests.scenarios import zombie
     zombie(cluster[0], tmp_path)

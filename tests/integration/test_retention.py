@@ -7,11 +7,11 @@ onto another history.
 import pytest
 from kafka import TopicPartition
 
-from hilo.consumer.site import Site, SiteConfig
 from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import LogError
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
+from tests.helpers import open_site
 
 pytestmark = pytest.mark.kafka
 
@@ -27,8 +27,7 @@ def expire(run, topics=("updates", "checkpoints")):
 
 
 def site(run, tmp_path, **kw):
-    return Site.open(SiteConfig(log=KAFKA_URL, run=run, site="s", state_dir=str(tmp_path / "s"), export_adapters=False,
-                           wait_checkpoint_s=5, **kw))
+    return open_site(KAFKA_URL, run, tmp_path, "s", export_adapters=False, **kw)
 
 
 def _a_site_follows_from_the_fresh_checkpoint(producer, run, tmp_path):
