@@ -147,21 +147,6 @@ class Site:
             site._start_serving()
         return site
 
-    @property
-    def exported(self):
-        """(version, adapter dir) of the newest export, or None."""
-        return self.state.exported
-
-    @property
-    def serving(self):
-        """(version, adapter dir) vLLM serves, once a load succeeded, or None."""
-        return self.state.serving
-
-    @property
-    def served_versions(self) -> list:
-        """Every version loaded into vLLM, in order (what a catch-up loaded)."""
-        return self.state.served_versions
-
     def _start_serving(self):
         """Check the server and load the bootstrapped version now: a wrong server or adapter fails here, in one line."""
         try:
@@ -257,7 +242,7 @@ class Site:
             return
         t0 = time.perf_counter()
         if self.state.needs_export(r.version):
-            keep = [self.serving[1]] if self.serving else []
+            keep = [self.state.serving[1]] if self.state.serving else []
             out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters, protect=keep)
             self.state.on_exported(r.version, out)
             self.timing = {"version": r.version, "export_s": time.perf_counter() - t0}
@@ -265,7 +250,7 @@ class Site:
                 run_hook(cfg.on_version, r.version, out, r.digest.hex())
         if self.server is None or not self.state.needs_load(r.version):
             return
-        version, out = self.exported
+        version, out = self.state.exported
         t1 = time.perf_counter()
         try:
             if self.server.version is None:
@@ -287,7 +272,7 @@ class Site:
     def _retry_later(self, error):
         wait = self.state.on_failed(time.monotonic())
         logger.warning("site %s: vLLM did not take v%d (%s); still serving %s, retrying the newest in %.0fs", self.cfg.site,
-                       self.exported[0], error, f"v{self.serving[0]}" if self.serving else "nothing", wait)
+                       self.state.exported[0], error, f"v{self.state.serving[0]}" if self.state.serving else "nothing", wait)
 
     def snapshot(self):
         """Atomically save state + position."""
@@ -304,7 +289,7 @@ class Site:
         meta = {"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
                 "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}
         if self.server is not None:
-            meta["serving_version"] = self.serving[0] if self.serving else None
+            meta["serving_version"] = self.state.serving[0] if self.state.serving else None
         crashpoints.reach("site.committing")
         if self.committer is None:
             self.committer = GroupCommitter(self.log, self.group, updates_topic(self.cfg.run), self.cfg.site)

@@ -108,7 +108,7 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             t3 = time.perf_counter()
             after = _logprob(url)
             t4 = time.perf_counter()
-            assert site.serving[0] == v and after != before, f"v{v} not served"
+            assert site.state.serving[0] == v and after != before, f"v{v} not served"
             before = after
             rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.timing["export_s"],
                          "reload_s": site.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})

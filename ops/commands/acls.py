@@ -2,7 +2,7 @@
 import json
 
 from . import COMMANDS
-from .args import common, open_from
+from .args import command_group, common, open_from
 
 
 def grant(a):
@@ -26,8 +26,7 @@ def show(a):
 
 def register(sub):
     """The acls command group."""
-    p = sub.add_parser("acls", help=COMMANDS["acls"][1])
-    asub = p.add_subparsers(dest="acls_command", required=True, metavar="ACTION")
+    asub = command_group(sub, "acls", COMMANDS["acls"][1])
     c = asub.add_parser("grant", help="the trainer may write the run's topics; sites may read them and commit hilo.RUN.* groups")
     common(c)
     c.add_argument("--trainer", required=True, metavar="USER", help="the trainer's principal (User:NAME or NAME)")

@@ -70,6 +70,12 @@ def names(allowed):
     return parse
 
 
+def command_group(sub, name: str, summary: str):
+    """A command whose first argument names an action (`hilo topics create`); returns the actions' subparsers."""
+    p = sub.add_parser(name, help=summary)
+    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+
+
 def log_args(p):
     """--log and --kafka-config."""
     p.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT[,HOST:PORT]")

@@ -1,5 +1,6 @@
 """`hilo keys generate`: an Ed25519 key pair for signing a run."""
 from . import COMMANDS
+from .args import command_group
 
 
 def generate(a):
@@ -13,8 +14,7 @@ def generate(a):
 
 def register(sub):
     """The keys command group."""
-    p = sub.add_parser("keys", help=COMMANDS["keys"][1])
-    ksub = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    ksub = command_group(sub, "keys", COMMANDS["keys"][1])
     k = ksub.add_parser("generate", help="an Ed25519 key pair: OUT/trainer.key (mode 0600) and OUT/trainer.pub")
     k.add_argument("--out", required=True, metavar="DIR", help="directory to write the two files into (never overwrites)")
     k.set_defaults(fn=generate)

@@ -2,7 +2,7 @@
 from hilo.log import checkpoints_topic, updates_topic
 
 from . import COMMANDS
-from .args import common, log_args, open_from, report
+from .args import command_group, common, log_args, open_from, report
 
 
 def create(a):
@@ -23,8 +23,7 @@ def list_runs(a):
 def register(sub):
     """The topics command group."""
     from hilo.ops.describe import describe_run, format_rows
-    p = sub.add_parser("topics", help=COMMANDS["topics"][1])
-    tsub = p.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    tsub = command_group(sub, "topics", COMMANDS["topics"][1])
     c = tsub.add_parser("create", help="create RUN.updates (1 partition, delete policy) and RUN.checkpoints; check existing ones")
     common(c)
     c.add_argument("--retention-ms", type=int, default=-1, help="retention of both topics; -1 keeps forever (default)")

@@ -103,8 +103,8 @@ def test_every_applied_version_reaches_vllm_and_matches_transformers(vllm, tmp_p
     train_step()
     s = make_site(url, run, tmp_path, vllm_url, until_version=3, keep_adapters=1)
     s.run(progress=False)
-    assert s.serving[0] == 3 and s.follower.replica.digest == producer.replica.digest
-    served = s.serving[1]
+    assert s.state.serving[0] == 3 and s.follower.replica.digest == producer.replica.digest
+    served = s.state.serving[1]
     assert sorted(p.name for p in (tmp_path / "s" / "adapters").iterdir()) == [served.name]  # v2's directory was pruned
     after = vllm_logprobs(vllm_url)
     model = peft_model(base, served)
@@ -132,7 +132,7 @@ def test_a_site_that_fell_behind_serves_the_newest_version_only(vllm, tmp_path):
     publish_random(producer, 6)
     s = make_site(url, run, tmp_path, vllm_url, until_version=6)
     s.run(progress=False)
-    assert s.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
+    assert s.state.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
     producer.close()
 
 
@@ -177,15 +177,15 @@ def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_
     url, run = f"file://{tmp_path}/log", new_run("down")
     producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
     s = make_site(url, run, tmp_path, f"http://127.0.0.1:{fwd.port}", retry_serve_s=0.2)
-    assert s.serving is None  # vLLM unreachable at start: a warning, not an error
+    assert s.state.serving is None  # vLLM unreachable at start: a warning, not an error
     worker = threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True)
     worker.start()
     publish_random(producer, 4)
     wait_until(lambda: s.follower.replica.version == 4, 120, 'the site applied v4 with vLLM down')
-    assert s.serving is None and s.served_versions == []
+    assert s.state.serving is None and s.state.served_versions == []
     fwd.open()
-    wait_until(lambda: s.serving is not None, 120, 'vLLM serves a version once it is back')
-    assert s.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
+    wait_until(lambda: s.state.serving is not None, 120, 'vLLM serves a version once it is back')
+    assert s.state.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
     s.stopping = True
     worker.join(timeout=60)
     assert float(vllm_logprobs(vllm_url).abs().sum()) > 0
