@@ -33,7 +33,28 @@ def cluster(tmp_path_factory):
     subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
 
 
-def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
+def java_hash(text: str) -> int:
+    """Java's String.hashCode, which Kafka uses to place a transactional id."""
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def transaction_coordinator(log, transactional_id: str) -> int:
+    """The node that coordinates `transactional_id`: the leader of its __transaction_state partition
+    (Kafka: Utils.abs(id.hashCode) % partitions)."""
+    parts = log.admin.describe_topics(["__transaction_state"])[0]["partitions"]
+    h = java_hash(transactional_id)
+    index = 0 if h == -(1 << 31) else abs(h) % len(parts)
+    return next(p["leader_id"] for p in parts if p["partition_index"] == index)
+
+
+@pytest.mark.parametrize("victim", ["updates-leader", "txn-coordinator"])
+def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, victim):
+    """SIGKILL the node that leads RUN.updates, or the one that coordinates the trainer's transactions (another
+    node where the placement allows), mid-run: the trainer's stall on the next version is printed (README:
+    "Kills and broker faults"); nothing acknowledged is lost and every site ends at the trainer's digest."""
     url, env = cluster
     run, hist = new_run("leader"), tmp_path / "history"
     producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
@@ -45,7 +66,8 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
                            history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
-    leader = part["leader_id"]
+    coordinator = transaction_coordinator(log, f"hilo.{run}")
+    leader = part["leader_id"] if victim == "updates-leader" else coordinator
     os.kill(int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{leader}" / "pid").read_text()), signal.SIGKILL)
     t0 = time.monotonic()
     publish_random(producer, 1, seed=1)  # rides through the election (acks=all, idempotent retries)
@@ -62,7 +84,8 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path):
     assert late.follower.replica.digest == producer.replica.digest
     report = check(read_history(str(hist / "trainer.jsonl")), {s: read_history(str(hist / f"{s}.jsonl")) for s in ("live", "late")},
                    log_versions(open_log(url), run))
-    print(f"\nleader node {leader} SIGKILLed: trainer stalled {stall:.1f}s on the next version\n{report.summary()}")
+    print(f"\n{victim} node {leader} SIGKILLed (updates leader {part['leader_id']}, transaction coordinator {coordinator}): "
+          f"trainer stalled {stall:.1f}s on the next version\n{report.summary()}")
     assert report.ok
     producer.close()
 
