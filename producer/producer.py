@@ -53,7 +53,10 @@ class _NotOnLog(Exception):
     """A publish failed and the log does not hold it (args[0]: the transport's error): safe to try again."""
 
 
-PUBLISH_ATTEMPTS = 3  # a publish the log does not hold is tried this often (a fresh producer each time) before step() raises
+# A publish the log does not hold is tried this often, a fresh producer each time, waiting 0.25 s, 0.5 s, ... 4 s
+# between tries, before step() raises. On Kafka one try waits at most writer.ATTEMPT_TIMEOUT_S on the cluster, so
+# the tries span a broker's election (seconds) and a restart of the whole cluster (tens of seconds).
+PUBLISH_ATTEMPTS = 6
 
 
 @dataclass(frozen=True)
@@ -366,7 +369,7 @@ class HiLoProducer:
                            self.config.run, msg.version, e.args[0], n + 1, PUBLISH_ATTEMPTS)
         try:  # each try with a fresh producer (the writer drops a failed one)
             offsets, checkpoint_offsets = retry.call(attempt, retriable=lambda e: isinstance(e, _NotOnLog),
-                                                     attempts=PUBLISH_ATTEMPTS, first_s=0, longest_s=0, on_retry=again)
+                                                     attempts=PUBLISH_ATTEMPTS, first_s=0.25, longest_s=4.0, on_retry=again)
         except _NotOnLog as e:
             raise e.args[0] from None
         self.builder.commit(proposal)

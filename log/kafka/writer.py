@@ -7,6 +7,7 @@ aborted), and a version's chunks (with its checkpoint's) commit in one transacti
 append raises the same FencedError.
 """
 import enum
+import time
 
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
@@ -17,7 +18,14 @@ from hilo.schemas.errors import FencedError
 from .deadline import call_within
 from .errors import failure, is_fenced
 
-DELIVERY_TIMEOUT_MS = 60_000  # how long one publish may retry (a leader election takes ~10-30 s); the trainer then tries a fresh producer
+DELIVERY_TIMEOUT_MS = 60_000  # how long a plain (non-transactional) append may retry through a leader election
+# How long one step of a transactional publish (init, sends, commit) may wait on the cluster before this producer is
+# dropped and the trainer tries a fresh one. Workaround: kafka-python keeps dialling a dead transaction coordinator
+# ("Node coordinator-N not ready after 30000 ms", then it backs off and dials the same node) instead of looking the
+# coordinator up again; a fresh producer's init finds the new one. Shown by
+# tests/integration/test_cluster.py::test_the_updates_leader_sigkilled_mid_run_loses_nothing[txn-coordinator]
+# (the trainer stalled 60 s, the old bound, before this one).
+ATTEMPT_TIMEOUT_S = 10.0
 ABORT_TIMEOUT_S = 10.0
 
 
@@ -55,7 +63,8 @@ class Writer:
             # retry_backoff_ms: a transaction begun right after a commit is answered CONCURRENT_TRANSACTIONS until the
             # commit's markers are written; kafka-python's default 100 ms backoff made every version cost 108 ms
             # (2 ms without a transaction); 10 ms makes it ~15 ms.
-            txn = {"transactional_id": f"hilo.{self.run}", "retry_backoff_ms": 10} if self.state is WriterState.WRITER else {}
+            txn = ({"transactional_id": f"hilo.{self.run}", "retry_backoff_ms": 10, "max_block_ms": int(ATTEMPT_TIMEOUT_S * 1000)}
+                   if self.state is WriterState.WRITER else {})
             self._producer = self.connector.connect(
                 KafkaProducer, acks="all", enable_idempotence=True, linger_ms=0,
                 max_in_flight_requests_per_connection=1, max_request_size=self.record_bytes,
@@ -84,9 +93,12 @@ class Writer:
         p = self.producer
         futures = [p.send(topic, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
                    for k, v, h in records]
-        p.flush()
-        # The producer retries through a leader election up to its delivery timeout; wait for that, not less.
-        return [f.get(timeout=DELIVERY_TIMEOUT_MS / 1000 + 5).offset for f in futures]
+        # A plain producer retries through a leader election up to its delivery timeout: wait for that, not less. A
+        # writer waits one attempt and then tries a fresh producer (ATTEMPT_TIMEOUT_S).
+        wait_s = ATTEMPT_TIMEOUT_S if self.state is WriterState.WRITER else DELIVERY_TIMEOUT_MS / 1000 + 5
+        deadline = time.monotonic() + wait_s
+        p.flush(timeout=wait_s)
+        return [f.get(timeout=max(0.0, deadline - time.monotonic())).offset for f in futures]
 
     def fail(self, what, e):
         """The error to raise for a failed publish: FencedError (for good) once a newer writer took over."""
@@ -137,7 +149,7 @@ class KafkaTransaction(Plain):
         w = self.log
         if kind is None:
             try:
-                call_within(w.producer.commit_transaction, DELIVERY_TIMEOUT_MS / 1000, on_abandon=w.drop)
+                call_within(w.producer.commit_transaction, ATTEMPT_TIMEOUT_S, on_abandon=w.drop)
             except KafkaError as e:
                 raise w.fail(f"{w.url}: committing the transaction", e) from None
             return False
