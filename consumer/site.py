@@ -24,6 +24,7 @@ from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.tail import head
+from hilo.replay.bad_records import POLICIES, Skipped
 from hilo.replay.follower import Applied, Follower
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
@@ -66,6 +67,10 @@ class SiteConfig:
     kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
     history: append (version, digest, offset) of every applied version to this file, for a history check
         (replay/history.py). Default: None
+    on_bad_record: skip | stop. skip: a record that cannot be a valid message of this run (does not decode, breaks a
+        limit, unsigned or signed by another key in a signed run, another run's) is skipped with one warning, counted
+        and written to the history; the site stops only if a later version shows it was needed. stop: the first such
+        record stops the site (fail-stop; an operator must remove it). Default: skip
     """
 
     log: str
@@ -88,10 +93,13 @@ class SiteConfig:
     wait_checkpoint_s: float = 600.0
     kafka_config: str | None = None
     history: str | None = None
+    on_bad_record: str = "skip"
 
     def __post_init__(self):
         check_run(self.run, "SiteConfig.run")
         check_kafka_config(self.log, self.kafka_config)
+        if self.on_bad_record not in POLICIES:
+            raise ConfigError(f"SiteConfig.on_bad_record = {self.on_bad_record!r}: expected one of {list(POLICIES)}")
         if self.snapshot_every < 1:
             raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
         if self.export_dtype not in DTYPES:
@@ -162,6 +170,9 @@ class Site:
         cfg = self.cfg
         self._wait_for_topics()
         local = None if cfg.from_version is not None else self.store.load()
+        if local is not None and local[0].run != cfg.run:
+            raise ConfigError(f"site {cfg.site}: state dir {cfg.state_dir} holds a snapshot of run {local[0].run!r}, not of run "
+                              f"{cfg.run!r}: give each run its own state dir")
         if local is not None:
             self._same_history(*local)
         start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version)
@@ -181,7 +192,7 @@ class Site:
             pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                     cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
-        return Follower(self.log, cfg.run, replica, pos)
+        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record)
 
     def _same_history(self, replica, pos: Position):
         """A local snapshot must belong to the history the log holds: same genesis, and a log at least as long."""
@@ -221,6 +232,14 @@ class Site:
                 raise e.args[0] from None
 
     # -- per version ---------------------------------------------------------------------------
+    def on_event(self, event):
+        """What the follower handed back: an applied version, or a skipped record."""
+        if isinstance(event, Skipped):
+            if self.history:
+                self.history.skip(event.offset, event.reason)
+            return
+        self.on_applied(event)
+
     def on_applied(self, applied: Applied):
         """Bookkeeping after each applied version: snapshot every K, commit the position."""
         if self.history:
@@ -310,10 +329,12 @@ class Site:
                 if cfg.until_version is not None and f.replica.version >= cfg.until_version:
                     break
                 n = 0
-                for applied in f.updates(timeout_s=1.0):
-                    self.on_applied(applied)
+                for event in f.updates(timeout_s=1.0):
+                    self.on_event(event)
+                    if isinstance(event, Skipped):
+                        continue
                     n += 1
-                    if self.stopping or (cfg.until_version is not None and applied.version >= cfg.until_version):
+                    if self.stopping or (cfg.until_version is not None and event.version >= cfg.until_version):
                         break
                 if n or (self.server and self.state.retry_due(time.monotonic())):
                     self.publish_newest()

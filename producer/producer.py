@@ -19,6 +19,7 @@ from hilo.log import checkpoints_topic, crashpoints, open_log, retry, updates_to
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.tail import head
+from hilo.replay.bad_records import POLICIES
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
 from hilo.replica.codecs import CODECS, Budget, make_encoder
@@ -88,6 +89,9 @@ class ProducerConfig:
     flush_lag: `flush()` (delta mode; also run by `close()`) publishes messages until the sites' relative lag behind
         the master is at most this. Default: 0.001
     flush_max: the most messages one flush publishes. Default: 64
+    on_bad_record: skip | stop. What the trainer does with a record on RUN.updates that it did not write and that
+        cannot be a valid message of the run, when it reads the log (start, resync): skip it with one warning and
+        publish after it, or stop. A conflicting message it did sign stops it either way. Default: skip
     """
 
     run: str
@@ -108,6 +112,7 @@ class ProducerConfig:
     mode: str = "gradient"
     flush_lag: float = 1e-3
     flush_max: int = 64
+    on_bad_record: str = "skip"
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
@@ -122,6 +127,8 @@ class ProducerConfig:
             raise ConfigError(f"ProducerConfig.checkpoint_every = {self.checkpoint_every}: must be >= 1")
         if not 1024 <= self.chunk_bytes <= 64 << 20:
             raise ConfigError(f"ProducerConfig.chunk_bytes = {self.chunk_bytes}: must be in [1 KiB, 64 MiB]")
+        if self.on_bad_record not in POLICIES:
+            raise ConfigError(f"ProducerConfig.on_bad_record = {self.on_bad_record!r}: expected one of {list(POLICIES)}")
         if self.mode not in MODES:
             raise ConfigError(f"ProducerConfig.mode = {self.mode!r}: expected one of {list(MODES)}")
         if not 0 <= self.flush_lag < 1:
@@ -157,7 +164,8 @@ class HiLoProducer:
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
         self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
         # Fence every earlier trainer of the run first (Kafka: its open transaction is aborted), then read the log.
-        at = int((head(self.log, self.updates, config.run) or {}).get(H.VERSION, 0))
+        at = str((head(self.log, self.updates, config.run) or {}).get(H.VERSION, 0))  # a stray record may say anything
+        at = int(at) if at.isdigit() else 0
         self.fencing_token = self.log.become_writer(config.run, at)
         started = TrainerStart(self.log, config, self.manifest, self.site_optimizer, self._publish_checkpoint).run(
             self.store.load() if self.store else None, self.params, self.signer and self.signer.verifier())
@@ -205,7 +213,8 @@ class HiLoProducer:
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
         pending, before = self.in_doubt, self.version
-        follower = catch_up(self.log, self.config.run, self.replica, Position(self.next_offset, self.log_bytes))
+        follower = catch_up(self.log, self.config.run, self.replica, Position(self.next_offset, self.log_bytes),
+                            self.config.on_bad_record)
         self.log_bytes, self.next_offset = follower.log_bytes, follower.next_offset
         ours = pending is not None and self.version == pending.version and self.replica.digest == pending.message.digest
         if self.version != before and not ours:  # the log moved, and not by this trainer's message
@@ -259,6 +268,7 @@ class HiLoProducer:
         logger.warning("run %s: from v%d signed by key %s (was %s)", self.config.run, self.version + 1, new.key_id.hex(),
                        self.signer.key_id.hex())
         self.signer = new
+        self.replica.verifier = new.verifier()  # its own later messages, read back by a resync
         self.next_offset = self.log.end_offset(self.updates)
         self._checkpoint()
 

@@ -35,10 +35,10 @@ class Resumed:
     snapshot_version: int | None
 
 
-def catch_up(log, run: str, replica, position: Position) -> Follower:
+def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip") -> Follower:
     """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
-    duplicates skipped, foreign records skipped loudly, a gap or fork raises (another writer: a hard stop)."""
-    follower = Follower(log, run, replica, position)
+    duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer)."""
+    follower = Follower(log, run, replica, position, on_bad_record)
     follower.catch_up_all()
     return follower
 
@@ -55,6 +55,9 @@ class TrainerStart:
     def run(self, snapshot, params: list, verifier=None) -> Resumed:
         """Start from `snapshot` ((replica, Position) of the trainer's state dir, or None) and the model's `params`."""
         run, log = self.run_id, self.log
+        if snapshot is not None and snapshot[0].run != run:
+            raise ConfigError(f"run {run}: the trainer's state dir holds a snapshot of run {snapshot[0].run!r}: give each run "
+                              f"its own state dir")
         if snapshot is not None:
             self.check_layout(snapshot[0])
         if head(log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
@@ -86,7 +89,9 @@ class TrainerStart:
                                f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
                                f"state dir, or start over with new_history=True (--new-history)")
         snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
-        follower = catch_up(log, run, replica, position)
+        if verifier is not None:  # a signed run: the trainer applies only what its key signed, whatever it started from
+            replica.verifier = verifier
+        follower = catch_up(log, run, replica, position, self.config.on_bad_record)
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
         if not log.retained(self.updates, int(head(log, self.checkpoints, run).get(H.UPDATES_OFFSET, 0))):  # no site could bootstrap from it
             self.publish_checkpoint(replica, follower.next_offset, follower.log_bytes)

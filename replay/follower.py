@@ -4,6 +4,7 @@ Used by every site (consumer/site.py) and by a restarting trainer to catch up to
 back into its caller (raft's Ready/Advance): `updates()` yields each version as it is applied, the caller
 acts on it (snapshot, commit, export) and asks for the next one, or stops iterating to stop between versions.
 """
+import collections
 import logging
 from dataclasses import dataclass
 from typing import Iterator
@@ -12,7 +13,7 @@ from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
-from hilo.schemas.errors import DivergenceError, ForeignRecord, LogError, MalformedMessage
+from hilo.schemas.errors import ConfigError, DivergenceError, Gap, HiloError, LogError, MalformedMessage
 from hilo.schemas.framing import frame_bound, split_trailer
 from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, KeyRotation, UpdateMessage, decode_record
@@ -21,6 +22,8 @@ from hilo.schemas.signing import SignatureError, Verifier
 from hilo.log import crashpoints
 from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message
+
+from .bad_records import POLICIES, Skipped, reason_of
 
 logger = logging.getLogger(__name__)
 _warned_unverified = set()  # runs this process follows signed but unverified: said once each
@@ -96,12 +99,13 @@ class Follower:
     """Applies RUN.updates to a replica. `next_offset` is always just past the last complete message handled.
 
     Each message is classified as a replica does: the next version is applied, a harmless duplicate of an
-    applied one is skipped, a gap, fork or divergence stops it (raises). A record that is not this run's
-    cannot move the replica: it is skipped with a warning (counted in `foreign`), so one stray write does not
-    halt every site and the trainer.
+    applied one is skipped, a fork or divergence stops it (raises). A record that cannot be a valid message of
+    this run (bad_records.py) is skipped with one warning and handed to the caller as a Skipped, so one stray or
+    hostile write does not halt every site and the trainer; with on_bad_record="stop" it raises instead. A gap
+    right after a skip stops with a line that names the skipped record.
     """
 
-    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position):
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: str = "skip"):
         self.log, self.run, self.replica = log_backend, run, replica
         self.topic = updates_topic(run)
         next_offset = position.next_offset
@@ -110,7 +114,11 @@ class Follower:
         self.log_bytes = position.log_bytes  # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = Reassembler(run, self.topic, max_bytes=frame_bound(update_size_bound(replica.manifest)))
-        self.foreign = 0                   # records skipped because they are not this run's
+        if on_bad_record not in POLICIES:
+            raise ConfigError(f"on_bad_record = {on_bad_record!r}: expected one of {POLICIES}")
+        self.on_bad_record = on_bad_record
+        self.skips = collections.Counter()  # reason -> records skipped
+        self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = list(position.keys)
@@ -119,9 +127,14 @@ class Follower:
                            f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint")
         self.next_offset = self.read_offset = max(next_offset, self.log.begin_offset(self.topic))
 
-    def updates(self, timeout_s: float = 1.0) -> Iterator[Applied]:
-        """Read once; yield each version as it is applied. Stopping the iteration early stops between versions:
-        a half-read message is dropped and read again by the next call."""
+    @property
+    def foreign(self) -> int:
+        """Records skipped because they are not this run's."""
+        return self.skips["foreign"]
+
+    def updates(self, timeout_s: float = 1.0) -> Iterator[Applied | Skipped]:
+        """Read once; yield each version as it is applied, and each record skipped. Stopping the iteration early
+        stops between versions: a half-read message is dropped and read again by the next call."""
         batch = self.log.read(self.topic, self.read_offset, timeout_s)
         if batch:
             crashpoints.reach("follower.fetched")
@@ -129,9 +142,9 @@ class Follower:
         try:
             for rec in batch:
                 self.read_offset = rec.offset + 1
-                applied = self._feed(rec)
-                if applied is not None:
-                    yield applied
+                event = self._feed(rec)
+                if event is not None:
+                    yield event
             finished = True
         finally:
             if not finished:  # the caller stopped (or a record raised): resume at the last whole message
@@ -144,24 +157,46 @@ class Follower:
 
     def poll(self, timeout_s: float = 1.0) -> int:
         """Read once and apply every complete message; returns how many versions were applied."""
-        return sum(1 for _ in self.updates(timeout_s))
+        return sum(isinstance(e, Applied) for e in self.updates(timeout_s))
 
-    def _feed(self, rec) -> Applied | None:
-        """One record: reassemble; apply a complete update (returns it) or skip what cannot move the replica."""
+    def _feed(self, rec) -> Applied | Skipped | None:
+        """One record: reassemble; apply a complete update (returns it), skip (returns a Skipped) what cannot be a
+        valid message of this run, or raise what must stop the follower."""
         try:
             msg = self.reassembler.feed(rec)
-        except ForeignRecord as e:
-            self.foreign += 1
-            logger.warning("%s: skipped (a record that is not this run's cannot change its policy; find who writes it)", e)
-            return None
+        except HiloError as e:
+            return self._bad(rec.offset, e)
         if msg is None:
             return None
+        try:
+            return self._handle(msg)
+        except HiloError as e:
+            return self._bad(msg.first_offset, e)
+
+    def _bad(self, offset: int, error: HiloError) -> Skipped:
+        """Skip a record that cannot be a valid message of this run; raise anything else (or everything, under "stop")."""
+        reason = reason_of(error)
+        if isinstance(error, Gap) and self.skipped_since_applied:
+            first = self.skipped_since_applied[0]
+            raise Gap(f"{error}; the record skipped at offset {first.offset} ({first.reason}: {first.detail}) was probably "
+                      f"the missing version: stopping (if it was genuine, a limit or a trusted key is set wrong here)") from None
+        if reason is None or self.on_bad_record == "stop":
+            raise error
+        skipped = Skipped(offset, reason, str(error))
+        self.skips[reason] += 1
+        self.skipped_since_applied.append(skipped)
+        logger.warning("%s: skipped (%s): it cannot be a valid message of run %s, so it cannot move the policy; the "
+                       "replica stays at v%d", error, reason, self.run, self.replica.version)
+        return skipped
+
+    def _handle(self, msg) -> Applied | None:
+        """A complete message: rotate keys, or apply the next version."""
         what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
         if msg.kind == "key":
             self._rotate(msg, what)
             return None
         if msg.kind != "update":
-            raise LogError(f"{what}: a {msg.kind!r} record in the updates topic")
+            raise MalformedMessage(f"{what}: a {msg.kind!r} record in the updates topic")
         if self.replica.verifier is None:
             warn_if_signed(msg.data, self.run, what)
         upd: UpdateMessage = self.replica.parse(msg.data, what)
@@ -174,6 +209,7 @@ class Follower:
         crashpoints.reach("follower.applied")
         self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
         self.next_offset = msg.last_offset + 1
+        self.skipped_since_applied = []
         return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest)
 
     def position(self, saved_at: float | None = None) -> Position:
@@ -188,7 +224,7 @@ class Follower:
             verifier.verify(*split_trailer(msg.data, what), what)
         rot = decode_record(msg.data, what)
         if not isinstance(rot, KeyRotation) or rot.run != self.run:
-            raise LogError(f"{what}: not a key record of run {self.run!r}")
+            raise MalformedMessage(f"{what}: not a key record of run {self.run!r}")
         if rot.from_version <= self.replica.version:
             return  # an old rotation this replica is already past (replaying): trust is already the new key
         if verifier is None:
@@ -200,12 +236,12 @@ class Follower:
         logger.info("%s: from v%d the run is signed by key %s (rotation signed by %s)", what, rot.from_version,
                     self.replica.verifier.key_id.hex(), verifier.key_id.hex())
 
-    def catch_up(self) -> Iterator[Applied]:
-        """Apply everything up to the current log end, yielding each version applied."""
+    def catch_up(self) -> Iterator[Applied | Skipped]:
+        """Apply everything up to the current log end, yielding each version applied and each record skipped."""
         end = self.log.end_offset(self.topic)
         while self.read_offset < end:
             yield from self.updates(timeout_s=5.0)
 
     def catch_up_all(self) -> int:
         """`catch_up` for a caller with nothing to do per version; returns how many versions were applied."""
-        return sum(1 for _ in self.catch_up())
+        return sum(isinstance(e, Applied) for e in self.catch_up())

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
+from hilo.schemas.errors import HiloError
 
 from hilo.log.base import updates_topic
 
@@ -32,6 +33,11 @@ class HistoryWriter:
         after loses nothing already recorded."""
         entry = {"s": self.session, "v": version, "d": digest.hex(), "o": offset} | ({"start": True} if start else {})
         self._f.write(json.dumps(entry) + "\n")
+        self._f.flush()
+
+    def skip(self, offset: int, reason: str) -> None:
+        """A record skipped as not a valid message of the run (no version: the replica did not move)."""
+        self._f.write(json.dumps({"s": self.session, "skip": offset, "reason": reason}) + "\n")
         self._f.flush()
 
     def close(self) -> None:
@@ -87,6 +93,8 @@ def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Repor
     """Check site histories ({name: entries}) against the trainer's entries (and, if given, the log's
     {version: digest} read by a fresh reader: every acknowledged version must be there, unchanged)."""
     rep = Report()
+    trainer = [e for e in trainer if "v" in e]  # skip entries record refusals, not versions
+    sites = {name: [e for e in entries if "v" in e] for name, entries in sites.items()}
     truth = {}
     for e in trainer:
         if e["v"] in truth and truth[e["v"]] != e["d"]:
@@ -128,7 +136,10 @@ def log_versions(log, run: str) -> dict:
     while pos < end:
         batch = log.read(topic, pos, timeout_s=5.0)
         for rec in batch:
-            msg = r.feed(rec)
+            try:
+                msg = r.feed(rec)
+            except HiloError:  # a record that is not a message of the run: no version of it
+                continue
             if msg is not None and msg.kind == "update":
                 out[msg.version] = msg.headers.get(H.DIGEST)
         pos = max(pos, batch.next_offset)

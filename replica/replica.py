@@ -3,7 +3,7 @@ import collections
 
 import torch
 
-from hilo.schemas.errors import ChainError, DivergenceError, MalformedMessage
+from hilo.schemas.errors import DivergenceError, Fork, Gap, MalformedMessage, NonFinite, OtherRun
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.limits import DEFAULT_LIMITS, Limits
 from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record
@@ -20,7 +20,7 @@ def _finite(kind: str, tensors: list, manifest: Manifest, msg: UpdateMessage, wh
     """MalformedMessage naming the first block of `tensors` with a NaN/Inf: such a state is never adopted, whatever its digest."""
     for b, t in zip(manifest.blocks, tensors):
         if not bool(torch.isfinite(t).all()):
-            raise MalformedMessage(f"{what}: version {msg.version} would leave NaN/Inf in the {kind} of '{b.key}'; refused "
+            raise NonFinite(f"{what}: version {msg.version} would leave NaN/Inf in the {kind} of '{b.key}'; refused "
                                    f"(the replica stays at v{msg.version - 1})")
 
 
@@ -79,16 +79,16 @@ class PolicyReplica:
     def classify(self, msg: UpdateMessage, what: str) -> str:
         """'apply' for the next version, 'duplicate' for one already applied with the same digest; else raise."""
         if msg.run != self.run:
-            raise ChainError(f"{what}: message belongs to run {msg.run!r}, this replica follows {self.run!r}")
+            raise OtherRun(f"{what}: message belongs to run {msg.run!r}, this replica follows {self.run!r}")
         if msg.version <= self.version:
             seen = self.recent.get(msg.version)
             if seen is not None and seen != msg.digest:
-                raise ChainError(f"{what}: fork at version {msg.version}: digest {msg.digest.hex()} != applied {seen.hex()}")
+                raise Fork(f"{what}: fork at version {msg.version}: digest {msg.digest.hex()} != applied {seen.hex()}")
             return "duplicate"
         if msg.version != self.version + 1:
-            raise ChainError(f"{what}: gap: message is version {msg.version}, replica is at {self.version} (missing {self.version + 1}..{msg.version - 1})")
+            raise Gap(f"{what}: gap: message is version {msg.version}, replica is at {self.version} (missing {self.version + 1}..{msg.version - 1})")
         if msg.parent_digest != self.digest:
-            raise ChainError(f"{what}: fork: version {msg.version} starts from {msg.parent_digest.hex()}, replica v{self.version} is {self.digest.hex()}")
+            raise Fork(f"{what}: fork: version {msg.version} starts from {msg.parent_digest.hex()}, replica v{self.version} is {self.digest.hex()}")
         return "apply"
 
     def compute(self, msg: UpdateMessage, what: str, decoded: list | None = None) -> ReplicaState:

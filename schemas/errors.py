@@ -17,8 +17,24 @@ class UnsupportedVersion(MalformedMessage):
     """A schema version, codec or optimizer this build does not know."""
 
 
+class NonFinite(MalformedMessage):
+    """Applying the message would leave NaN/Inf in the state: such a state is never adopted."""
+
+
 class ChainError(HiloError):
     """The message does not continue this replica's hash chain: a gap, a duplicate, a fork or another run."""
+
+
+class Gap(ChainError):
+    """A version whose parent this replica never reached (versions are missing before it)."""
+
+
+class Fork(ChainError):
+    """A message that conflicts with the chain: another digest for an applied version, or another parent."""
+
+
+class OtherRun(ChainError):
+    """A message body of another run."""
 
 
 class DivergenceError(HiloError):

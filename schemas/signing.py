@@ -26,6 +26,18 @@ class SignatureError(HiloError):
     """A record is unsigned, signed by a key this site does not trust, or its signed bytes were changed."""
 
 
+class Unsigned(SignatureError):
+    """No signature, in a run whose records this reader verifies."""
+
+
+class OtherKey(SignatureError):
+    """Signed by a key this reader does not trust."""
+
+
+class BadSignature(SignatureError):
+    """The signature does not verify: the bytes were changed after signing."""
+
+
 def key_id(public: Ed25519PublicKey) -> bytes:
     """First 8 bytes of SHA-256 of the raw public key: names a key in errors and in the trailer."""
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -48,6 +60,9 @@ class Signer:
             data = path.read_bytes()
         except OSError as e:
             raise ConfigError(f"signing key {path}: cannot be read ({e.strerror})") from None
+        if b"PUBLIC KEY-----" in data:
+            raise ConfigError(f"signing key {path}: this is a public key (what sites trust with --trust); the trainer signs "
+                              f"with the private key beside it (trainer.key)")
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(f"signing key {path}: mode {stat.S_IMODE(mode):04o} lets others read it; chmod 600 {path}")
         try:
@@ -100,14 +115,14 @@ class Verifier:
     def verify(self, signed: bytes, trailer: bytes | None, what: str) -> None:
         """`signed`: the frame without its trailer; `trailer`: key id + signature, or None for an unsigned frame."""
         if trailer is None:
-            raise SignatureError(f"{what}: unsigned; this site trusts key {self.key_id.hex()} and applies only what it signed")
+            raise Unsigned(f"{what}: unsigned; this site trusts key {self.key_id.hex()} and applies only what it signed")
         kid, sig = trailer[:KEY_ID_BYTES], trailer[KEY_ID_BYTES:]
         if kid != self.key_id:
-            raise SignatureError(f"{what}: signed by key {kid.hex()}, this site trusts key {self.key_id.hex()}")
+            raise OtherKey(f"{what}: signed by key {kid.hex()}, this site trusts key {self.key_id.hex()}")
         try:
             self._key.verify(sig, hashlib.sha256(signed).digest())
         except InvalidSignature:
-            raise SignatureError(f"{what}: the signature by key {kid.hex()} does not verify: the record was changed after "
+            raise BadSignature(f"{what}: the signature by key {kid.hex()} does not verify: the record was changed after "
                                  f"signing") from None
 
 

@@ -101,8 +101,8 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             v = producer.step(lr=1e-2)
             t1 = time.perf_counter()
             while site.follower.replica.version < v:
-                for applied in site.follower.updates(timeout_s=5.0):
-                    site.on_applied(applied)
+                for event in site.follower.updates(timeout_s=5.0):
+                    site.on_event(event)
             t2 = time.perf_counter()
             site.publish_newest(strict=True)
             t3 = time.perf_counter()

@@ -2,7 +2,7 @@
 from . import COMMANDS
 from .args import at_least, budget, common, config_from_args, config_options
 
-FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history")
+FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history", "on_bad_record")
 
 
 def run(a):
@@ -28,13 +28,15 @@ def register(sub):
     """The produce parser; codec, optimizer and mode choices come from their registries."""
     from hilo.producer.delta import MODES
     from hilo.producer.producer import ProducerConfig
+    from hilo.replay.bad_records import POLICIES
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
     p = sub.add_parser("produce", help=COMMANDS["produce"][1])
     common(p)
     p.add_argument("--budget", type=budget, default=ProducerConfig.budget,
                    help=f"bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: {ProducerConfig.budget.describe()}%)")
-    config_options(p, ProducerConfig, FIELDS, choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES)})
+    config_options(p, ProducerConfig, FIELDS, choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES),
+                                                       "on_bad_record": list(POLICIES)})
     p.add_argument("--steps", type=at_least(1), default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")

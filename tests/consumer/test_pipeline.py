@@ -11,7 +11,7 @@ from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import read_history
 from hilo.schemas.chunks import split
-from hilo.schemas.errors import ChainError, DivergenceError, LogError, MalformedMessage
+from hilo.schemas.errors import ChainError, ConfigError, DivergenceError, LogError, MalformedMessage
 from hilo.schemas.records import UpdateMessage
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
 from tests.helpers import open_site
@@ -303,3 +303,12 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog):
     s.run(progress=False)
     assert [r["applied_version"] for r in lag_rows(open_log(log_url), run)] == [6]
     producer.close()
+
+
+def test_a_state_dir_of_another_run_is_named_as_such(log_url, tmp_path):
+    first, second = new_run(), new_run()
+    for run in (first, second):
+        publish_random(HiLoProducer(small_model(), producer_config(run=run, log=log_url)), 1)
+    site(log_url, first, tmp_path, name="shared", export_adapters=False, until_version=1).run(progress=False)
+    with pytest.raises(ConfigError, match=rf"holds a snapshot of run '{first}', not of run '{second}'"):
+        site(log_url, second, tmp_path, name="shared", export_adapters=False)

@@ -39,16 +39,34 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
     data = crafted.to_bytes() if forger == "unsigned" else crafted.to_bytes(Signer.load(other[0]))
     at = open_log(log_url).append(updates_topic(run), split(data, run, "update", 4))[0]
     # Without --trust the crafted update would be applied (its chain is right): that is what signatures close.
-    s = site(log_url, run, tmp_path, trust=str(keys[1]), idle_exit_s=30)
+    # With it, the record is skipped (one warning, counted, in the history) and the site follows the trainer past it.
+    hist = tmp_path / "s.jsonl"
+    s = site(log_url, run, tmp_path, trust=str(keys[1]), until_version=5, history=str(hist))
+    publish_random(producer, 2, seed=7)  # the trainer publishes v4 and v5 after the crafted record
+    s.run(progress=False)
+    reason = "unsigned" if forger == "unsigned" else "other-key"
+    assert (s.follower.replica.version, s.follower.replica.digest) == (5, producer.replica.digest)
+    assert dict(s.follower.skips) == {reason: 1}
+    assert [(e["skip"], e["reason"]) for e in map(json.loads, hist.read_text().splitlines()) if "skip" in e] == [(at, reason)]
+    # A trainer restarted after the record resumes past it and publishes the next version.
+    producer.close()
+    restarted = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
+    assert restarted.replica.digest == s.follower.replica.digest
+    publish_random(restarted, 1, seed=8)
+    again = site(log_url, run, tmp_path, trust=str(keys[1]), until_version=6)  # restarted from its snapshot
+    again.run(progress=False)
+    assert again.follower.replica.digest == restarted.replica.digest
+    # Fail-stop, for an operator who asks for it: the first bad record stops the site, the replica untouched.
+    strict = site(log_url, run, tmp_path, name="strict", trust=str(keys[1]), on_bad_record="stop", idle_exit_s=30)
     with pytest.raises(SignatureError, match=rf"offset {at} \(v4\): (unsigned|signed by key)"):
-        s.run(progress=False)
-    assert (s.follower.replica.version, s.follower.replica.digest) == (3, producer.replica.digest)
-    pos = json.loads((tmp_path / "s" / "snapshot" / "position.json").read_text())
+        strict.run(progress=False)
+    assert strict.follower.replica.version == 3
+    pos = json.loads((tmp_path / "strict" / "snapshot" / "position.json").read_text())
     assert pos["version"] == 3
     unprotected = site(log_url, run, tmp_path, name="open", until_version=4)
     unprotected.run(progress=False)
     assert unprotected.follower.replica.digest == crafted.digest  # the old behaviour, for contrast
-    producer.close()
+    restarted.close()
 
 
 def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_url, tmp_path, caplog):
@@ -92,8 +110,12 @@ def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, capl
     from hilo.schemas.records import KeyRotation
     forged = KeyRotation(run, 8, Signer.load(intruder[0]).public_bytes()).to_bytes(Signer.load(intruder[0]))
     open_log(log_url).append(updates_topic(run), split(forged, run, "key", 7))
-    victim = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), idle_exit_s=30)
+    strict = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), idle_exit_s=30, on_bad_record="stop")
     with pytest.raises(SignatureError, match=r"\(key record\): signed by key [0-9a-f]{16}, this site trusts key"):
-        victim.run(progress=False)
-    assert victim.follower.replica.version == 7
+        strict.run(progress=False)
+    assert strict.follower.replica.version == 7
+    publish_random(producer, 1, seed=3)  # v8, signed by the new key: trust did not move to the intruder's
+    victim = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), until_version=8)
+    victim.run(progress=False)
+    assert victim.follower.replica.digest == producer.replica.digest and dict(victim.follower.skips) == {"other-key": 1}
     producer.close()

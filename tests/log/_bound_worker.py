@@ -1,4 +1,5 @@
-"""Subprocess side of test_memory_bounds: follow a file log until the site refuses; print the peak RSS growth.
+"""Subprocess side of test_memory_bounds: follow a file log; print the first refusal (a skip, or an error that stops
+the follower) and the peak RSS growth.
 
     python _bound_worker.py LOG_DIR RUN    ->  {"error": "...", "grew_mib": N}
 """
@@ -7,6 +8,7 @@ import resource
 import sys
 
 from hilo.log import open_log
+from hilo.replay.bad_records import Skipped
 from hilo.replay.follower import Follower, bootstrap_from_log
 from hilo.schemas.errors import HiloError
 
@@ -21,7 +23,9 @@ replica, pos = bootstrap_from_log(log, run)
 base = rss_mib()
 error = None
 try:
-    Follower(log, run, replica, pos).catch_up_all()
+    for event in Follower(log, run, replica, pos).catch_up():
+        if isinstance(event, Skipped) and error is None:
+            error = event.detail
 except HiloError as e:
     error = str(e)
 print(json.dumps({"error": error, "grew_mib": rss_mib() - base}))

@@ -76,3 +76,11 @@ def test_key_files(tmp_path):
     assert "PRIVATE KEY" not in str(e.value) and private.read_text() not in str(e.value)  # the secret never reaches errors
     with pytest.raises(ConfigError, match="not a PEM public key"):
         Verifier.load(private)
+
+
+def test_a_public_key_given_as_the_signing_key_says_so(tmp_path):
+    from hilo.schemas.errors import ConfigError
+    from hilo.schemas.signing import Signer, generate
+    _, public = generate(tmp_path / "k")
+    with pytest.raises(ConfigError, match="this is a public key .*trainer.key"):
+        Signer.load(public)
