@@ -30,7 +30,8 @@ from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
 from hilo.replay.start import Source, choose_start
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
+from hilo.schemas.errors import ConfigError, HiloError, LogError, NoSuchTopic
+from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
 from hilo.schemas.signing import Verifier
 
@@ -128,7 +129,8 @@ class Site:
     Building one does no I/O; `Site.open(config)` opens the log, waits for the run, bootstraps and checks vLLM.
     """
 
-    def __init__(self, cfg: SiteConfig, log, store: SnapshotStore, follower: Follower, verifier=None, clock=time.time):
+    def __init__(self, cfg: SiteConfig, log, store: SnapshotStore, follower: Follower, verifier=None, clock=time.time,
+                 metrics: Metrics | None = None):
         self.cfg, self.clock = cfg, clock
         self.log, self.store, self.follower, self.verifier = log, store, follower, verifier
         self.group = site_group(cfg.run, cfg.site)
@@ -139,15 +141,25 @@ class Site:
         self.committer = None         # the background group committer, started by the first commit
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
         self.state = ServingState(cfg.retry_serve_s)
+        self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
+        self.stop_reason = None       # the error that stopped the site, once one has
+        self.head = (None, None)      # (version, log bytes) of the log's head, refreshed by `refresh_head`
+        self.head_checked = 0.0       # monotonic time of that refresh
+        self.last_applied_at = clock()
+        self.metrics.set_function("seconds_since_applied", lambda: self.clock() - self.last_applied_at)
+        self.metrics.set("serving_version", -1)
 
     @classmethod
-    def open(cls, cfg: SiteConfig, log_backend=None, clock=time.time) -> "Site":
-        """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM."""
+    def open(cls, cfg: SiteConfig, log_backend=None, clock=time.time, metrics: Metrics | None = None) -> "Site":
+        """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM.
+        `metrics`: the registry to record into (one a metrics endpoint already serves); default: a new one."""
         log = log_backend or open_log(cfg.log, kafka_config=cfg.kafka_config)
         store = SnapshotStore(cfg.state_dir)
         verifier = Verifier.load(cfg.trust) if cfg.trust else None
-        site = cls(cfg, log, store, None, verifier, clock)
+        site = cls(cfg, log, store, None, verifier, clock, metrics)
         site.follower = site._bootstrap()
+        site.metrics.set("applied_version", site.follower.replica.version)
+        site.refresh_head(force=True)
         if site.history:
             r = site.follower.replica
             site.history.record(r.version, r.digest, site.follower.next_offset, start=True)
@@ -177,6 +189,7 @@ class Site:
             self._same_history(*local)
         start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version)
         replica, pos = start.replica, start.position
+        self.metrics.set("bootstrap_info", 1, source=start.source.name.lower())
         if start.source is Source.CHECKPOINT_OVER_EXPIRED:
             old = start.set_aside
             if replica.genesis != old.genesis or replica.version < old.version:
@@ -235,6 +248,7 @@ class Site:
     def on_event(self, event):
         """What the follower handed back: an applied version, or a skipped record."""
         if isinstance(event, Skipped):
+            self.metrics.inc("records_refused", reason=event.reason)
             if self.history:
                 self.history.skip(event.offset, event.reason)
             return
@@ -244,6 +258,13 @@ class Site:
         """Bookkeeping after each applied version: snapshot every K, commit the position."""
         if self.history:
             self.history.record(applied.version, applied.digest, applied.last_offset)
+        m = self.metrics
+        m.set("applied_version", applied.version)
+        m.inc("versions_applied")
+        self.last_applied_at = self.clock()
+        m.set("last_applied_timestamp_seconds", self.last_applied_at)
+        for stage, seconds in applied.timing.items():
+            m.observe("stage_seconds", seconds, stage=stage)
         self.since_snapshot += 1
         if self.since_snapshot >= self.cfg.snapshot_every:
             self.snapshot()
@@ -265,6 +286,7 @@ class Site:
             out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters, protect=keep)
             self.state.on_exported(r.version, out)
             self.timing = {"version": r.version, "export_s": time.perf_counter() - t0}
+            self.metrics.observe("stage_seconds", self.timing["export_s"], stage="export")
             if cfg.on_version:
                 run_hook(cfg.on_version, r.version, out, r.digest.hex())
         if self.server is None or not self.state.needs_load(r.version):
@@ -285,6 +307,8 @@ class Site:
             return
         self.state.on_loaded()
         self.timing["load_s"] = time.perf_counter() - t1
+        self.metrics.observe("stage_seconds", self.timing["load_s"], stage="vllm_reload")
+        self.metrics.set("serving_version", version)
         prune_adapters(out.parent, cfg.keep_adapters, protect=[out])  # the previously served one may go now
         self.commit()
 
@@ -295,8 +319,45 @@ class Site:
 
     def snapshot(self):
         """Atomically save state + position."""
+        t0 = time.perf_counter()
         self.store.save(self.follower.replica, self.follower.position(saved_at=self.clock()))
+        self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot")
         self.since_snapshot = 0
+
+    def refresh_head(self, force: bool = False) -> None:
+        """Read where the log's head stands (at most once a second) and set the head and lag gauges.
+
+        A site that has read everything the log holds is at the head whatever the last record's headers claim
+        (a skipped record's headers are not the trainer's); otherwise the tail's headers say how far it is.
+        """
+        now = time.monotonic()
+        if not force and now - self.head_checked < 1.0:
+            return
+        self.head_checked = now
+        f = self.follower
+        version, log_bytes = f.replica.version, f.log_bytes
+        if f.read_offset < self.log.end_offset(f.topic):
+            h = head(self.log, f.topic, self.cfg.run) or {}
+            try:
+                version = max(version, int(h.get(H.VERSION, version)))
+                log_bytes = max(log_bytes, int(h.get(H.LOG_BYTES, log_bytes)))
+            except ValueError:  # a forged header: keep what is known
+                pass
+        self.head = (version, log_bytes)
+        m = self.metrics
+        m.set("head_version", version)
+        m.set("lag_versions", version - f.replica.version)
+        m.set("lag_bytes", log_bytes - f.log_bytes)
+
+    def readiness(self, max_lag: int) -> tuple:
+        """(ready, why): bootstrapped, not stopped by an error, at most `max_lag` versions behind the head."""
+        if self.stop_reason is not None:
+            return False, f"stopped: {self.stop_reason}"
+        head_version = self.head[0]
+        lag = 0 if head_version is None else head_version - self.follower.replica.version
+        if lag > max_lag:
+            return False, f"v{self.follower.replica.version} is {lag} versions behind the head v{head_version} (bound {max_lag})"
+        return True, f"v{self.follower.replica.version}, {lag} behind the head"
 
     def commit(self):
         """Hand the position (and what it means) to the background committer of this site's consumer group.
@@ -318,8 +379,9 @@ class Site:
     def run(self, progress: bool | None = None) -> int:
         """Follow until SIGTERM, --until-version or --idle-exit; returns the final version."""
         cfg, f = self.cfg, self.follower
-        h = head(self.log, updates_topic(cfg.run), cfg.run) or {}
-        behind = max(0, int(h.get(H.VERSION, 0)) - f.replica.version)
+        self.refresh_head(force=True)
+        start_head = self.head[0]
+        behind = max(0, start_head - f.replica.version)
         bar = tqdm(total=behind, desc=f"{cfg.site} catching up", unit="v", file=sys.stderr,
                    disable=(not behind) if progress is None else not progress)
         last_new = time.monotonic()
@@ -334,6 +396,8 @@ class Site:
                     if isinstance(event, Skipped):
                         continue
                     n += 1
+                    if event.version <= start_head:
+                        self.metrics.inc("versions_replayed")
                     if self.stopping or (cfg.until_version is not None and event.version >= cfg.until_version):
                         break
                 if n or (self.server and self.state.retry_due(time.monotonic())):
@@ -345,6 +409,11 @@ class Site:
                 elif cfg.idle_exit_s is not None and time.monotonic() - last_new > cfg.idle_exit_s:
                     logger.info("site %s: idle for %.0fs, exiting", cfg.site, cfg.idle_exit_s)
                     break
+                self.refresh_head(force=bool(n))
+        except HiloError as e:  # a gap after a skip, a fork, a divergence: the state stays at the last good version
+            self.stop_reason = str(e)
+            self.metrics.set("stopped", 1)
+            raise
         finally:
             bar.close()
             # The replica only ever holds a fully applied, digest-checked version: saving it is always safe.

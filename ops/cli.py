@@ -26,7 +26,7 @@ def _chosen(argv) -> str | None:
     """The command named on the command line (the first word that is not an option), if any."""
     args = iter(argv)
     for word in args:
-        if word == "--log-level":
+        if word in ("--log-level", "--log-format"):
             next(args, None)
         elif not word.startswith("-"):
             return word
@@ -36,10 +36,12 @@ def _chosen(argv) -> str | None:
 def parser(argv=None) -> argparse.ArgumentParser:
     """The argument parser. With `argv`, only the command it names gets its full parser (the others are listed
     with their summaries); without, every command's parser is built."""
-    ap = argparse.ArgumentParser(prog="hilo", description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
+    ap = argparse.ArgumentParser(prog="hilo", allow_abbrev=False, description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
                                  "compressed gradients over a log (Kafka, or an embedded file log).",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
+    ap.add_argument("--log-format", default="text", choices=["text", "json"],
+                    help="json: one JSON object a line (timestamp, level, logger, message) for log shippers (default: %(default)s)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None if argv is None else _chosen(argv)
     for name, (module, summary) in COMMANDS.items():
@@ -50,13 +52,25 @@ def parser(argv=None) -> argparse.ArgumentParser:
     return ap
 
 
+def setup_logging(level: str, fmt: str) -> None:
+    """Log lines to stderr: text for people, or JSON objects (python-json-logger) for log shippers."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+        handler.setFormatter(JsonFormatter("%(levelname)s %(name)s %(message)s", timestamp=True,
+                                           rename_fields={"levelname": "level", "name": "logger"}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 def main(argv=None) -> int:
     """Entry point of the `hilo` console script."""
     from hilo.ops.quiet import silence_unavoidable_warnings
     silence_unavoidable_warnings()
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser(argv).parse_args(argv)
-    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging(a.log_level, a.log_format)
     for noisy in ("urllib3", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     # kafka-python logs each retry of what we then report in one line; DEBUG shows it all

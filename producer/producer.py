@@ -28,6 +28,7 @@ from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
 from hilo.schemas.errors import ConfigError, FencedError, LogError, TrainerError
+from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
 from hilo.schemas.records import KeyRotation
 from hilo.schemas.signing import Signer
@@ -147,7 +148,7 @@ class HiLoProducer:
     proposal only if the log turns out to hold it. The trainer never holds a version the log does not have.
     """
 
-    def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None):
+    def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None):
         self.config = config
         self.model = model
         self.signer = Signer.load(config.signing_key) if config.signing_key else None
@@ -163,6 +164,9 @@ class HiLoProducer:
         self.in_doubt: Proposal | None = None   # published with an unknown outcome; settled by the next resync
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
         self.checkpoint_starts = []              # first offsets of the checkpoints this process published (for trimming)
+        # served by `hilo produce --metrics-port`, or by ops/metrics_server.py from the user's own loop
+        self.metrics = metrics or Metrics("trainer", run=config.run)
+        self.fenced = False
         # Fence every earlier trainer of the run first (Kafka: its open transaction is aborted), then read the log.
         at = str((head(self.log, self.updates, config.run) or {}).get(H.VERSION, 0))  # a stray record may say anything
         at = int(at) if at.isdigit() else 0
@@ -171,6 +175,8 @@ class HiLoProducer:
             self.store.load() if self.store else None, self.params, self.signer and self.signer.verifier())
         replica, self.log_bytes, self.next_offset = started.replica, started.position.log_bytes, started.position.next_offset
         self.snapshot_version = started.snapshot_version  # the trainer snapshot this start used, if any
+        self._count_skips(started.skips)
+        self.metrics.set("published_version", replica.version)
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
         self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
         self.pending = None  # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
@@ -216,8 +222,10 @@ class HiLoProducer:
         follower = catch_up(self.log, self.config.run, self.replica, Position(self.next_offset, self.log_bytes),
                             self.config.on_bad_record)
         self.log_bytes, self.next_offset = follower.log_bytes, follower.next_offset
+        self._count_skips(follower.skips)
         ours = pending is not None and self.version == pending.version and self.replica.digest == pending.message.digest
         if self.version != before and not ours:  # the log moved, and not by this trainer's message
+            self._fenced()
             raise FencedError(f"run {self.config.run}: the log moved from v{before} to v{self.version} (digest "
                               f"{self.replica.digest.hex()[:12]}) without this trainer's proposal: another trainer writes "
                               f"this run; this one publishes nothing more")
@@ -245,6 +253,7 @@ class HiLoProducer:
 
     def _checkpointed(self, first_offset):
         """A checkpoint is on the log at `first_offset`: keep only the newest `keep_checkpoints`."""
+        self.metrics.inc("checkpoints_published")
         self.checkpoint_starts.append(first_offset)
         keep = self.config.keep_checkpoints
         if len(self.checkpoint_starts) > keep:  # bounded storage: older checkpoints only make bootstrap replay longer
@@ -355,7 +364,9 @@ class HiLoProducer:
         self.pending = pending
         crashpoints.reach("trainer.encoded")
         msg = proposal.message
+        t_sign = time.perf_counter()
         data = msg.to_bytes(self.signer)
+        t_tx = time.perf_counter()
         extra = {H.DIGEST: msg.digest.hex(), H.LOG_BYTES: str(self.log_bytes + len(data))}
         if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
             extra[H.LAG] = f"{msg.meta['lag']:.6g}"
@@ -375,6 +386,7 @@ class HiLoProducer:
                 raise _NotOnLog(e) from e
 
         def again(e, n):
+            self.metrics.inc("publish_retries", cause=type(e.args[0]).__name__)
             logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
                            self.config.run, msg.version, e.args[0], n + 1, PUBLISH_ATTEMPTS)
         try:  # each try with a fresh producer (the writer drops a failed one)
@@ -382,6 +394,10 @@ class HiLoProducer:
                                                      attempts=PUBLISH_ATTEMPTS, first_s=0.25, longest_s=4.0, on_retry=again)
         except _NotOnLog as e:
             raise e.args[0] from None
+        except FencedError:
+            self._fenced()
+            raise
+        self._observe(proposal, len(data), sign_s=t_tx - t_sign, transaction_s=time.perf_counter() - t_tx)
         self.builder.commit(proposal)
         self.sync.commit(pending)
         self.pending = None
@@ -402,6 +418,31 @@ class HiLoProducer:
                           "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
                           "total_s": time.perf_counter() - t0, "lag": msg.meta.get("lag", 0.0)}
         return msg.version
+
+    def _observe(self, proposal, nbytes: int, sign_s: float, transaction_s: float) -> None:
+        """The metrics of a version the log now holds."""
+        m, enc = self.metrics, proposal.encoding
+        m.set("published_version", proposal.version)
+        m.inc("versions_published")
+        m.set("last_published_timestamp_seconds", time.time())
+        for stage, seconds in (("encode", proposal.timing["encode"]), ("sign", sign_s), ("transaction", transaction_s)):
+            m.observe("stage_seconds", seconds, stage=stage)
+        m.observe("message_bytes", nbytes)
+        m.set("adapter_fraction", nbytes / self.manifest.adapter_bytes())
+        residual = enc.state.get("residual")
+        if residual is not None:  # what the encoder kept back over what it was asked to send (residual + sent)
+            dot = lambda x, y: float(torch.dot(x.reshape(-1), y.reshape(-1)))  # no adapter-sized temporaries
+            left = sum(dot(r, r) for r in residual)
+            whole = left + sum(2 * dot(r, d) + dot(d, d) for r, d in zip(residual, enc.decoded))
+            m.set("residual_ratio", (left / whole) ** 0.5 if whole > 0 else 0.0)
+
+    def _fenced(self) -> None:
+        self.fenced = True
+        self.metrics.set("fenced", 1)
+
+    def _count_skips(self, skips: dict | None) -> None:
+        for reason, n in (skips or {}).items():
+            self.metrics.inc("records_refused", n, reason=reason)
 
     def _append(self, proposal, data: bytes, extra: dict, checkpoint: bool) -> tuple:
         """One transaction on the log: the version's chunks and, when due, its checkpoint's become visible together,

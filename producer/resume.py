@@ -33,6 +33,7 @@ class Resumed:
     replica: PolicyReplica
     position: Position
     snapshot_version: int | None
+    skips: dict | None = None   # reason -> records skipped while catching up
 
 
 def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip") -> Follower:
@@ -96,7 +97,7 @@ class TrainerStart:
         if not log.retained(self.updates, int(head(log, self.checkpoints, run).get(H.UPDATES_OFFSET, 0))):  # no site could bootstrap from it
             self.publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
             logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
-        return Resumed(replica, follower.position(), snapshot_version)
+        return Resumed(replica, follower.position(), snapshot_version, dict(follower.skips))
 
     def check_layout(self, replica):
         """The model and config must be the run's: same adapter layout, same optimizer."""

@@ -6,6 +6,7 @@ acts on it (snapshot, commit, export) and asks for the next one, or stops iterat
 """
 import collections
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -88,6 +89,7 @@ class Applied:
     last_offset: int
     headers: dict
     digest: bytes
+    timing: dict   # seconds per stage: fetch (reads that returned records, since the previous version), verify, decode, apply
 
     @property
     def version(self) -> int:
@@ -119,6 +121,7 @@ class Follower:
         self.on_bad_record = on_bad_record
         self.skips = collections.Counter()  # reason -> records skipped
         self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
+        self.fetch_s = 0.0                 # time in reads that returned records since the last applied version
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = list(position.keys)
@@ -135,8 +138,10 @@ class Follower:
     def updates(self, timeout_s: float = 1.0) -> Iterator[Applied | Skipped]:
         """Read once; yield each version as it is applied, and each record skipped. Stopping the iteration early
         stops between versions: a half-read message is dropped and read again by the next call."""
+        t0 = time.perf_counter()
         batch = self.log.read(self.topic, self.read_offset, timeout_s)
         if batch:
+            self.fetch_s += time.perf_counter() - t0
             crashpoints.reach("follower.fetched")
         finished = False
         try:
@@ -199,18 +204,24 @@ class Follower:
             raise MalformedMessage(f"{what}: a {msg.kind!r} record in the updates topic")
         if self.replica.verifier is None:
             warn_if_signed(msg.data, self.run, what)
-        upd: UpdateMessage = self.replica.parse(msg.data, what)
+        t0 = time.perf_counter()
+        self.replica.verify(msg.data, what)
+        t1 = time.perf_counter()
+        upd: UpdateMessage = self.replica.decode(msg.data, what)
         if upd.version != msg.version:
             raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")
         crashpoints.reach("follower.applying")
+        t2 = time.perf_counter()
         if not self.replica.apply(upd, what):  # a duplicate of an applied version
             self.next_offset = max(self.next_offset, msg.last_offset + 1)
             return None
+        timing = {"fetch": self.fetch_s, "verify": t1 - t0, "decode": t2 - t1, "apply": time.perf_counter() - t2}
+        self.fetch_s = 0.0
         crashpoints.reach("follower.applied")
         self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
         self.next_offset = msg.last_offset + 1
         self.skipped_since_applied = []
-        return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest)
+        return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest, timing)
 
     def position(self, saved_at: float | None = None) -> Position:
         """Where this follower stands: what a snapshot of its replica stores."""

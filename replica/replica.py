@@ -69,8 +69,16 @@ class PolicyReplica:
 
     def parse(self, data: bytes, what: str) -> UpdateMessage:
         """Verify the signature (if this replica trusts a key), then unframe, bounding the size by this manifest."""
+        self.verify(data, what)
+        return self.decode(data, what)
+
+    def verify(self, data: bytes, what: str) -> None:
+        """Refuse a framed record the trusted key did not sign (nothing to do when this replica trusts no key)."""
         if self.verifier is not None:
             self.verifier.verify(*split_trailer(data, what), what)
+
+    def decode(self, data: bytes, what: str) -> UpdateMessage:
+        """Unframe an update record, bounding its size by this manifest (no signature check: `parse` does both)."""
         msg = decode_record(data, what, self.limits, update_size_bound(self.manifest))
         if not isinstance(msg, UpdateMessage):
             raise MalformedMessage(f"{what}: expected an update record, got a checkpoint")

@@ -173,3 +173,17 @@ def config_from_args(cls, a, **given):
     """`cls` built from the parsed options named like its fields (and `given`)."""
     values = {n: getattr(a, n) for n in cls.__dataclass_fields__ if hasattr(a, n)}
     return cls(**(values | given))
+
+
+def metrics_options(p):
+    """--metrics-port, --metrics-host and --ready-max-lag (ops/metrics_server.py)."""
+    from hilo.ops.metrics_server import MetricsConfig
+    config_options(p, MetricsConfig, ("metrics_port", "metrics_host", "ready_max_lag"))
+
+
+def metrics_server(a, registry):
+    """The endpoint of --metrics-port over `registry`, bound now (None without the option)."""
+    if a.metrics_port is None:
+        return None
+    from hilo.ops.metrics_server import MetricsConfig, MetricsServer
+    return MetricsServer(config_from_args(MetricsConfig, a), registry)

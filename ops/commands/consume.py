@@ -1,6 +1,16 @@
-"""`hilo consume`: follow a run at a rollout site. Options, defaults and help come from SiteConfig."""
+"""`hilo consume`: follow a run at a rollout site. Options, defaults and help come from SiteConfig (and MetricsConfig).
+
+With --metrics-port a site that stops on an error (a gap after a skip, a fork, a divergence) does not exit: it keeps
+its last good version (and vLLM keeps serving it), /readyz answers 503 with the reason, and SIGTERM ends it (exit 1).
+A supervisor that restarted it would only read the same record again; an alert on /readyz tells an operator why.
+"""
+import logging
+import time
+
 from . import COMMANDS
-from .args import common, config_from_args, config_options
+from .args import common, config_from_args, config_options, metrics_options, metrics_server
+
+logger = logging.getLogger(__name__)
 
 FIELDS = ("snapshot_every", "export_adapters", "export_dtype", "keep_adapters", "on_version", "vllm", "trust", "lora_name",
           "from_offset", "from_version", "until_version", "idle_exit_s", "wait_checkpoint_s", "history", "on_bad_record")
@@ -10,9 +20,24 @@ FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_c
 def run(a):
     """Open the site and follow until a signal, --until-version or --idle-exit."""
     from hilo.consumer.site import Site, SiteConfig
-    site = Site.open(config_from_args(SiteConfig, a))
+    from hilo.schemas.errors import HiloError
+    from hilo.schemas.metrics import Metrics
+    cfg = config_from_args(SiteConfig, a)
+    metrics = Metrics("site", run=cfg.run, site=cfg.site)
+    server = metrics_server(a, metrics.registry)  # bound before anything is applied: a port in use fails here
+    site = Site.open(cfg, metrics=metrics)
     site.install_signal_handlers()
-    v = site.run(progress=False if a.no_progress else None)
+    if server:
+        server.ready = lambda: site.readiness(a.ready_max_lag)
+    try:
+        v = site.run(progress=False if a.no_progress else None)
+    except HiloError as e:
+        if server is None:
+            raise
+        logger.error("site %s: stopped at v%d: %s; serving /readyz 503 until SIGTERM", cfg.site, site.follower.replica.version, e)
+        while not site.stopping:
+            time.sleep(0.2)
+        raise
     print(f"{a.site}: v{v} digest {site.follower.replica.digest.hex()}")
     return 0
 
@@ -27,5 +52,6 @@ def register(sub):
     p.add_argument("--site", required=True, help="this site's name (its consumer group is hilo.RUN.SITE)")
     p.add_argument("--state-dir", required=True, help="snapshot + exported adapters live here")
     config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": list(POLICIES)})
+    metrics_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar while catching up")
     p.set_defaults(fn=run)

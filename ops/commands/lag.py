@@ -1,9 +1,48 @@
-"""`hilo lag`: one row per site of a run (reads group positions and the log head only)."""
+"""`hilo lag`: one row per site of a run (reads group positions and the log head only); --watch refreshes it."""
+import json
+import sys
+import time
+
 from . import COMMANDS
-from .args import report
+from .args import existing_run, open_from, report
+
+CLEAR = "\x1b[H\x1b[J"  # cursor home, clear screen: the table is redrawn in place on a terminal
+
+
+def seconds(text: str) -> float:
+    """argparse type: a refresh interval > 0."""
+    v = float(text)
+    if not v > 0:
+        raise ValueError(text)
+    return v
+
+
+def watch(a, rows_of, format_rows, out=sys.stdout):
+    """Print the table every --watch seconds until Ctrl-C: redrawn in place on a terminal, appended (with a time line)
+    otherwise; with --json one JSON object a line ({"time", "sites"})."""
+    log = open_from(a)
+    existing_run(log, a.run)
+    tty = out.isatty()
+    try:
+        while True:
+            rows, now = rows_of(log, a.run), time.time()
+            if a.json:
+                out.write(json.dumps({"time": round(now, 3), "sites": rows}) + "\n")
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(now))
+                out.write((CLEAR if tty else "") + f"{a.run} at {stamp} (every {a.watch:g}s, Ctrl-C to stop)\n"
+                          + format_rows(rows) + "\n" + ("" if tty else "\n"))
+            out.flush()
+            time.sleep(a.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def register(sub):
     """The lag report."""
     from hilo.ops.lag import format_rows, lag_rows
-    report(sub, "lag", COMMANDS["lag"][1], lag_rows, format_rows)
+    p = report(sub, "lag", COMMANDS["lag"][1], lag_rows, format_rows)
+    p.add_argument("--watch", type=seconds, nargs="?", const=2.0, metavar="SECONDS",
+                   help="refresh every SECONDS (default 2) until Ctrl-C; with --json, one JSON object a line")
+    once = p.get_default("fn")
+    p.set_defaults(fn=lambda a: watch(a, lag_rows, format_rows) if a.watch else once(a))

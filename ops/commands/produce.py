@@ -1,6 +1,6 @@
 """`hilo produce`: the built-in tiny trainer as a standalone producer. Options come from ProducerConfig."""
 from . import COMMANDS
-from .args import at_least, budget, common, config_from_args, config_options
+from .args import at_least, budget, common, config_from_args, config_options, metrics_options, metrics_server
 
 FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history", "on_bad_record")
 
@@ -9,7 +9,13 @@ def run(a):
     """Train --steps steps of the tiny model, publishing one version per step."""
     from hilo.ops.tiny_trainer import build_model, train
     from hilo.producer.producer import HiLoProducer, ProducerConfig
-    producer = HiLoProducer(build_model(seed=a.seed), config_from_args(ProducerConfig, a))
+    from hilo.schemas.metrics import Metrics
+    cfg = config_from_args(ProducerConfig, a)
+    metrics = Metrics("trainer", run=cfg.run)
+    server = metrics_server(a, metrics.registry)  # bound before the trainer fences or publishes anything
+    producer = HiLoProducer(build_model(seed=a.seed), cfg, metrics=metrics)
+    if server:
+        server.ready = lambda: (False, "fenced by a newer trainer") if producer.fenced else (True, f"v{producer.version}")
     adapter = producer.manifest.adapter_bytes()
 
     def on_step(version, loss, compute_s, info):
@@ -37,6 +43,7 @@ def register(sub):
                    help=f"bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: {ProducerConfig.budget.describe()}%)")
     config_options(p, ProducerConfig, FIELDS, choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES),
                                                        "on_bad_record": list(POLICIES)})
+    metrics_options(p)
     p.add_argument("--steps", type=at_least(1), default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="model/data seed (default: %(default)s)")

@@ -1,0 +1,139 @@
+"""Every metric hilo-sync exports: the one table (the README's metrics table and the Grafana test read it).
+
+Names follow Prometheus conventions: `hilo_<role>_<key>`, base units (seconds, bytes), counters end in
+`_total` on the wire (prometheus_client adds it). Every metric of a role carries that role's identity
+labels (`run`, and `site` at a site) so one Prometheus can scrape a fleet; a few add their own label.
+
+    m = Metrics("site", run="exp1", site="eu-1")
+    m.set("applied_version", 41); m.inc("records_refused", reason="limit"); m.observe("stage_seconds", 0.2, stage="apply")
+"""
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .errors import ConfigError
+
+ROLES = {"site": ("run", "site"), "trainer": ("run",)}   # role -> identity labels
+# Per-version stage times span 1 ms (verify a tiny update) to minutes (a vLLM reload on a busy server).
+STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BYTE_BUCKETS = tuple(float(4 ** i * 1024) for i in range(1, 12))   # 4 KiB .. 4 GiB
+KINDS = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric: role, key (the name is hilo_ROLE_KEY), kind, help, its own labels, histogram buckets."""
+
+    role: str
+    key: str
+    kind: str
+    help: str
+    labels: tuple = ()
+    buckets: tuple | None = None
+
+    @property
+    def name(self) -> str:
+        """The metric's name as prometheus_client is given it (counters get `_total` on the wire)."""
+        return f"hilo_{self.role}_{self.key}"
+
+    @property
+    def series(self) -> tuple:
+        """The names of the series a scrape shows for it."""
+        n = self.name
+        return {"gauge": (n,), "counter": (f"{n}_total",), "histogram": (f"{n}_bucket", f"{n}_sum", f"{n}_count")}[self.kind]
+
+
+def _site(key, kind, help, labels=(), buckets=None):
+    return Metric("site", key, kind, help, labels, buckets)
+
+
+def _trainer(key, kind, help, labels=(), buckets=None):
+    return Metric("trainer", key, kind, help, labels, buckets)
+
+
+TABLE = (
+    _site("applied_version", "gauge", "Newest version applied to the site's replica."),
+    _site("serving_version", "gauge", "Version vLLM serves (-1: none loaded, or no vLLM configured)."),
+    _site("head_version", "gauge", "Newest version on the run's updates topic, as last seen by the site."),
+    _site("lag_versions", "gauge", "head_version - applied_version."),
+    _site("lag_bytes", "gauge", "Update bytes on the log past the applied version."),
+    _site("last_applied_timestamp_seconds", "gauge", "Unix time the newest version was applied."),
+    _site("seconds_since_applied", "gauge", "Seconds since the newest version was applied (computed at scrape)."),
+    _site("versions_applied", "counter", "Versions applied since the process started (replayed ones included)."),
+    _site("versions_replayed", "counter", "Versions applied while catching up to the head seen at start."),
+    _site("stage_seconds", "histogram", "Time per version and stage: fetch (reads that returned records), verify "
+          "(signature), decode (unframe), apply (gradient decode, optimizer step, digest), snapshot, export, "
+          "vllm_reload.", ("stage",), STAGE_BUCKETS),
+    _site("records_refused", "counter", "Records skipped by reason (SPEC.md, Records a reader skips); reason=foreign "
+          "counts records of other runs.", ("reason",)),
+    _site("bootstrap_info", "gauge", "1 for the source this process bootstrapped from.", ("source",)),
+    _site("stopped", "gauge", "1 once the site stopped on an error (a gap after a skip, a fork, a divergence)."),
+    _trainer("published_version", "gauge", "Newest version the trainer published (committed on the log)."),
+    _trainer("last_published_timestamp_seconds", "gauge", "Unix time of the newest publish."),
+    _trainer("versions_published", "counter", "Versions published since the process started."),
+    _trainer("checkpoints_published", "counter", "Checkpoints published since the process started."),
+    _trainer("stage_seconds", "histogram", "Time per version and stage: encode (compress + self-check decode), "
+             "sign (frame and sign), transaction (append and commit on the log, retries included).", ("stage",),
+             STAGE_BUCKETS),
+    _trainer("message_bytes", "histogram", "Bytes of each published update message.", (), BYTE_BUCKETS),
+    _trainer("adapter_fraction", "gauge", "The newest message's bytes as a fraction of the bf16 adapter."),
+    _trainer("residual_ratio", "gauge", "Error feedback: ||residual|| / ||residual + sent|| after the newest "
+             "version (0 for a lossless codec)."),
+    _trainer("fenced", "gauge", "1 once a newer trainer of the run fenced this one."),
+    _trainer("publish_retries", "counter", "Publish attempts retried, by the error's type.", ("cause",)),
+    _trainer("records_refused", "counter", "Records the trainer skipped while catching up, by reason.", ("reason",)),
+)
+
+
+class Metrics:
+    """One role's metrics in their own registry, bound to this process's identity labels."""
+
+    def __init__(self, role: str, **identity):
+        if role not in ROLES:
+            raise ConfigError(f"Metrics.role = {role!r}: expected one of {sorted(ROLES)}")
+        if set(identity) != set(ROLES[role]):
+            raise ConfigError(f"Metrics({role!r}): identity labels {sorted(identity)}, expected {list(ROLES[role])}")
+        self.role, self.identity = role, {k: str(v) for k, v in identity.items()}
+        self.registry = CollectorRegistry()
+        self._specs, self._metrics = {}, {}
+        for spec in TABLE:
+            if spec.role != role:
+                continue
+            extra = {"buckets": spec.buckets} if spec.buckets else {}
+            metric = KINDS[spec.kind](spec.name, spec.help, labelnames=ROLES[role] + spec.labels, registry=self.registry, **extra)
+            self._specs[spec.key], self._metrics[spec.key] = spec, metric
+            if not spec.labels:  # shown (at 0) from the start: an alert on a missing series never fires
+                metric.labels(**self.identity)
+
+    def _child(self, key: str, labels: dict):
+        spec = self._specs.get(key)
+        if spec is None:
+            raise ConfigError(f"Metrics({self.role!r}): no metric {key!r}; the table has {sorted(self._specs)}")
+        if set(labels) != set(spec.labels):
+            raise ConfigError(f"{spec.name}: labels {sorted(labels)}, expected {list(spec.labels)}")
+        return self._metrics[key].labels(**self.identity, **{k: str(v) for k, v in labels.items()})
+
+    def set(self, key: str, value: float, **labels) -> None:
+        """Set a gauge."""
+        self._child(key, labels).set(value)
+
+    def set_function(self, key: str, fn, **labels) -> None:
+        """A gauge computed when scraped."""
+        self._child(key, labels).set_function(fn)
+
+    def inc(self, key: str, amount: float = 1.0, **labels) -> None:
+        """Add to a counter."""
+        self._child(key, labels).inc(amount)
+
+    def observe(self, key: str, value: float, **labels) -> None:
+        """One observation of a histogram."""
+        self._child(key, labels).observe(value)
+
+
+def markdown_table() -> str:
+    """The README's metrics table."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in TABLE:
+        labels = ", ".join(ROLES[spec.role] + spec.labels)
+        rows.append(f"| `{spec.series[0] if spec.kind == 'counter' else spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+    return "\n".join(rows)
