@@ -37,6 +37,7 @@ from .delta import MODES
 from . import trainer_state
 from .lora_params import lora_parameters
 from .resume import TrainerStart, catch_up
+from .retention_guard import RetentionGuard
 from .sync_mode import SYNC_MODES
 from .update_builder import Proposal, UpdateBuilder
 
@@ -160,6 +161,7 @@ class HiLoProducer:
                               f"{self.manifest.adapter_bytes()}-byte adapter leave {room} bytes of payload after the header; raise the budget")
         self.updates, self.checkpoints = updates_topic(config.run), checkpoints_topic(config.run)
         self.log.create_topics(config.run)
+        self.retention = RetentionGuard.of(self.log, self.updates)  # checkpoints before the updates they need expire
         self.store = SnapshotStore(config.state_dir) if config.state_dir else None
         self.in_doubt: Proposal | None = None   # published with an unknown outcome; settled by the next resync
         self.checkpoint_due = False              # a checkpoint publish failed; retried after the next version
@@ -254,6 +256,7 @@ class HiLoProducer:
     def _checkpointed(self, first_offset):
         """A checkpoint is on the log at `first_offset`: keep only the newest `keep_checkpoints`."""
         self.metrics.inc("checkpoints_published")
+        self.retention.on_checkpoint()
         self.checkpoint_starts.append(first_offset)
         keep = self.config.keep_checkpoints
         if len(self.checkpoint_starts) > keep:  # bounded storage: older checkpoints only make bootstrap replay longer
@@ -371,6 +374,11 @@ class HiLoProducer:
         if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
             extra[H.LAG] = f"{msg.meta['lag']:.6g}"
         checkpoint = msg.version % self.config.checkpoint_every == 0 or self.checkpoint_due
+        why = None if checkpoint else self.retention.due()
+        if why:
+            checkpoint = True
+            logger.info("run %s: checkpoint with v%d, before the updates after the newest one can expire: %s", self.config.run,
+                        msg.version, why)
         def attempt():
             try:
                 return self._append(proposal, data, extra, checkpoint)
@@ -406,6 +414,8 @@ class HiLoProducer:
         if self.history:
             self.history.record(msg.version, msg.digest, offsets[-1])
         self.write_back()
+        if checkpoint_offsets is None:
+            self.retention.on_update(len(data))
         if checkpoint_offsets is not None:
             self._checkpointed(checkpoint_offsets[0])
             self.checkpoint_due = False

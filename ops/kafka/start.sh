@@ -86,6 +86,8 @@ share.coordinator.state.topic.replication.factor=$rf
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.flush.interval.messages=1
+# retention is enforced within a second of expiry (default: every 5 min), so a test can watch records expire
+log.retention.check.interval.ms=1000
 PROPS
   scram=()  # SCRAM users live in the cluster metadata: bootstrapped when the storage is formatted (KIP-900)
   if [ "${HILO_KAFKA_SECURE:-0}" = 1 ]; then

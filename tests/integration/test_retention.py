@@ -4,6 +4,9 @@ A run's history must never fork silently: a trainer without the history refuses 
 under the same name unless told to; one with its snapshot continues it; a site never moves backwards or
 onto another history.
 """
+import logging
+import time
+
 import pytest
 from kafka import TopicPartition
 
@@ -37,6 +40,7 @@ def _a_site_follows_from_the_fresh_checkpoint(producer, run, tmp_path):
     assert s.follower.replica.version == 5
     s.run(progress=False)
     assert s.follower.replica.digest == producer.replica.digest
+    assert "before the updates after the newest one can expire" in caplog.text
     producer.close()
 
 
@@ -106,4 +110,29 @@ def test_the_checkpoints_topic_keeps_the_newest_k(tmp_path):
     assert versions == [6, 8]
     s = site(run, tmp_path, until_version=8)  # a new site bootstraps from the newest, as before
     assert s.follower.replica.version == 8
+    producer.close()
+
+
+def test_a_running_trainer_checkpoints_before_the_updates_a_new_site_needs_expire(tmp_path, caplog):
+    """Real retention (6 s, segments rolled every 0.2 s, the broker checking every second): a trainer that only
+    checkpoints every 10**6 versions still publishes one before the updates after its newest checkpoint expire,
+    so a site that joins after records expired bootstraps and follows (was: refused until the next checkpoint)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+    caplog.set_level(logging.INFO, logger="hilo.producer.producer")
+    run, retention_ms = new_run("joinable"), 6000
+    log = open_log(KAFKA_URL)
+    log.create_topics(run, retention_ms=retention_ms)
+    log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, f"{run}.{t}", configs={"segment.ms": "200"})
+                             for t in ("updates", "checkpoints")])
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
+    updates, deadline = f"{run}.updates", time.monotonic() + 120
+    while log.begin_offset(updates) == 0 or producer.version < 30:  # train until retention really deleted updates
+        assert time.monotonic() < deadline, "retention never deleted a record"
+        publish_random(producer, 1, seed=producer.version)
+        time.sleep(0.3)  # a training step's compute: what lets records age
+    s = site(run, tmp_path, until_version=producer.version)
+    assert 0 < s.follower.replica.version
+    s.run(progress=False)
+    assert s.follower.replica.digest == producer.replica.digest
+    assert "before the updates after the newest one can expire" in caplog.text
     producer.close()

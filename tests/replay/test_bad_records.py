@@ -15,7 +15,7 @@ from hilo.schemas.errors import Gap
 from hilo.schemas.limits import Limits
 from hilo.schemas.records import UpdateMessage
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import open_site
+from tests.helpers import open_site, wait_until
 
 ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
 
@@ -87,6 +87,13 @@ def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kin
     restarted.close()
 
 
+def visible(log, producer):
+    """Wait until a reader's log end covers what the trainer published: Kafka acknowledges a commit before the
+    transaction markers that make it readable (read_committed) are written."""
+    topic = updates_topic(producer.config.run)
+    wait_until(lambda: log.end_offset(topic) >= producer.next_offset, 30, f"{topic} readable up to offset {producer.next_offset}")
+
+
 def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_record(log_url, tmp_path):
     """A site whose limit is set too low for a genuine version skips it, then stops at the next version with the
     line that names the skipped record."""
@@ -99,10 +106,12 @@ def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_reco
     assert follower.catch_up_all() == 3
     at = log.end_offset(updates_topic(run))
     publish_random(producer, 1, seed=1)
+    visible(log, producer)
     limits, replica.limits = replica.limits, Limits(max_decompressed_bytes=1024)  # far below this genuine v4
     assert follower.catch_up_all() == 0 and dict(follower.skips) == {"limit": 1}
     replica.limits = limits  # v5 fits: it shows that v4 was needed
     publish_random(producer, 1, seed=2)
+    visible(log, producer)
     with pytest.raises(Gap, match=rf"gap: message is version 5, replica is at 3 .*the record skipped at offset "
                                   rf"{at}.* \(limit: .*was probably the missing version"):
         follower.catch_up_all()
