@@ -192,10 +192,13 @@ class Site:
         self.metrics.set("bootstrap_info", 1, source=start.source.name.lower())
         if start.source is Source.CHECKPOINT_OVER_EXPIRED:
             old = start.set_aside
-            if replica.genesis != old.genesis or replica.version < old.version:
-                raise LogError(f"site {cfg.site}: holds v{old.version} (history {old.genesis.hex()[:12]}); the log kept only "
-                               f"v{replica.version} of history {replica.genesis.hex()[:12]}: refusing to move backwards or to another "
-                               f"history (remove {cfg.state_dir} to follow what the log holds now)")
+            if replica.genesis != old.genesis:
+                raise LogError(f"site {cfg.site}: holds v{old.version} of history {old.genesis.hex()[:12]}; the log holds another "
+                               f"history of run {cfg.run} ({replica.genesis.hex()[:12]}, v{replica.version}): refusing to switch "
+                               f"histories (remove {cfg.state_dir} to follow the new one)")
+            if replica.version < old.version:
+                raise LogError(f"site {cfg.site}: holds v{old.version}; the log kept only v{replica.version} of the same history: "
+                               f"refusing to move backwards (remove {cfg.state_dir} to follow what the log holds now)")
             logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
                            cfg.site, old.version, replica.version)
         replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
@@ -214,7 +217,7 @@ class Site:
         theirs = h.get(H.GENESIS)
         if theirs is not None and theirs != replica.genesis.hex():
             raise LogError(f"site {cfg.site}: its snapshot v{replica.version} is of history {replica.genesis.hex()[:12]}, the log's "
-                           f"checkpoints are of history {theirs[:12]} (the run was started again under the same name): refusing "
+                           f"checkpoints are of history {theirs[:12]} (another history: the run was started again under the same name): refusing "
                            f"it (remove {cfg.state_dir} to follow the new history)")
         end = self.log.end_offset(topic)
         if pos.next_offset > end:

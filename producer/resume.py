@@ -9,6 +9,7 @@ A checkpoint whose updates expired is replaced by a fresh one, so late sites can
 """
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 from hilo.log import checkpoints_topic, site_group, updates_topic
@@ -19,6 +20,7 @@ from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, LogError
 from hilo.schemas.position import Position
+from hilo.schemas.records import NONCE_BYTES
 
 from .delta import ADD
 
@@ -72,13 +74,20 @@ class TrainerStart:
                                f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
                                f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
                                f"to start over (sites that followed the old history refuse the new one until their state is reset)")
-            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer)
+            # A fresh nonce: a history started again from the same weights (the same seed) is still another history.
+            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer,
+                                            nonce=os.urandom(NONCE_BYTES))
             offset = log.end_offset(self.updates)
             self.publish_checkpoint(replica, offset, 0)
             if had:
-                logger.warning("run %s: STARTED A NEW HISTORY (genesis %s) over an expired one, as asked (new_history)", run, replica.digest.hex()[:12])
+                logger.warning("run %s: STARTED A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run, replica.genesis.hex()[:12])
             logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
             return Resumed(replica, Position(offset, 0), None)
+        theirs = head(log, self.checkpoints, run).get(H.GENESIS)
+        if snapshot is not None and theirs is not None and theirs != snapshot[0].genesis.hex():
+            raise ConfigError(f"run {run}: the trainer's state dir holds v{snapshot[0].version} of history "
+                              f"{snapshot[0].genesis.hex()[:12]}, the log's checkpoints are of history {theirs[:12]} (another "
+                              f"trainer started the run again): give this trainer the state dir of the history on the log, or none")
         begin = log.begin_offset(self.updates)
         start = choose_start(log, run, snapshot, verifier=verifier)
         replica, position = start.replica, start.position

@@ -6,7 +6,7 @@ import torch
 from hilo.schemas.errors import DivergenceError, Fork, Gap, MalformedMessage, NonFinite, OtherRun
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.limits import DEFAULT_LIMITS, Limits
-from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record
+from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record, history_id
 
 from .codecs import decode as decode_gradient
 from .codecs import update_size_bound
@@ -28,34 +28,38 @@ class PolicyReplica:
     """One copy of the policy: state, its digest, and atomic, chained `apply`."""
 
     def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS, digest: bytes | None = None,
-                 genesis: bytes | None = None):
+                 genesis: bytes | None = None, nonce: bytes = b""):
         self.state = state
         self.run = run
         self.limits = limits
         self.digest = digest if digest is not None else state.digest()  # `digest`: already verified by the caller
-        self.genesis = genesis if genesis is not None else self.digest   # the run's v0 digest: which history this is
+        # which history this is: the v0 digest hashed with the nonce the trainer drew (records.history_id)
+        self.genesis = genesis if genesis is not None else history_id(self.digest, nonce)
+        self.nonce = nonce    # kept at v0, so its checkpoint proves the history id
         self.verifier = None  # signing.Verifier: when set, only records signed by the trusted key are parsed
         self.recent = collections.OrderedDict({state.version: self.digest})
 
     @staticmethod
-    def genesis(run: str, manifest: Manifest, params: list, optimizer: str) -> "PolicyReplica":
-        """Version 0: the given initial params (cloned to fp32) and zero optimizer state."""
+    def genesis(run: str, manifest: Manifest, params: list, optimizer: str, nonce: bytes = b"") -> "PolicyReplica":
+        """Version 0: the given initial params (cloned to fp32) and zero optimizer state. `nonce`: random bytes the trainer
+        draws so that this history is told apart from another started from the same weights (none: the v0 digest)."""
         opt = get_optimizer(optimizer)
         params = [p.detach().to(torch.float32).clone().contiguous() for p in params]
         for p, b in zip(params, manifest.blocks):
             if tuple(p.shape) != b.shape:
                 raise MalformedMessage(f"genesis: '{b.key}' has shape {tuple(p.shape)}, manifest says {b.shape}")
         slots = {s: [torch.zeros(b.shape) for b in manifest.blocks] for s in opt.slots}
-        return PolicyReplica(ReplicaState(manifest, optimizer, 0, params, slots, opt.init_scalars()), run)
+        return PolicyReplica(ReplicaState(manifest, optimizer, 0, params, slots, opt.init_scalars()), run, nonce=nonce)
 
     @staticmethod
     def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint") -> "PolicyReplica":
         """Load a checkpoint after verifying its digest (hashed once: the check is the replica's digest)."""
-        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest, genesis=ckpt.genesis)
+        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest, genesis=ckpt.genesis,
+                             nonce=ckpt.nonce)
 
     def checkpoint(self) -> Checkpoint:
         """The full state as a checkpoint record."""
-        return self.state.to_checkpoint(self.run, self.genesis, self.digest)
+        return self.state.to_checkpoint(self.run, self.genesis, self.digest, self.nonce)
 
     @property
     def version(self) -> int:

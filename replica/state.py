@@ -37,11 +37,13 @@ class ReplicaState:
             h.update(name.encode() + struct.pack("<d", self.scalars[name]))
         return h.digest()
 
-    def to_checkpoint(self, run: str, genesis: bytes, digest: bytes | None = None) -> Checkpoint:
-        """Serialise the full state (bootstrap record / local snapshot) of history `genesis`; `digest` if already known."""
+    def to_checkpoint(self, run: str, genesis: bytes, digest: bytes | None = None, nonce: bytes = b"") -> Checkpoint:
+        """Serialise the full state (bootstrap record / local snapshot) of history `genesis`; `digest` if already known;
+        `nonce`: the history's nonce (v0 only)."""
         return Checkpoint(run, self.version, digest or self.digest(), self.manifest, self.optimizer,
                           [to_bytes(t, "float32") for t in self.params], list(self.slots),
-                          [[to_bytes(t, "float32") for t in ts] for ts in self.slots.values()], dict(self.scalars), genesis)
+                          [[to_bytes(t, "float32") for t in ts] for ts in self.slots.values()], dict(self.scalars), genesis,
+                          nonce if self.version == 0 else b"")
 
     @staticmethod
     def from_checkpoint(ckpt: Checkpoint, what: str) -> "ReplicaState":

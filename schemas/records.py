@@ -12,6 +12,13 @@ from .framing import HEADER_BYTES, KIND_CHECKPOINT, KIND_KEY, KIND_NAMES, KIND_U
 from .limits import DEFAULT_LIMITS, Limits
 
 DIGEST_BYTES = 16  # xxh3-128
+NONCE_BYTES = 16   # a history's random nonce
+
+
+def history_id(v0_digest: bytes, nonce: bytes = b"") -> bytes:
+    """Which history a run's records belong to: the v0 digest, hashed with the trainer's random nonce when it drew one,
+    so two histories started from equal initial weights (the same seed) are told apart."""
+    return xxhash.xxh3_128_digest(v0_digest + nonce) if nonce else v0_digest
 ZERO_DIGEST = bytes(DIGEST_BYTES)
 
 
@@ -158,7 +165,8 @@ class Checkpoint:
     slots: list                  # optimizer slot names, e.g. ["m", "v"]
     slot_tensors: list           # per slot: bytes per block, fp32
     scalars: dict                # optimizer scalars (step count, running beta powers), float64
-    genesis: bytes = ZERO_DIGEST  # digest of the run's v0: which history this is (set by every writer)
+    genesis: bytes = ZERO_DIGEST  # the history id: history_id(v0 digest, nonce); which history this is (set by every writer)
+    nonce: bytes = b""            # v0 only: the random bytes the trainer drew when it started this history
 
     def to_bytes(self, signer=None) -> bytes:
         """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible); signed if `signer`."""
@@ -166,7 +174,7 @@ class Checkpoint:
             "run": self.run, "version": self.version, "digest": self.digest, "manifest": self.manifest.to_dict(),
             "optimizer": self.optimizer, "params": self.params, "slots": self.slots,
             "slot_tensors": self.slot_tensors, "scalars": self.scalars, "genesis": self.genesis,
-        }, level=1, signer=signer)
+        } | ({"nonce": self.nonce} if self.nonce else {}), level=1, signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "Checkpoint":
@@ -190,10 +198,12 @@ class Checkpoint:
         scalars = F.get_scalar_map(body, "scalars", what, limits.max_params)
         version, digest = F.get_int(body, "version", what), F.get_bytes(body, "digest", what, DIGEST_BYTES)
         genesis = F.get_bytes(body, "genesis", what, DIGEST_BYTES)
-        if version == 0 and genesis != digest:
-            raise MalformedMessage(f"{what}: a v0 checkpoint's genesis {genesis.hex()} must be its own digest {digest.hex()}")
+        nonce = F.get_bytes(body, "nonce", what, NONCE_BYTES) if "nonce" in body else b""
+        if version == 0 and genesis != history_id(digest, nonce):
+            raise MalformedMessage(f"{what}: a v0 checkpoint's genesis {genesis.hex()} is not the history id of its digest "
+                                   f"{digest.hex()} and nonce {nonce.hex() or '(none)'}")
         return Checkpoint(F.get_str(body, "run", what), version, digest, manifest, F.get_str(body, "optimizer", what), params,
-                          slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis)
+                          slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis, nonce if version == 0 else b"")
 
 
 @dataclass
