@@ -1,4 +1,5 @@
-"""`hilo inspect --version V`: one update's header fields and per-block rank/k and bytes."""
+"""`hilo inspect --version V`: one update's header fields and per-block rank/k and bytes; `--offset N`: one record by
+offset, its headers and what a reader makes of it (why a site skipped it)."""
 import json
 
 from . import COMMANDS
@@ -15,6 +16,8 @@ def run(a):
     existing_run(log, a.run)
     ck = last_message(log, checkpoints_topic(a.run), a.run)
     manifest = decode_record(ck.data, "checkpoint").manifest if ck else None
+    if a.offset is not None:
+        return show_record(log, a, manifest)
     d = describe(log, a.run, a.version, manifest)
     if a.json:
         print(json.dumps(d, indent=2))
@@ -28,10 +31,32 @@ def run(a):
     return 0
 
 
+def show_record(log, a, manifest):
+    """Print one record's headers and verdict."""
+    from hilo.ops.inspect_record import inspect_offset
+    from hilo.schemas.signing import Verifier
+    d = inspect_offset(log, a.run, a.offset, Verifier.load(a.trust) if a.trust else None, manifest)
+    if a.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    print(f"{d['topic']} offset {d['offset']}: {d['bytes']} bytes")
+    for k, v in sorted(d["headers"].items()):
+        print(f"  {k}: {v}")
+    print(f"verdict: {d['verdict']}" + (f" ({d['reason']})" if d["reason"] else "") + f": {d['detail']}")
+    for k, v in (d.get("message") or {}).items():
+        print(f"  {k}: {v}")
+    return 0
+
+
 def register(sub):
     """The inspect parser."""
     p = sub.add_parser("inspect", help=COMMANDS["inspect"][1])
     common(p)
-    p.add_argument("--version", type=at_least(1), required=True, help="policy version to show")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--version", type=at_least(1), help="policy version to show")
+    which.add_argument("--offset", type=at_least(0), help="show the RUN.updates record at this offset and whether a reader "
+                       "skips it, and why (the offset a site's skip warning names)")
+    p.add_argument("--trust", metavar="PUB", help="with --offset: check the signature against this public key, as a signed "
+                   "site does")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=run)
