@@ -1,5 +1,6 @@
 """What an operator scrapes: real `hilo consume` processes and a real trainer, read with prometheus_client's own
 parser over HTTP, compared with the truth read from the log."""
+import contextlib
 import json
 import os
 import pathlib
@@ -96,16 +97,26 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path):
         producer.close()
 
 
+@contextlib.contextmanager
+def endpoint(registry, ready=None, **cfg):
+    """An in-process endpoint on a free port over `registry`; yields its base URL."""
+    server = MetricsServer(MetricsConfig(0, "127.0.0.1", **cfg), registry)
+    if ready:
+        server.ready = ready
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.close()
+
+
 def _trainer_families(tmp_path) -> set:
     """The families a trainer's endpoint shows."""
     producer = HiLoProducer(small_model(), producer_config(run=new_run("fam"), log=f"file://{tmp_path}/fam"))
-    server = MetricsServer(MetricsConfig(0, "127.0.0.1"), producer.metrics.registry)
-    try:
+    with endpoint(producer.metrics.registry) as url:
         publish_random(producer, 1)
-        return families(f"http://127.0.0.1:{server.port}")
-    finally:
-        server.close()
-        producer.close()
+        names = families(url)
+    producer.close()
+    return names
 
 
 def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
@@ -115,19 +126,14 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
     site = open_site(log_url, run, tmp_path, export_adapters=False)  # bootstrapped at v2 (genesis checkpoint + replay to come)
     publish_random(producer, 3, seed=1)
     site.refresh_head(force=True)
-    server = MetricsServer(MetricsConfig(0, "127.0.0.1", ready_max_lag=2), site.metrics.registry)
-    server.ready = lambda: site.readiness(2)
-    try:
-        url = f"http://127.0.0.1:{server.port}"
+    with endpoint(site.metrics.registry, lambda: site.readiness(2), ready_max_lag=2) as url:
         m = scrape(url)
         applied = site.follower.replica.version
         assert value(m, "hilo_site_head_version") == 5 and value(m, "hilo_site_lag_versions") == 5 - applied > 2
         assert value(m, "hilo_site_lag_bytes") == producer.log_bytes - site.follower.log_bytes > 0
         status, body = get(url + "/readyz")
         assert status == 503 and "behind the head v5 (bound 2)" in body
-    finally:
-        server.close()
-        producer.close()
+    producer.close()
 
 
 def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_url, tmp_path):
@@ -159,9 +165,7 @@ def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_u
 def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
     url_log, run = f"file://{tmp_path}/log", new_run("trainer")
     producer = HiLoProducer(small_model(), producer_config(run=run, log=url_log))
-    server = MetricsServer(MetricsConfig(0, "127.0.0.1"), producer.metrics.registry)
-    try:
-        url = f"http://127.0.0.1:{server.port}"
+    with endpoint(producer.metrics.registry) as url:
         publish_random(producer, 3)
         m = scrape(url)
         assert value(m, "hilo_trainer_published_version") == 3 and value(m, "hilo_trainer_versions_published_total") == 3
@@ -177,8 +181,6 @@ def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
             publish_random(producer, 1, seed=1)
         assert value(scrape(url), "hilo_trainer_fenced") == 1
         newer.close()
-    finally:
-        server.close()
 
 
 def test_a_port_in_use_fails_at_start_before_anything_is_applied(tmp_path):
