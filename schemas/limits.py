@@ -18,6 +18,9 @@ class Limits:
     max_name_bytes: int = 512               # module names, run ids, codec/optimizer names
     max_chunks: int = 65_536                # chunk records per message
     max_params: int = 64                    # entries in a codec/optimizer parameter map
+    max_prompt_tokens: int = 1 << 17        # token ids of one prompt
+    max_completion_tokens: int = 1 << 17    # tokens of one sample (a prompt's max_tokens is at most this)
+    max_rollout_bytes: int = 16 * MiB       # decompressed body of one prompt or rollout record
 
     def __post_init__(self):
         for name, value in self.__dict__.items():

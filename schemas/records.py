@@ -1,4 +1,4 @@
-"""The three records of wire format v1: Manifest (inside checkpoints), UpdateMessage, Checkpoint."""
+"""The policy records: Manifest (inside checkpoints), UpdateMessage, Checkpoint, KeyRotation (rollouts.py: the return path)."""
 import functools
 from dataclasses import dataclass, field
 
@@ -19,6 +19,8 @@ def history_id(v0_digest: bytes, nonce: bytes = b"") -> bytes:
     """Which history a run's records belong to: the v0 digest, hashed with the trainer's random nonce when it drew one,
     so two histories started from equal initial weights (the same seed) are told apart."""
     return xxhash.xxh3_128_digest(v0_digest + nonce) if nonce else v0_digest
+
+
 ZERO_DIGEST = bytes(DIGEST_BYTES)
 
 
@@ -247,4 +249,6 @@ def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_d
         return KeyRotation.from_body(body, f"{what} (key from v{body.get('from_version', '?')})", limits)
     if kind == KIND_UPDATE:
         return UpdateMessage.from_body(body, f"{what} (update v{body.get('version', '?')})", limits)
+    if kind != KIND_CHECKPOINT:
+        raise MalformedMessage(f"{what}: a {KIND_NAMES[kind]} record where a policy record (update, checkpoint, key) belongs")
     return Checkpoint.from_body(body, f"{what} ({KIND_NAMES[kind]} v{body.get('version', '?')})", limits)
