@@ -1,0 +1,132 @@
+"""The trainer's ledger of the return path: prompts in flight, rollouts received, complete groups out.
+
+    book = RolloutBook("exp1", RolloutPolicy(batch_prompts=8, max_staleness=4))
+    while book.room():                       # admission control: at most (S + 1) * B prompts in flight
+        publish(book.issue(next_prompt()))
+    for r in received: book.offer(r, trainer.version)
+    for group in book.complete_groups(): ...  # all n samples of a prompt, each with its staleness
+
+Bounded staleness as the field does it (TRL AsyncGRPO and SkyRL: S = 4; prime-rl ages a group out together):
+a sample whose policy is more than S versions behind the trainer's when it arrives is dropped with reason
+"stale", and with it the rest of its group (a GRPO group must come from one prompt's complete set), which
+frees the prompt's room so a fresh one can be issued. Admission control (AReaL) keeps at most (S + 1) * B
+prompts in flight, which paces generation instead of discarding work. Every refusal is counted by reason.
+"""
+import collections
+from dataclasses import dataclass
+
+from hilo.schemas.errors import ConfigError
+from hilo.schemas.rollouts import PromptRecord, RolloutRecord
+
+# Why a rollout is not trained on: the reasons the trainer counts (and its metrics label).
+DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy")
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    """batch_prompts (B): prompts per training step. max_staleness (S): how many versions a sample's policy may trail
+    the trainer's. Default: 4. is_cap: the token-level importance weight is truncated at this. Default: 2.0"""
+
+    batch_prompts: int
+    max_staleness: int = 4
+    is_cap: float = 2.0
+
+    def __post_init__(self):
+        if self.batch_prompts < 1:
+            raise ConfigError(f"RolloutPolicy.batch_prompts = {self.batch_prompts}: must be >= 1")
+        if self.max_staleness < 0:
+            raise ConfigError(f"RolloutPolicy.max_staleness = {self.max_staleness}: must be >= 0 (0: synchronous)")
+        if not self.is_cap >= 1.0:
+            raise ConfigError(f"RolloutPolicy.is_cap = {self.is_cap}: must be >= 1")
+
+    @property
+    def max_in_flight(self) -> int:
+        """Admission control's bound on prompts issued and not yet complete or dropped: (S + 1) * B."""
+        return (self.max_staleness + 1) * self.batch_prompts
+
+
+@dataclass(frozen=True)
+class Group:
+    """All n samples of one prompt, in sample order; staleness[i]: trainer version - sample i's version_start."""
+
+    prompt: PromptRecord
+    rollouts: tuple
+    staleness: tuple
+
+
+class RolloutBook:
+    """Prompts in flight and the samples received for them; complete groups come out once."""
+
+    def __init__(self, run: str, policy: RolloutPolicy):
+        self.run, self.policy = run, policy
+        self.in_flight = {}                      # prompt id -> PromptRecord
+        self.received = {}                       # prompt id -> {sample: (RolloutRecord, staleness)}
+        self.done = set()                        # prompt ids completed or retired: a late sample of one is a duplicate (ids are small)
+        self.dropped = collections.Counter()     # reason -> rollouts not trained on
+        self.accepted = 0
+
+    def room(self) -> int:
+        """How many more prompts admission control allows now."""
+        return self.policy.max_in_flight - len(self.in_flight)
+
+    def issue(self, prompt: PromptRecord) -> PromptRecord:
+        """Record `prompt` as in flight (the caller publishes it); ConfigError when there is no room or the id was used."""
+        if prompt.run != self.run:
+            raise ConfigError(f"RolloutBook.issue: prompt {prompt.prompt_id} is of run {prompt.run!r}, not {self.run!r}")
+        if prompt.prompt_id in self.in_flight or prompt.prompt_id in self.done:
+            raise ConfigError(f"RolloutBook.issue: prompt id {prompt.prompt_id!r} was already issued in run {self.run}")
+        if self.room() < 1:
+            raise ConfigError(f"RolloutBook.issue: {len(self.in_flight)} prompts in flight, the bound (S + 1) * B is "
+                              f"{self.policy.max_in_flight}: wait for groups to complete")
+        self.in_flight[prompt.prompt_id] = prompt
+        self.received[prompt.prompt_id] = {}
+        return prompt
+
+    def offer(self, r: RolloutRecord, trainer_version: int) -> str | None:
+        """Take one received rollout; returns None if accepted, else the reason it is dropped (and counted)."""
+        reason = self._check(r, trainer_version)
+        if reason is None:
+            self.received[r.prompt_id][r.sample] = (r, trainer_version - r.version_start)
+            self.accepted += 1
+            return None
+        self.dropped[reason] += 1
+        if reason in ("stale", "too-old-policy"):  # the group can no longer complete: it ages out together
+            self._retire(r.prompt_id)
+        return reason
+
+    def _check(self, r: RolloutRecord, trainer_version: int) -> str | None:
+        if r.run != self.run:
+            return "other-run"
+        if r.prompt_id in self.done or r.sample in self.received.get(r.prompt_id, {}):
+            return "duplicate"
+        prompt = self.in_flight.get(r.prompt_id)
+        if prompt is None:
+            return "unknown-prompt"
+        if r.sample >= prompt.sampling.n:
+            return "unknown-sample"
+        if len(r.completion_ids) > prompt.sampling.max_tokens:
+            return "too-long"
+        if r.version_start < prompt.min_version:
+            return "too-old-policy"
+        if trainer_version - r.version_start > self.policy.max_staleness:
+            return "stale"
+        return None
+
+    def _retire(self, prompt_id: str) -> None:
+        """A prompt leaves flight: its samples so far are dropped with it (counted as stale)."""
+        self.in_flight.pop(prompt_id, None)
+        aged = len(self.received.pop(prompt_id, {}))
+        if aged:
+            self.dropped["stale"] += aged
+        self.done.add(prompt_id)
+
+    def complete_groups(self) -> list:
+        """Groups whose n samples have all been accepted, each returned once (its prompt leaves flight)."""
+        out = []
+        for pid in [p for p, got in self.received.items() if len(got) == self.in_flight[p].sampling.n]:
+            got = self.received.pop(pid)
+            prompt = self.in_flight.pop(pid)
+            self.done.add(pid)
+            samples = [got[i] for i in range(prompt.sampling.n)]
+            out.append(Group(prompt, tuple(r for r, _ in samples), tuple(s for _, s in samples)))
+        return out
