@@ -5,7 +5,7 @@ Also here: reading a topic's tail (tail.py). Replaying the log onto a replica is
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
 from hilo.schemas.errors import ConfigError
 
-from .base import Log, checkpoints_topic, site_group, updates_topic  # noqa: F401
+from .base import Log, checkpoints_topic, prompts_topic, rollouts_topic, site_group, updates_topic  # noqa: F401
 from .kafka_config import check_kafka_config
 
 

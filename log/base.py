@@ -29,6 +29,16 @@ def checkpoints_topic(run: str) -> str:
     return f"{run}.checkpoints"
 
 
+def prompts_topic(run: str) -> str:
+    """Topic of the trainer's prompts of `run` (the return path's work queue; several partitions)."""
+    return f"{run}.prompts"
+
+
+def rollouts_topic(run: str) -> str:
+    """Topic of the sites' rollouts of `run`."""
+    return f"{run}.rollouts"
+
+
 def site_group(run: str, site: str) -> str:
     """Consumer-group id under which a site commits its position (what `hilo lag` and kafka tools read)."""
     return f"hilo.{run}.{site}"
@@ -77,8 +87,13 @@ class Log:
         """Create RUN.updates and RUN.checkpoints if missing; refuse existing misconfigured ones. Returns created names."""
         raise NotImplementedError
 
-    def check_topic(self, topic: str) -> None:
-        """Raise LogError unless `topic` exists with one partition and cleanup.policy=delete."""
+    def create_rollout_topics(self, run: str, prompt_partitions: int, retention_ms: int = -1) -> list:
+        """Create RUN.prompts (`prompt_partitions` partitions: prompts spread over the sites of one consumer group) and
+        RUN.rollouts (1 partition) if missing; refuse existing misconfigured ones. Returns created names."""
+        raise NotImplementedError
+
+    def check_topic(self, topic: str, partitions: int = 1) -> None:
+        """Raise LogError unless `topic` exists with `partitions` partitions and cleanup.policy=delete."""
         raise NotImplementedError
 
     def append(self, topic: str, records: list) -> list:

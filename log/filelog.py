@@ -17,9 +17,9 @@ import zlib
 import msgpack
 
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import FencedError, LogError, NoSuchTopic
+from hilo.schemas.errors import ConfigError, FencedError, LogError, NoSuchTopic
 
-from .base import Batch, Log, check_run, checkpoints_topic, updates_topic
+from .base import Batch, Log, check_run, checkpoints_topic, prompts_topic, rollouts_topic, updates_topic
 
 _HEAD = struct.Struct("<4sII")
 _MAGIC = b"HREC"
@@ -41,12 +41,23 @@ class FileLog(Log):
     def create_topics(self, run, retention_ms=-1):
         """Create the run's topic folders (retention is not enforced by the file log)."""
         check_run(run)
+        return self._create((updates_topic(run), checkpoints_topic(run)))
+
+    def create_rollout_topics(self, run, prompt_partitions, retention_ms=-1):
+        """Create RUN.prompts and RUN.rollouts folders. The embedded log has one queue per topic: on one machine the
+        sites share the prompts by leases, not partitions, so `prompt_partitions` is only checked."""
+        check_run(run)
+        if prompt_partitions < 1:
+            raise ConfigError(f"prompt_partitions = {prompt_partitions}: must be >= 1")
+        return self._create((prompts_topic(run), rollouts_topic(run)))
+
+    def _create(self, topics) -> list:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise LogError(f"{self.url}: cannot create the log directory ({type(e).__name__}: {e.strerror})") from None
         created = []
-        for t in (updates_topic(run), checkpoints_topic(run)):
+        for t in topics:
             if not self._dir(t).exists():
                 (self._dir(t) / "groups").mkdir(parents=True)
                 (self._dir(t) / "records").touch()
@@ -57,8 +68,8 @@ class FileLog(Log):
         if not self.root.is_dir():
             raise NoSuchTopic(f"{self.url}: no such log (directory {self.root} does not exist; a producer creates it)")
 
-    def check_topic(self, topic):
-        """The file log has only single-partition, non-compacted topics; it must exist."""
+    def check_topic(self, topic, partitions=1):
+        """The file log has only single-queue, non-compacted topics; it must exist (`partitions` is Kafka's concern)."""
         self._require_root()
         if not (self._dir(topic) / "records").exists():
             raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")

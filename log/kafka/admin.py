@@ -7,8 +7,8 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPart
 from kafka.structs import OffsetAndMetadata
 
 from hilo.log import retry
-from hilo.log.base import check_run, checkpoints_topic, updates_topic
-from hilo.schemas.errors import LogError, NoSuchTopic
+from hilo.log.base import check_run, checkpoints_topic, prompts_topic, rollouts_topic, updates_topic
+from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
 
 from .errors import failure, from_code, is_retriable
 
@@ -50,12 +50,23 @@ class Admin:
     def create_topics(self, run, retention_ms=-1) -> list:
         """Create RUN.updates / RUN.checkpoints with one partition and delete retention; validate existing ones."""
         check_run(run)
+        return self._create({updates_topic(run): 1, checkpoints_topic(run): 1}, retention_ms)
+
+    def create_rollout_topics(self, run, prompt_partitions, retention_ms=-1) -> list:
+        """Create RUN.prompts (P partitions) and RUN.rollouts (1) with delete retention; validate existing ones."""
+        check_run(run)
+        if prompt_partitions < 1:
+            raise ConfigError(f"prompt_partitions = {prompt_partitions}: must be >= 1")
+        return self._create({prompts_topic(run): prompt_partitions, rollouts_topic(run): 1}, retention_ms)
+
+    def _create(self, partitions: dict, retention_ms) -> list:
+        """Create each {topic: partitions} that is missing (replicated up to 3, delete policy), then check each."""
         created = []
         brokers = retrying("describe cluster", self.client.describe_cluster)["brokers"]
         replication = min(3, len(brokers))
         self._check_broker_limits(brokers)
-        for t in (updates_topic(run), checkpoints_topic(run)):
-            spec = {t: {"num_partitions": 1, "replication_factor": replication,
+        for t, n in partitions.items():
+            spec = {t: {"num_partitions": n, "replication_factor": replication,
                         "configs": {"cleanup.policy": "delete", "retention.ms": str(retention_ms),
                                     "min.insync.replicas": str(max(1, replication - 1)),
                                     "max.message.bytes": str(max(1 << 20, self.record_bytes))}}}
@@ -67,7 +78,7 @@ class Admin:
             except KafkaError as e:
                 raise failure(f"{self.url}: creating topic {t!r}", e) from None
             self._await_topic(t)
-            self.check_topic(t)
+            self.check_topic(t, n)
         return created
 
     def _await_topic(self, topic, timeout_s: float = 30.0):
@@ -105,17 +116,18 @@ class Admin:
                            f"the trainer and sites theirs)")
         return cfg
 
-    def check_topic(self, topic):
-        """Exactly one partition, cleanup.policy=delete and room for this client's records, or LogError saying what is wrong."""
+    def check_topic(self, topic, partitions=1):
+        """Exactly `partitions` partitions, cleanup.policy=delete and room for this client's records, or LogError saying what is wrong."""
         desc = retrying(f"describe topic {topic}", self.client.describe_topics, [topic])[0]
         if desc["error_code"]:
             error = from_code(desc["error_code"])
             if isinstance(error, UnknownTopicOrPartitionError):
                 raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create --log {self.url} --run ...`)")
             raise failure(f"{self.url}: describing topic {topic!r}", error)
-        if len(desc["partitions"]) != 1:
-            raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs exactly 1 "
-                           f"(Kafka orders records only within a partition)")
+        if len(desc["partitions"]) != partitions:
+            why = "(Kafka orders records only within a partition)" if partitions == 1 else "(hilo topics create --prompt-partitions)"
+            raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs exactly "
+                           f"{partitions} {why}")
         cfg = self.configs(ConfigResourceType.TOPIC, topic)
         policy = cfg["cleanup.policy"]["value"]
         if "compact" in policy:

@@ -52,9 +52,13 @@ class KafkaLog(Log):
         """Create RUN.updates / RUN.checkpoints with one partition and delete retention; validate existing ones."""
         return self.admin_side.create_topics(run, retention_ms)
 
-    def check_topic(self, topic):
-        """Exactly one partition, cleanup.policy=delete and room for this client's records, or LogError."""
-        self.admin_side.check_topic(topic)
+    def create_rollout_topics(self, run, prompt_partitions, retention_ms=-1):
+        """Create RUN.prompts (P partitions) and RUN.rollouts (1) with delete retention; validate existing ones."""
+        return self.admin_side.create_rollout_topics(run, prompt_partitions, retention_ms)
+
+    def check_topic(self, topic, partitions=1):
+        """Exactly `partitions` partitions, cleanup.policy=delete and room for this client's records, or LogError."""
+        self.admin_side.check_topic(topic, partitions)
 
     def retention(self, topic):
         """The topic's retention.ms and retention.bytes as the broker reports them."""

@@ -1,8 +1,8 @@
 """One contract, two backends: the embedded file log and Apache Kafka behave the same for hilo-sync."""
 import pytest
 
-from hilo.log import checkpoints_topic, open_log, updates_topic
-from hilo.schemas.errors import LogError
+from hilo.log import checkpoints_topic, open_log, prompts_topic, rollouts_topic, updates_topic
+from hilo.schemas.errors import ConfigError, LogError
 from tests.conftest import KAFKA_URL, new_run
 
 
@@ -48,6 +48,19 @@ def test_create_is_idempotent_and_missing_topic_is_named(log_and_run):
     assert log.create_topics(run) == []
     with pytest.raises(LogError, match="topic 'no-such-run.updates' does not exist"):
         log.check_topic("no-such-run.updates")
+
+
+def test_the_return_path_topics(log_and_run, log_url):
+    log, run = log_and_run
+    assert sorted(log.create_rollout_topics(run, 3)) == sorted([prompts_topic(run), rollouts_topic(run)])
+    assert log.create_rollout_topics(run, 3) == []  # idempotent: checked, not made again
+    log.check_topic(rollouts_topic(run))
+    with pytest.raises(ConfigError, match="prompt_partitions = 0: must be >= 1"):
+        log.create_rollout_topics(run, 0)
+    if log_url.startswith("kafka://"):  # the broker holds the partition count; the file log shares by leases
+        log.check_topic(prompts_topic(run), 3)
+        with pytest.raises(LogError, match="has 3 partitions; hilo-sync needs exactly 5 \\(hilo topics create --prompt-partitions\\)"):
+            log.create_rollout_topics(run, 5)
 
 
 @pytest.mark.kafka
