@@ -14,7 +14,7 @@ def create(a):
     if a.prompt_partitions:
         created = log.create_rollout_topics(a.run, a.prompt_partitions, a.retention_ms)
         for t, n in ((prompts_topic(a.run), a.prompt_partitions), (rollouts_topic(a.run), 1)):
-            shape = "one queue: the embedded log shares prompts by leases" if a.log.startswith("file://") else \
+            shape = ("one queue: the embedded log shares prompts by leases" if n > 1 else "one queue") if a.log.startswith("file://") else \
                 f"{n} partition{'s' if n > 1 else ''}, cleanup.policy=delete"
             print(f"{t}: {'created' if t in created else 'exists, checked'} ({shape})")
     return 0
