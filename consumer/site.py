@@ -33,7 +33,7 @@ from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LogError, NoSuchTopic
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
-from hilo.schemas.signing import Verifier
+from hilo.schemas.signing import Signer, Verifier
 
 from .adapter_export import DTYPES, export_adapter, prune_adapters
 from .group_commit import GroupCommitter
@@ -146,6 +146,7 @@ class Site:
         self.head = (None, None)      # (version, log bytes) of the log's head, refreshed by `refresh_head`
         self.head_checked = 0.0       # monotonic time of that refresh
         self.last_applied_at = clock()
+        self.generator = None         # answers the run's prompts between versions, once `generate` is called
         self.metrics.set_function("seconds_since_applied", lambda: self.clock() - self.last_applied_at)
         self.metrics.set("serving_version", -1)
 
@@ -246,6 +247,18 @@ class Site:
         except _NotYet as e:
             if e.args[0] is not None:
                 raise e.args[0] from None
+
+    def generate(self, cfg) -> None:
+        """Also answer the run's prompts (a GenerateConfig) with the policy vLLM serves, between versions."""
+        from .generator import Generator
+        if self.server is None:
+            raise ConfigError(f"site {self.cfg.site}: generating needs a vLLM server (--vllm URL)")
+        queue = self.log.prompt_queue(self.cfg.run, self.cfg.site, cfg.lease_s)
+        self.generator = Generator(cfg, queue, self.server, self.cfg.run, self.cfg.site,
+                                   lambda: self.state.serving[0] if self.state.serving else None, self.verifier,
+                                   Signer.load(cfg.signing_key) if cfg.signing_key else None, self.metrics)
+        logger.info("site %s: generating for run %s (reward %s, %d prompts at a time)", self.cfg.site, self.cfg.run,
+                    cfg.reward, cfg.batch_prompts)
 
     # -- per version ---------------------------------------------------------------------------
     def on_event(self, event):
@@ -394,7 +407,7 @@ class Site:
                 if cfg.until_version is not None and f.replica.version >= cfg.until_version:
                     break
                 n = 0
-                for event in f.updates(timeout_s=1.0):
+                for event in f.updates(timeout_s=0.05 if self.generator else 1.0):
                     self.on_event(event)
                     if isinstance(event, Skipped):
                         continue
@@ -413,6 +426,8 @@ class Site:
                     logger.info("site %s: idle for %.0fs, exiting", cfg.site, cfg.idle_exit_s)
                     break
                 self.refresh_head(force=bool(n))
+                if self.generator is not None and not self.stopping:
+                    self.generator.step()
         except HiloError as e:  # a gap after a skip, a fork, a divergence: the state stays at the last good version
             self.stop_reason = str(e)
             self.metrics.set("stopped", 1)
@@ -424,6 +439,8 @@ class Site:
             self.commit()
             self.committer.close()  # the final position gets a bounded time to land
             self.committer = None
+            if self.generator is not None:
+                self.generator.queue.close()
         return f.replica.version
 
     def install_signal_handlers(self):

@@ -79,6 +79,24 @@ class VllmServer:
         self.plugin = plugin
         logger.info("vLLM at %s now serves v%d as %r", self.url, version, self.lora_name)
 
+    def complete(self, prompt_ids, sampling) -> list:
+        """`sampling.n` completions of the token ids `prompt_ids` by the adapter `lora_name`: one (completion token ids,
+        behaviour log-probability of each, finish reason) per sample. vLLM's log-probabilities are the model's
+        own (before temperature and top_p), the quantity the trainer recomputes."""
+        r = self._call("POST", "/v1/completions", json={
+            "model": self.lora_name, "prompt": list(prompt_ids), "n": sampling.n, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "max_tokens": sampling.max_tokens, "seed": sampling.seed, "logprobs": 0,
+            "return_token_ids": True})
+        if r.status_code != 200:
+            raise VllmError(f"vLLM at {self.url} refused a completion request: {_reason(r)}")
+        try:
+            choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+            return [(tuple(c["token_ids"]), tuple(float(x) for x in c["logprobs"]["token_logprobs"]), c["finish_reason"])
+                    for c in choices]
+        except (ValueError, KeyError, TypeError) as e:
+            raise VllmError(f"vLLM at {self.url}: a completion answer without token ids or log-probabilities ({type(e).__name__}: "
+                            f"{e}); vLLM >= 0.10 returns them with return_token_ids and logprobs") from None
+
 
 def _reason(r: requests.Response) -> str:
     """vLLM's error message from a JSON error body (or the start of the body)."""

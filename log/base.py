@@ -60,9 +60,9 @@ class Transaction:
     def __init__(self, log):
         self.log = log
 
-    def append(self, topic: str, records: list) -> list:
+    def append(self, topic: str, records: list, partition: int = 0) -> list:
         """Append in order within the transaction; returns the records' offsets."""
-        return self.log.append(topic, records)
+        return self.log.append(topic, records, partition)
 
     def __enter__(self):
         return self
@@ -96,8 +96,17 @@ class Log:
         """Raise LogError unless `topic` exists with `partitions` partitions and cleanup.policy=delete."""
         raise NotImplementedError
 
-    def append(self, topic: str, records: list) -> list:
-        """Append (key, value, headers) records in order; durable when this returns. Returns their offsets."""
+    def append(self, topic: str, records: list, partition: int = 0) -> list:
+        """Append (key, value, headers) records in order to `partition` (RUN.prompts has several; every other topic
+        one); durable when this returns. Returns their offsets."""
+        raise NotImplementedError
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions `topic` has (the embedded log: always 1)."""
+        return 1
+
+    def prompt_queue(self, run: str, site: str, lease_s: float):
+        """`site`'s view of the run's prompts: take them, settle them with their rollouts (log/prompt_queue.py)."""
         raise NotImplementedError
 
     def transaction(self) -> Transaction:

@@ -20,12 +20,18 @@ POINTS = {
     "snapshot.new-in-place": "the new snapshot is in place, the old one not yet removed",
     "export.written": "an adapter directory is written, not yet renamed into place (mid-export)",
     "site.committing": "the site is about to commit its consumer-group offset (mid-commit)",
+    # a generating site (the return path)
+    "generate.taken": "a batch of prompts was taken, nothing generated yet (after fetch)",
+    "generate.generating": "the first prompt of a batch is answered, the batch not settled (mid-generation)",
+    "generate.in-transaction": "a batch's rollouts are sent, its prompts not yet settled (after produce, before commit)",
+    "generate.settled": "a batch is settled (rollouts and prompts committed together), the site not yet past it",
     # the trainer
     "trainer.encoded": "a version proposed (encoded, applied to a copy), nothing published (mid-encode)",
     "trainer.in-transaction": "a version's records sent, its transaction not committed (mid-transaction)",
     "trainer.committed": "a version's transaction committed, the trainer's state not yet advanced (before write-back)",
 }
-SITE_POINTS = tuple(p for p in POINTS if not p.startswith("trainer."))
+SITE_POINTS = tuple(p for p in POINTS if not p.startswith(("trainer.", "generate.")))
+GENERATE_POINTS = tuple(p for p in POINTS if p.startswith("generate."))
 TRAINER_POINTS = tuple(p for p in POINTS if p.startswith("trainer."))
 
 

@@ -129,23 +129,30 @@ class FileLog(Log):
                               f"{current['pid']} on {current['host']}, token {current['token']}) that took over at "
                               f"v{current['version']}; it publishes nothing more")
 
-    def append(self, topic, records):
-        """Append under an exclusive lock and fsync; returns the offsets. A fenced writer's append is refused."""
+    def append(self, topic, records, partition=0):
+        """Append under an exclusive lock and fsync; returns the offsets. A fenced writer's append is refused. One
+        queue per topic: `partition` is ignored (prompts are shared by leases, not partitions)."""
         self.check_topic(topic)
         with open(self._dir(topic) / "records", "r+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             self._check_fence(topic)
             idx = self._scan(topic, f, truncate=True)
-            f.seek(0, os.SEEK_END)
-            offsets = []
+            pos = f.seek(0, os.SEEK_END)
+            offsets, parts = [], []
             for key, value, headers in records:
                 body = msgpack.packb([key, headers, value], use_bin_type=True)
-                pos = f.tell()
-                f.write(_HEAD.pack(_MAGIC, len(body), zlib.crc32(body)) + body)
-                offsets.append(len(idx))
-                idx.append(pos)
-            f.flush()
+                parts.append(_HEAD.pack(_MAGIC, len(body), zlib.crc32(body)) + body)
+                offsets.append(len(idx) + len(offsets))
+            # One write for the whole batch: a process killed during an append leaves all of it or none (a torn
+            # tail is cut by the next writer), so records appended together (a lease's rollouts) commit together.
+            blob = b"".join(parts)
+            if os.write(f.fileno(), blob) != len(blob):
+                f.truncate(pos)
+                raise LogError(f"{self.url}: {topic}: short write of {len(blob)} bytes (disk full?); nothing appended")
             os.fsync(f.fileno())
+            for part in parts:
+                idx.append(pos)
+                pos += len(part)
         return offsets
 
     def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20):
@@ -190,6 +197,11 @@ class FileLog(Log):
         """The embedded log keeps every record (one machine, no retention): nothing is deleted."""
         self.check_topic(topic)
         return False
+
+    def prompt_queue(self, run, site, lease_s):
+        """Prompts shared by leases under the prompts topic's lock (log/file_leases.py)."""
+        from .file_leases import FilePromptQueue
+        return FilePromptQueue(self, run, site, lease_s)
 
     # -- groups -------------------------------------------------------------------------------
     def commit(self, group, topic, offset, metadata):

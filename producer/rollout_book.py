@@ -19,7 +19,8 @@ from hilo.schemas.errors import ConfigError
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord
 
 # Why a rollout is not trained on: the reasons the trainer counts (and its metrics label).
-DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy")
+DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy",
+                "malformed", "non-finite", "unsigned", "forged")  # the last four: refused before the book (rollout_exchange)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,11 @@ class FencedError(LogError):
     """A newer writer took over the run: this trainer must publish nothing more."""
 
 
+class LeaseLost(LogError):
+    """A site's prompts were handed to another site (its lease expired, or the group rebalanced them away) before it
+    settled them: its rollouts for them are discarded, never delivered twice."""
+
+
 class ForeignRecord(LogError):
     """A record that is not this run's (another run's, or not hilo-sync's at all): it cannot move the replica."""
 

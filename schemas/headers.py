@@ -19,5 +19,10 @@ UPDATES_OFFSET = "hilo-updates-offset"  # checkpoint: the RUN.updates offset its
 GENESIS = "hilo-genesis"                # checkpoint: digest of the run's genesis state (which history)
 LAG = "hilo-lag"                        # delta mode: the sites' relative lag behind the trainer's master
 
+# On prompt and rollout records (the return path)
+PROMPT = "hilo-prompt"                  # prompt id
+SITE = "hilo-site"                      # rollout: the site that generated it
+LEASE = "hilo-lease"                    # rollout on the embedded log: the lease it settles (its prompts are then answered)
+
 CHUNK_HEADERS = (RUN, KIND, VERSION, CHUNK, SIZE, SUM)
-ALL = CHUNK_HEADERS + (DIGEST, LOG_BYTES, UPDATES_OFFSET, GENESIS, LAG)
+ALL = CHUNK_HEADERS + (DIGEST, LOG_BYTES, UPDATES_OFFSET, GENESIS, LAG, PROMPT, SITE, LEASE)

@@ -68,6 +68,9 @@ TABLE = (
           "counts records of other runs.", ("reason",)),
     _site("bootstrap_info", "gauge", "1 for the source this process bootstrapped from.", ("source",)),
     _site("stopped", "gauge", "1 once the site stopped on an error (a gap after a skip, a fork, a divergence)."),
+    _site("rollouts_generated", "counter", "Rollouts this site generated and settled (its prompts answered with them)."),
+    _site("prompts_refused", "counter", "Prompts taken and not answered, by reason (malformed, other-run, lease_lost: "
+          "the prompts went to another site before this one settled).", ("reason",)),
     _trainer("published_version", "gauge", "Newest version the trainer published (committed on the log)."),
     _trainer("last_published_timestamp_seconds", "gauge", "Unix time of the newest publish."),
     _trainer("versions_published", "counter", "Versions published since the process started."),
@@ -82,6 +85,15 @@ TABLE = (
     _trainer("fenced", "gauge", "1 once a newer trainer of the run fenced this one."),
     _trainer("publish_retries", "counter", "Publish attempts retried, by the error's type.", ("cause",)),
     _trainer("records_refused", "counter", "Records the trainer skipped while catching up, by reason.", ("reason",)),
+    _trainer("rollouts_accepted", "counter", "Rollouts accepted into a group (a group is trained on once complete)."),
+    _trainer("rollouts_dropped", "counter", "Rollouts not trained on, by reason (stale, duplicate, unknown-prompt, "
+             "malformed, unsigned, forged, ...).", ("reason",)),
+    _trainer("rollout_staleness", "histogram", "Trainer version minus the sample's policy version, per accepted "
+             "sample.", (), tuple(float(i) for i in range(0, 9))),
+    _trainer("prompts_in_flight", "gauge", "Prompts issued and not yet complete or dropped (admission control keeps "
+             "it <= (S + 1) * B)."),
+    _trainer("importance_truncated_fraction", "gauge", "Share of tokens whose importance weight was capped, in "
+             "the newest group."),
 )
 
 

@@ -70,3 +70,13 @@ def publish_random(producer, n, seed=0, scale=0.01):
         producer.step(lr=1e-3)
         sizes.append(producer.last_step["bytes"])
     return sizes
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    """(base URL, base model dir) of the server ops/test.sh started; fails (not skips) when there is none."""
+    url, base = os.environ.get("HILO_VLLM"), os.environ.get("HILO_VLLM_BASE")
+    assert url and base, "no vLLM server: run through ops/test.sh (it starts one), or deselect with -m 'not vllm'"
+    import requests
+    requests.get(f"{url}/v1/models", timeout=10).raise_for_status()
+    return url, base

@@ -116,14 +116,22 @@ class Admin:
                            f"the trainer and sites theirs)")
         return cfg
 
-    def check_topic(self, topic, partitions=1):
-        """Exactly `partitions` partitions, cleanup.policy=delete and room for this client's records, or LogError saying what is wrong."""
+    def partitions(self, topic) -> int:
+        """How many partitions `topic` has (NoSuchTopic if it does not exist)."""
+        return len(self._describe(topic)["partitions"])
+
+    def _describe(self, topic) -> dict:
         desc = retrying(f"describe topic {topic}", self.client.describe_topics, [topic])[0]
         if desc["error_code"]:
             error = from_code(desc["error_code"])
             if isinstance(error, UnknownTopicOrPartitionError):
                 raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create --log {self.url} --run ...`)")
             raise failure(f"{self.url}: describing topic {topic!r}", error)
+        return desc
+
+    def check_topic(self, topic, partitions=1):
+        """Exactly `partitions` partitions, cleanup.policy=delete and room for this client's records, or LogError saying what is wrong."""
+        desc = self._describe(topic)
         if len(desc["partitions"]) != partitions:
             why = "(Kafka orders records only within a partition)" if partitions == 1 else "(hilo topics create --prompt-partitions)"
             raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs exactly "

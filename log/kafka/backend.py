@@ -85,10 +85,20 @@ class KafkaLog(Log):
         return self.admin_side.groups(prefix)
 
     # -- records: the writer and the reader -------------------------------------------------------
-    def append(self, topic, records):
+    def append(self, topic, records, partition=0):
         """Send in order and wait for every ack (acks=all); a writer's records commit in one transaction."""
         with self.transaction() as tx:
-            return tx.append(topic, records)
+            return tx.append(topic, records, partition)
+
+    def partitions(self, topic):
+        """The topic's partition count, from the cluster's metadata."""
+        return self.admin_side.partitions(topic)
+
+    def prompt_queue(self, run, site, lease_s):
+        """The run's generating sites as one consumer group; a settle is one transaction (log/kafka/prompt_group.py).
+        `lease_s` is the embedded log's: Kafka's group session decides when a silent site's prompts move."""
+        from .prompt_group import KafkaPromptQueue
+        return KafkaPromptQueue(self, run, site)
 
     def transaction(self):
         """Appends that commit together (a Kafka transaction once this client is a run's writer)."""

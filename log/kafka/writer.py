@@ -88,10 +88,10 @@ class Writer:
                 pass
         self._producer = None
 
-    def send(self, topic, records) -> list:
-        """Send in order and wait for every ack (acks=all); the records' offsets."""
+    def send(self, topic, records, partition=0) -> list:
+        """Send in order to `partition` and wait for every ack (acks=all); the records' offsets."""
         p = self.producer
-        futures = [p.send(topic, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
+        futures = [p.send(topic, value=v, key=k, partition=partition, headers=[(hk, hv.encode()) for hk, hv in h.items()])
                    for k, v, h in records]
         # A plain producer retries through a leader election up to its delivery timeout: wait for that, not less. A
         # writer waits one attempt and then tries a fresh producer (ATTEMPT_TIMEOUT_S).
@@ -127,10 +127,10 @@ class Writer:
 class Plain(Transaction):
     """Appends of a client that is not a run's writer: each one idempotent, durable when it returns."""
 
-    def append(self, topic, records):
+    def append(self, topic, records, partition=0):
         """Send and wait for the acks."""
         try:
-            return self.log.send(topic, records)
+            return self.log.send(topic, records, partition)
         except KafkaError as e:
             raise self.log.fail(f"{self.log.url}: publishing to {topic!r}", e) from None
 

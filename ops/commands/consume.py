@@ -20,12 +20,17 @@ FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_c
 def run(a):
     """Open the site and follow until a signal, --until-version or --idle-exit."""
     from hilo.consumer.site import Site, SiteConfig
-    from hilo.schemas.errors import HiloError
+    from hilo.schemas.errors import ConfigError, HiloError
     from hilo.schemas.metrics import Metrics
     cfg = config_from_args(SiteConfig, a)
     metrics = Metrics("site", run=cfg.run, site=cfg.site)
     server = metrics_server(a, metrics.registry)  # bound before anything is applied: a port in use fails here
     site = Site.open(cfg, metrics=metrics)
+    if a.generate:
+        from hilo.consumer.generator import GenerateConfig
+        if a.reward is None:
+            raise ConfigError("--generate needs --reward MODULE:FUNCTION (the digit task's: hilo.ops.digit_task:reward)")
+        site.generate(config_from_args(GenerateConfig, a))
     site.install_signal_handlers()
     if server:
         server.ready = lambda: site.readiness(a.ready_max_lag)
@@ -52,6 +57,12 @@ def register(sub):
     p.add_argument("--site", required=True, help="this site's name (its consumer group is hilo.RUN.SITE)")
     p.add_argument("--state-dir", required=True, help="snapshot + exported adapters live here")
     config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": list(POLICIES)})
+    from hilo.consumer.generator import GenerateConfig
+    g = p.add_argument_group("generating (the return path)", "answer the run's prompts with the policy vLLM serves, between "
+                             "versions; rollouts and the prompts they answer settle together (exactly once)")
+    g.add_argument("--generate", action="store_true", help="also take prompts from RUN.prompts and return rollouts (needs --vllm)")
+    config_options(g, GenerateConfig, ("reward", "batch_prompts", "lease_s", "signing_key"),
+                   {"batch_prompts": "--generate-batch", "signing_key": "--site-key"})
     metrics_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar while catching up")
     p.set_defaults(fn=run)

@@ -31,15 +31,6 @@ IDS = [1, 2, 10, 3, 4, 11, 0, 4, 6, 12]  # "12+34=046;" as token ids: a fixed se
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def vllm():
-    """(base URL, base model dir) of the server ops/test.sh started; fails (not skips) when there is none."""
-    url, base = os.environ.get("HILO_VLLM"), os.environ.get("HILO_VLLM_BASE")
-    assert url and base, "no vLLM server: run through ops/test.sh (it starts one), or deselect with -m 'not vllm'"
-    requests.get(f"{url}/v1/models", timeout=10).raise_for_status()
-    return url, base
-
-
 def tiny_model(rank=16):
     """The model the server's base is (seed 0, hidden 256, 4 layers) with a LoRA of `rank`."""
     from hilo.ops.tiny_trainer import build_model

@@ -1,0 +1,161 @@
+"""A site that generates: take prompts from the run's queue, answer them with the policy vLLM serves, settle.
+
+    hilo consume ... --vllm URL --generate --reward hilo.ops.digit_task:reward
+
+One batch at a time, between versions, in the site's own loop: the adapter is never reloaded in the middle of a
+request group, and each rollout records the version served when its request started and when it ended (equal
+here by construction; the record keeps both so a pipelined site could say otherwise). A prompt that asks for a
+newer policy than this site serves is given back until the site has applied it. The batch's rollouts and the
+prompts they answer are settled atomically (log/prompt_queue.py), so a kill at any instant loses no prompt and
+duplicates no rollout.
+"""
+import importlib
+import logging
+import time
+from dataclasses import dataclass
+
+from hilo.log import crashpoints
+from hilo.schemas import headers as H
+from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError
+from hilo.schemas.framing import split_trailer
+from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
+
+from .vllm_serving import VllmDown
+
+logger = logging.getLogger(__name__)
+
+
+def load_reward(spec: str):
+    """The function `module:function` names: reward(prompt_ids, completion_ids) -> float."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ConfigError(f"--reward {spec!r}: expected MODULE:FUNCTION, e.g. hilo.ops.digit_task:reward")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ConfigError(f"--reward {spec!r}: cannot import {module!r} ({e})") from None
+    except AttributeError:
+        raise ConfigError(f"--reward {spec!r}: module {module!r} has no {name!r}") from None
+    if not callable(fn):
+        raise ConfigError(f"--reward {spec!r}: {module}.{name} is not callable")
+    return fn
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """How a site generates.
+
+    reward: MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit task's:
+        hilo.ops.digit_task:reward).
+    batch_prompts: prompts taken at a time. Default: 4
+    lease_s: embedded log only: how long taken prompts stay this site's. Default: 120
+    signing_key: the site's Ed25519 private key; its rollouts are signed. Default: None
+    """
+
+    reward: str
+    batch_prompts: int = 4
+    lease_s: float = 120.0
+    signing_key: str | None = None
+
+    def __post_init__(self):
+        if self.batch_prompts < 1:
+            raise ConfigError(f"GenerateConfig.batch_prompts = {self.batch_prompts}: must be >= 1")
+        if not self.lease_s > 0:
+            raise ConfigError(f"GenerateConfig.lease_s = {self.lease_s}: must be > 0")
+
+
+class Generator:
+    """Answers the run's prompts through `server` (a VllmServer) for `site`; `serving()` is the version it serves."""
+
+    def __init__(self, cfg: GenerateConfig, queue, server, run: str, site: str, serving, verifier=None, signer=None,
+                 metrics=None):
+        self.cfg, self.queue, self.server, self.run, self.site = cfg, queue, server, run, site
+        self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics
+        self.reward = load_reward(cfg.reward)
+        self.reward_name = cfg.reward
+        self.settled = self.rollouts = 0
+        self.refused = {}       # reason -> prompts refused (not decodable, not the trainer's, another run's)
+        self.waiting_for = None  # the version a prompt asked for that this site does not serve yet
+
+    def step(self, timeout_s: float = 0.2) -> int:
+        """Take one batch, answer it and settle it; the number of rollouts settled (0 when there was nothing to do)."""
+        version = self.serving()
+        if version is None:
+            return 0
+        lease = self.queue.take(self.cfg.batch_prompts, timeout_s)
+        if not lease.records:
+            return 0
+        crashpoints.reach("generate.taken")
+        prompts = [p for p in (self._prompt(r) for r in lease.records) if p is not None]
+        newest = max((p.min_version for p in prompts), default=0)
+        if newest > version:  # asked for a policy this site has not applied yet: give the batch back and catch up
+            if self.waiting_for != newest:
+                logger.info("site %s: prompts ask for v%d, serving v%d: catching up first", self.site, newest, version)
+            self.waiting_for = newest
+            self.queue.release(lease)
+            return 0
+        self.waiting_for = None
+        out = []
+        try:
+            for i, p in enumerate(prompts):
+                out += self._answer(p, version)
+                if i == 0:
+                    crashpoints.reach("generate.generating")
+        except VllmDown as e:
+            logger.warning("site %s: vLLM cannot generate (%s); %d prompts given back", self.site, e, len(lease))
+            self.queue.release(lease)
+            return 0
+        try:
+            self.queue.settle(lease, out)
+        except LeaseLost as e:
+            self._count("lease_lost", len(lease), e)
+            return 0
+        except LogError as e:  # the log said no or did not answer: the prompts are read again (nothing was settled, or
+            logger.warning("site %s: settling failed (%s); the prompts are read again", self.site, e)  # it was, and they are not)
+            self.queue.release(lease)
+            return 0
+        crashpoints.reach("generate.settled")
+        self.settled += len(lease)
+        self.rollouts += len(out)
+        if self.metrics is not None:
+            self.metrics.inc("rollouts_generated", len(out))
+        return len(out)
+
+    def _prompt(self, rec) -> PromptRecord | None:
+        """The prompt record, or None (counted, warned) when it cannot be the trainer's prompt of this run."""
+        what = f"{self.queue.prompts} offset {rec.offset}"
+        try:
+            if self.verifier is not None:
+                self.verifier.verify(*split_trailer(rec.value, what), what)
+            p = decode_rollout_record(rec.value, what)
+        except HiloError as e:
+            self._count("malformed", 1, e)
+            return None
+        if not isinstance(p, PromptRecord) or p.run != self.run:
+            self._count("other-run" if isinstance(p, PromptRecord) else "malformed", 1, f"{what}: not a prompt of run {self.run}")
+            return None
+        return p
+
+    def _answer(self, p: PromptRecord, version: int) -> list:
+        """The n rollouts of one prompt, as (key, value, headers) records."""
+        t0 = time.perf_counter()
+        samples = self.server.complete(p.token_ids, p.sampling)
+        t1 = time.perf_counter()
+        end = self.serving()
+        out = []
+        for i, (ids, logprobs, finish) in enumerate(samples):
+            reward = float(self.reward(p.token_ids, ids))
+            r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
+                              finish if finish in ("stop", "length") else "abort",
+                              {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1})
+            out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
+                        {H.RUN: self.run, H.KIND: "rollout", H.PROMPT: p.prompt_id, H.SITE: self.site, H.VERSION: str(version)}))
+        return out
+
+    def _count(self, reason, n, detail=None):
+        first = reason not in self.refused
+        self.refused[reason] = self.refused.get(reason, 0) + n
+        if self.metrics is not None:
+            self.metrics.inc("prompts_refused", n, reason=reason)
+        if first:
+            logger.warning("site %s: refused a prompt (%s): %s (said once per reason; counted)", self.site, reason, detail)

@@ -1,0 +1,142 @@
+"""Kafka's prompt queue: the generating sites of a run are one consumer group on RUN.prompts, and a site settles a
+batch (its rollouts and the group's offsets) in one transaction (consume-transform-produce, exactly once).
+
+- Group `hilo.RUN.generate`: Kafka spreads the prompt partitions over the live sites and rebalances when one joins,
+  leaves or stops heartbeating. Offsets are committed only inside a settle's transaction (no auto-commit).
+- Transactional id `hilo.RUN.generate.SITE`: a restarted site fences its own zombie (whose open transaction is
+  aborted). The offsets go with the consumer's group metadata (generation and member id, KIP-447), so a site
+  whose partitions were moved to another site cannot commit: its transaction fails and is aborted, and it
+  rewinds to the group's committed offsets.
+- Reads are read_committed: a prompt the trainer's aborted transaction wrote is never answered.
+"""
+import logging
+
+from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
+
+from hilo.log import crashpoints
+from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.log.prompt_queue import Lease, PromptQueue, generate_group
+from hilo.schemas.chunks import Record
+from hilo.schemas.errors import FencedError, LeaseLost
+
+from .deadline import call_within
+from .errors import failure, is_fenced, unwrap
+from .writer import ABORT_TIMEOUT_S, ATTEMPT_TIMEOUT_S
+
+logger = logging.getLogger(__name__)
+SESSION_TIMEOUT_MS = 10_000   # a site silent this long (dead, SIGSTOPped) loses its partitions to the others
+MAX_POLL_INTERVAL_MS = 300_000  # the longest one batch's generation may take before the group moves its prompts
+
+
+class KafkaPromptQueue(PromptQueue):
+    """Prompts of `run` for `site` on the cluster of `log` (a KafkaLog)."""
+
+    def __init__(self, log, run: str, site: str, partitions: int | None = None):
+        self.log, self.run, self.site = log, run, site
+        self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
+        log.check_topic(self.rollouts)
+        self.group = generate_group(run)
+        self.consumer = log.connector.connect(
+            KafkaConsumer, group_id=self.group, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed", session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=SESSION_TIMEOUT_MS // 4,
+            max_poll_interval_ms=MAX_POLL_INTERVAL_MS, client_id=f"hilo-generate-{site}", max_partition_fetch_bytes=4 << 20)
+        self.consumer.subscribe([self.prompts])
+        self._producer = None
+
+    @property
+    def producer(self) -> KafkaProducer:
+        """The site's transactional producer (its init fences an earlier incarnation of this site)."""
+        if self._producer is None:
+            p = self.log.connector.connect(
+                KafkaProducer, acks="all", enable_idempotence=True, linger_ms=0, transactional_id=f"{self.group}.{self.site}",
+                max_block_ms=int(ATTEMPT_TIMEOUT_S * 1000), retry_backoff_ms=10, client_id=f"hilo-generate-{self.site}")
+            try:
+                p.init_transactions()
+            except KafkaError as e:
+                p.close(timeout=0)
+                raise failure(f"{self.log.url}: site {self.site}: joining run {self.run}'s generating sites", e) from None
+            self._producer = p
+        return self._producer
+
+    def take(self, max_prompts, timeout_s=1.0):
+        """One poll of the group's partitions assigned to this site."""
+        self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
+        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
+        records, nxt = [], {}
+        for tp, recs in got.items():
+            for r in recs:
+                records.append(Record(r.offset, r.key, r.value,
+                                      {k: v.decode() for k, v in (r.headers or [])}))
+                nxt[tp.partition] = r.offset + 1
+        return Lease(records, None, nxt)
+
+    def settle(self, lease, records):
+        """Rollouts and the group's offsets in one transaction; LeaseLost (and a rewind) if the group moved on."""
+        if not lease.records:
+            return []
+        p = self.producer
+        offsets = {TopicPartition(self.prompts, part): OffsetAndMetadata(off, "", -1) for part, off in lease.partitions.items()}
+        try:
+            p.begin_transaction()
+            futures = [p.send(self.rollouts, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
+                       for k, v, h in records]
+            p.send_offsets_to_transaction(offsets, self.consumer.group_metadata())
+            p.flush(timeout=ATTEMPT_TIMEOUT_S)
+            crashpoints.reach("generate.in-transaction")  # the rollouts are on the brokers, uncommitted
+            call_within(p.commit_transaction, ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
+            return [f.get(timeout=ATTEMPT_TIMEOUT_S).offset for f in futures]
+        except KafkaError as e:
+            self._abort()
+            self._rewind()
+            if is_fenced(e):
+                self._drop()
+                raise FencedError(f"{self.log.url}: run {self.run}: site {self.site} was fenced by a newer process of the same "
+                                  f"site (transactional id {self.group}.{self.site}); this one generates nothing more") from None
+            if isinstance(unwrap(e), (CommitFailedError, FencedInstanceIdError)):
+                raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site}: the group moved prompts at "
+                                f"{sorted(lease.partitions.items())} to another site before this one settled "
+                                f"({type(unwrap(e)).__name__}); these {len(records)} rollouts are discarded") from None
+            raise failure(f"{self.log.url}: site {self.site}: settling {len(lease)} prompts", e) from None
+
+    def release(self, lease):
+        """Rewind to the group's committed offsets: the lease's prompts are read again."""
+        if lease.records:
+            self._rewind()
+
+    def _abort(self):
+        if self._producer is None:
+            return
+        try:
+            call_within(self._producer.abort_transaction, ABORT_TIMEOUT_S, on_abandon=self._drop)
+        except KafkaError:  # a fresh producer's init aborts it instead
+            self._drop()
+
+    def _drop(self):
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)
+            except Exception:  # noqa: BLE001  (closing a broken client)
+                pass
+        self._producer = None
+
+    def _rewind(self):
+        """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again)."""
+        for tp in self.consumer.assignment():
+            try:
+                committed = self.consumer.committed(tp)
+            except KafkaError:
+                committed = None
+            if committed is None:
+                self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, committed)
+
+    def close(self):
+        """Leave the group (its partitions go to the other sites at once) and close the producer."""
+        try:
+            self.consumer.close(autocommit=False)
+        finally:
+            if self._producer is not None:
+                self._producer.close(timeout=5)
+                self._producer = None

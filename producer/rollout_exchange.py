@@ -1,0 +1,141 @@
+"""The trainer's end of the return path: prompts out (admission control), rollouts in, complete groups to train on.
+
+    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4))
+    exchange.issue(prompt_source)                      # as many prompts as (S + 1) * B allows
+    groups = exchange.poll(producer.version)           # complete groups, stale ones dropped and counted
+    for g in groups: weights = exchange.weights(g, my_logprobs_of(g))
+
+Prompts go to RUN.prompts spread over its partitions (one consumer group of sites shares them); rollouts come
+back on RUN.rollouts, read with read_committed (Kafka), so a site's aborted batch is never seen. Every rollout is
+checked (decodes, within limits, finite, signed by a trusted site key when the trainer trusts keys, this run's,
+an issued prompt's, not a duplicate, not stale) and a refusal is counted by reason with one warning line per
+reason and minute.
+"""
+import logging
+import pathlib
+import time
+
+import torch
+
+from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.schemas import headers as H
+from hilo.schemas.errors import ConfigError, HiloError, NonFinite
+from hilo.schemas.framing import split_trailer
+from hilo.schemas.rollouts import RolloutRecord, decode_rollout_record
+from hilo.schemas.signing import SignatureError, Unsigned, Verifier
+
+from .importance import truncated_weights
+from .rollout_book import RolloutBook
+
+logger = logging.getLogger(__name__)
+WARN_EVERY_S = 60.0
+
+
+def site_keys(directory) -> dict:
+    """{key id: Verifier} of every *.pub in `directory` (the sites' public keys the trainer trusts)."""
+    d = pathlib.Path(directory)
+    keys = {v.key_id: v for v in (Verifier.load(p) for p in sorted(d.glob("*.pub")))} if d.is_dir() else {}
+    if not keys:
+        raise ConfigError(f"--trust-sites {d}: no *.pub public keys there (each site's `hilo keys generate` writes one)")
+    return keys
+
+
+class RolloutExchange:
+    """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
+
+    def __init__(self, log, run: str, policy, trusted_sites: dict | None = None, signer=None, rollouts_from: int = 0,
+                 prompt_partitions: int = 4, metrics=None, clock=time.monotonic):
+        self.log, self.run, self.signer, self.metrics, self.clock = log, run, signer, metrics, clock
+        self.book = RolloutBook(run, policy)
+        self.trusted = trusted_sites
+        self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
+        log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
+        self.partitions = log.partitions(self.prompts)
+        self.next_offset = rollouts_from    # RUN.rollouts read position
+        self.issued = 0
+        self.in_flight_peak = 0
+        self._warned = {}                   # reason -> when it was last said
+
+    def issue(self, source) -> int:
+        """Publish prompts from the iterator `source` while admission control has room; how many were issued."""
+        n = 0
+        while self.book.room() > 0:
+            prompt = next(source, None)
+            if prompt is None:
+                break
+            self.book.issue(prompt)
+            self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer), {H.RUN: self.run, H.KIND: "prompt",
+                                                                                            H.PROMPT: prompt.prompt_id})],
+                            self.issued % self.partitions)
+            self.issued += 1
+            n += 1
+        self.in_flight_peak = max(self.in_flight_peak, len(self.book.in_flight))
+        if self.metrics is not None:
+            self.metrics.set("prompts_in_flight", len(self.book.in_flight))
+        return n
+
+    def poll(self, trainer_version: int, timeout_s: float = 1.0) -> list:
+        """Read the rollouts that arrived, offer each to the book; the groups that are now complete."""
+        batch = self.log.read(self.rollouts, self.next_offset, timeout_s=timeout_s)
+        for rec in batch:
+            r = self._rollout(rec)
+            if r is not None:
+                reason = self.book.offer(r, trainer_version)
+                if reason is not None:
+                    self._refused(reason, f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} "
+                                          f"from site {r.site} (v{r.version_start}, trainer at v{trainer_version})", counted=True)
+        self.next_offset = batch.next_offset
+        groups = self.book.complete_groups()
+        if self.metrics is not None:
+            self.metrics.set("prompts_in_flight", len(self.book.in_flight))
+            for g in groups:
+                self.metrics.inc("rollouts_accepted", len(g.rollouts))
+                for st in g.staleness:
+                    self.metrics.observe("rollout_staleness", st)
+        return groups
+
+    def _rollout(self, rec) -> RolloutRecord | None:
+        what = f"{self.rollouts} offset {rec.offset}"
+        try:
+            if self.trusted is not None:
+                signed, trailer = split_trailer(rec.value, what)
+                if trailer is None:
+                    raise Unsigned(f"{what}: unsigned; this trainer trusts only its sites' keys")
+                verifier = self.trusted.get(bytes(trailer[:8]))
+                if verifier is None:
+                    raise SignatureError(f"{what}: signed by key {bytes(trailer[:8]).hex()}, which no trusted site holds")
+                verifier.verify(signed, trailer, what)
+            r = decode_rollout_record(rec.value, what)
+        except Unsigned as e:
+            return self._refused("unsigned", e)
+        except SignatureError as e:
+            return self._refused("forged", e)
+        except NonFinite as e:
+            return self._refused("non-finite", e)
+        except HiloError as e:
+            return self._refused("malformed", e)
+        if not isinstance(r, RolloutRecord):
+            return self._refused("malformed", f"{what}: a prompt record on the rollouts topic")
+        return r
+
+    def _refused(self, reason, detail, counted=False):
+        """Count a rollout not trained on (unless the book did); one warning line per reason and minute."""
+        if not counted:
+            self.book.dropped[reason] += 1
+        if self.metrics is not None:
+            self.metrics.inc("rollouts_dropped", reason=reason)
+        now = self.clock()
+        if now - self._warned.get(reason, -WARN_EVERY_S) >= WARN_EVERY_S:
+            self._warned[reason] = now
+            logger.warning("run %s: rollout refused (%s): %s (%d so far; said once a minute per reason)", self.run, reason,
+                           detail, self.book.dropped[reason])
+        return None
+
+    def weights(self, group, trainer_logprobs: list) -> list:
+        """Token-level truncated importance weights of each sample of `group`, from the trainer's log-probabilities of
+        its completion tokens (one sequence per sample) and the behaviour ones vLLM returned."""
+        out = [truncated_weights(lp, torch.tensor(r.logprobs, dtype=lp.dtype), self.book.policy.is_cap)
+               for r, lp in zip(group.rollouts, trainer_logprobs)]
+        if self.metrics is not None and out:
+            self.metrics.set("importance_truncated_fraction", sum(f for _, f in out) / len(out))
+        return out

@@ -1,0 +1,85 @@
+"""A generating site with a real vLLM server: prompts out, rollouts back, each stamped with the version that made it.
+
+Version truth: the behaviour log-probabilities vLLM returns for a rollout stamped v equal the trainer's own
+recomputation under v within test_vllm's tolerance (1e-4, fp32 adapters), and differ from the next version's.
+"""
+import pytest
+import torch
+
+from hilo.ops.digit_task import prompts, reward
+from hilo.producer.producer import HiLoProducer
+from hilo.producer.rollout_book import RolloutPolicy
+from hilo.producer.rollout_exchange import RolloutExchange
+from hilo.schemas.rollouts import Sampling
+from tests.conftest import new_run, producer_config
+from tests.consumer.test_vllm import TOL, tiny_model
+from tests.helpers import hilo, wait_until
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+LORA = "generate-test"   # its own adapter name on the shared server
+
+
+def _train_step(producer, gen):
+    for p in producer.params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    producer.step(lr=3e-2)  # a large step: consecutive versions are far apart in log-probability
+
+
+@torch.no_grad()
+def _logprobs(model, prompt_ids, completion_ids):
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    lp = torch.log_softmax(model(ids).logits[0].double(), -1)
+    n = len(prompt_ids)
+    return torch.tensor([float(lp[n - 1 + i, t]) for i, t in enumerate(completion_ids)], dtype=torch.float64)
+
+
+def _groups(exchange, producer, want, timeout_s=300):
+    got = []
+
+    def more():
+        exchange.issue(source)
+        got.extend(exchange.poll(producer.version, timeout_s=0.2))
+        return len(got) >= want
+    source = exchange.source
+    wait_until(more, timeout_s, f"{want} complete groups", every_s=0)
+    return got
+
+
+def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
+    vllm_url, _ = vllm
+    url, run = f"file://{tmp_path}/log", new_run("gen")
+    model = tiny_model()
+    producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
+    gen = torch.Generator().manual_seed(0)
+    _train_step(producer, gen)
+    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0), prompt_partitions=2)
+    exchange.source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
+    site = hilo("consume", "--log", url, "--run", run, "--site", "g", "--state-dir", str(tmp_path / "g"), "--vllm", vllm_url,
+                "--lora-name", LORA, "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                "--generate-batch", "2", "--until-version", "3", "--wait-checkpoint", "120")
+    try:
+        seen = {}
+        for version in (1, 2):
+            groups = _groups(exchange, producer, 2)
+            for g in groups:
+                assert len(g.rollouts) == 3 and [r.sample for r in g.rollouts] == [0, 1, 2]
+                for r in g.rollouts:
+                    assert (r.site, r.version_start, r.version_end, r.reward_fn) == ("g", version, version, "hilo.ops.digit_task:reward")
+                    assert r.reward == reward(g.prompt.token_ids, r.completion_ids)
+                    assert 1 <= len(r.completion_ids) <= 4 and len(r.logprobs) == len(r.completion_ids)
+                    mine = _logprobs(model, g.prompt.token_ids, r.completion_ids)
+                    assert float((torch.tensor(r.logprobs, dtype=torch.float64) - mine).abs().max()) < TOL
+                    seen[(version, g.prompt.prompt_id, r.sample)] = (g.prompt.token_ids, r)
+                assert g.staleness == (0, 0, 0)
+            _train_step(producer, gen)   # S = 0: every later prompt asks for the new version
+        # the same samples scored under the next version differ by far more than the tolerance: the stamp is the truth
+        for (version, _, _), (prompt_ids, r) in seen.items():
+            if version == 1:
+                assert float((torch.tensor(r.logprobs, dtype=torch.float64) - _logprobs(model, prompt_ids, r.completion_ids)).abs().max()) > 10 * TOL
+        out, err = site.communicate(timeout=300)
+        assert site.returncode == 0, err[-3000:]
+        assert exchange.book.dropped.total() == 0 and exchange.in_flight_peak <= 2
+    finally:
+        if site.poll() is None:
+            site.kill()
+        producer.close()

@@ -1,0 +1,92 @@
+"""Exactly once on the return path, on the real broker with a real vLLM server: a generating site SIGKILLed at each
+named crash point (after fetch, mid-generation, after produce before commit, after commit) and at a random
+instant, restarted under the same name; a second site joins and then leaves. Every issued prompt ends with exactly
+n accepted rollouts, and the rollouts topic (read_committed) holds each (prompt, sample) exactly once."""
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hilo.log.base import rollouts_topic
+from hilo.log.crashpoints import GENERATE_POINTS
+from hilo.ops.digit_task import prompts
+from hilo.producer.producer import HiLoProducer
+from hilo.producer.rollout_book import RolloutPolicy
+from hilo.producer.rollout_exchange import RolloutExchange
+from hilo.schemas.rollouts import Sampling, decode_rollout_record
+from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random
+from tests.consumer.test_vllm import tiny_model
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]
+N, PROMPTS = 2, 24
+
+
+def _site(run, name, tmp_path, vllm_url, crash=None):
+    """A generating site process; its log goes to tmp_path/NAME.N.log (a pipe nobody reads could fill and stall it)."""
+    env = {k: v for k, v in os.environ.items() if k != "HILO_CRASH_AT"} | ({"HILO_CRASH_AT": crash} if crash else {})
+    log = tmp_path / f"{name}.{len(list(tmp_path.glob(f'{name}.*.log')))}.log"
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", "consume", "--log", KAFKA_URL, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
+                vllm_url, "--lora-name", f"gen-{name}", "--export-dtype", "float32", "--generate", "--reward",
+                "hilo.ops.digit_task:reward", "--generate-batch", "2", "--wait-checkpoint", "120", "--no-progress"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w")), log
+
+
+def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rollout(vllm, tmp_path):
+    vllm_url, _ = vllm
+    rng = random.Random(25)
+    run = new_run("genkill")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
+    publish_random(producer, 1)
+    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4), prompt_partitions=2)
+    source = itertools.islice(prompts(run, Sampling(N, 1.0, 1.0, 3, 0)), PROMPTS)
+    exchange.issue(source)
+    groups, deadline = [], time.monotonic() + 600
+
+    def pump():
+        exchange.issue(source)
+        groups.extend(exchange.poll(producer.version, timeout_s=0.2))
+        assert time.monotonic() < deadline, f"{len(groups)} of {PROMPTS} groups after 600 s"
+
+    killed = {}
+    for point in (*GENERATE_POINTS, "random"):
+        victim, _ = _site(run, "a", tmp_path, vllm_url, crash=None if point == "random" else f"{point}:1")
+        if point == "random":
+            until = time.monotonic() + rng.uniform(8.0, 14.0)  # a random instant of its work (fault injection)
+            while time.monotonic() < until and victim.poll() is None:
+                pump()
+            victim.send_signal(signal.SIGKILL)
+        while victim.poll() is None:
+            pump()
+        killed[point] = victim.wait()
+        if point == GENERATE_POINTS[1]:
+            joined, _ = _site(run, "b", tmp_path, vllm_url)  # a second site joins mid-run ...
+        if point == GENERATE_POINTS[3]:
+            joined.send_signal(signal.SIGTERM)             # ... and leaves
+            assert joined.wait(timeout=120) == 0
+    assert all(code == -signal.SIGKILL for code in killed.values()), killed
+    last, last_log = _site(run, "a", tmp_path, vllm_url)
+    wait_until(lambda: "generating for run" in last_log.read_text() or last.poll() is not None, 120, "the last site starts")
+    try:
+        while len(groups) < PROMPTS:
+            pump()
+    finally:
+        last.send_signal(signal.SIGTERM)
+        assert last.wait(timeout=120) == 0
+    assert sorted(g.prompt.prompt_id for g in groups) == sorted(f"p-{i}" for i in range(PROMPTS))
+    assert all(len(g.rollouts) == N for g in groups)
+    assert exchange.book.dropped.get("duplicate", 0) == 0, exchange.book.dropped
+    seen, off, end = {}, 0, producer.log.end_offset(rollouts_topic(run))
+    while off < end:
+        batch = producer.log.read(rollouts_topic(run), off, timeout_s=5)
+        for rec in batch:
+            r = decode_rollout_record(rec.value, f"offset {rec.offset}")
+            seen[(r.prompt_id, r.sample)] = seen.get((r.prompt_id, r.sample), 0) + 1
+        off = batch.next_offset
+    assert seen == {(f"p-{i}", s): 1 for i in range(PROMPTS) for s in range(N)}
+    producer.close()

@@ -1,0 +1,95 @@
+"""The return path's queue on both backends: prompts spread over sites, each settled exactly once with its rollouts;
+a site that lost its prompts settles nothing."""
+import pytest
+
+from hilo.log import open_log
+from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.schemas import headers as H
+from hilo.schemas.errors import LeaseLost
+from tests.conftest import new_run
+from tests.helpers import wait_until
+
+
+def _setup(url, run, n, partitions=3):
+    log = open_log(url)
+    log.create_topics(run)
+    log.create_rollout_topics(run, partitions)
+    for i in range(n):
+        log.append(prompts_topic(run), [(f"p{i}".encode(), f"prompt {i}".encode(), {H.RUN: run, H.PROMPT: f"p{i}"})], i % log.partitions(prompts_topic(run)))
+    return log
+
+
+def _answers(log, run):
+    """prompt id -> how many rollout records answer it (read_committed: settled batches only)."""
+    out, off = {}, 0
+    end = log.end_offset(rollouts_topic(run))
+    while off < end:
+        batch = log.read(rollouts_topic(run), off, timeout_s=5)
+        for r in batch:
+            out[r.key.decode()] = out.get(r.key.decode(), 0) + 1
+        off = batch.next_offset
+    return out
+
+
+def _rollouts(lease, site):
+    return [(r.key, f"{site} answers {r.value.decode()}".encode(), {H.PROMPT: r.key.decode(), H.SITE: site}) for r in lease.records]
+
+
+def test_two_sites_answer_every_prompt_exactly_once(log_url):
+    run, n = new_run("queue"), 12
+    log = _setup(log_url, run, n)
+    sites = {name: log.prompt_queue(run, name, 60.0) for name in ("a", "b")}
+    by = {}
+    try:
+        def drain():
+            for name, q in sites.items():
+                lease = q.take(3, timeout_s=0.5)
+                if lease.records:
+                    q.settle(lease, _rollouts(lease, name))
+                    for r in lease.records:
+                        by.setdefault(r.key.decode(), []).append(name)
+            return len(by) == n
+        wait_until(drain, 120, "every prompt settled", every_s=0)
+    finally:
+        for q in sites.values():
+            q.close()
+    assert all(len(v) == 1 for v in by.values()), by
+    assert _answers(log, run) == {f"p{i}": 1 for i in range(n)}
+    log.close()
+
+
+def test_an_expired_lease_goes_to_another_site_and_its_late_settle_appends_nothing(tmp_path):
+    url, run = f"file://{tmp_path}/log", new_run("lease")
+    log = _setup(url, run, 2)
+    now = [1000.0]
+    slow = log.prompt_queue(run, "slow", 30.0)
+    slow.clock = lambda: now[0]
+    lease = slow.take(2, timeout_s=0)
+    assert [r.key for r in lease.records] == [b"p0", b"p1"]
+    fast = log.prompt_queue(run, "fast", 30.0)
+    fast.clock = lambda: now[0]
+    assert not fast.take(2, timeout_s=0).records  # held
+    now[0] += 31                                   # the slow site stalled past its lease
+    taken = fast.take(2, timeout_s=0)
+    assert [r.key for r in taken.records] == [b"p0", b"p1"]
+    with pytest.raises(LeaseLost, match=r"site slow: the lease on prompts at offsets \[0, 1\] ran out"):
+        slow.settle(lease, _rollouts(lease, "slow"))
+    fast.settle(taken, _rollouts(taken, "fast"))
+    assert _answers(log, run) == {"p0": 1, "p1": 1}
+    assert not slow.take(2, timeout_s=0).records and not fast.take(2, timeout_s=0).records
+
+
+def test_rollouts_appended_by_a_site_that_died_before_its_table_update_count_as_the_answer(tmp_path):
+    """The append is the commit: the next site rolls the lease forward instead of answering the prompts again."""
+    url, run = f"file://{tmp_path}/log", new_run("rollfwd")
+    log = _setup(url, run, 3)
+    q = log.prompt_queue(run, "a", 30.0)
+    lease = q.take(2, timeout_s=0)
+    # what settle does before it updates the table, done by hand: the rollouts tagged with the lease, appended
+    log.append(rollouts_topic(run), [(k, v, h | {H.LEASE: lease.handle}) for k, v, h in _rollouts(lease, "a")])
+    other = log.prompt_queue(run, "b", 30.0)
+    rest = other.take(5, timeout_s=0)
+    assert [r.key for r in rest.records] == [b"p2"]  # p0 and p1 are answered, not free again
+    with pytest.raises(LeaseLost):
+        q.settle(lease, _rollouts(lease, "a"))       # a second settle of the same lease appends nothing
+    assert _answers(log, run) == {"p0": 1, "p1": 1}
