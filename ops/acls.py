@@ -1,4 +1,5 @@
-"""The Kafka ACLs of a run, as a table: the trainer moves the policy, sites only read it and keep their position.
+"""The Kafka ACLs of a run, as a table: the trainer moves the policy and issues prompts; sites read the policy and the
+prompts, keep their position, and write rollouts only.
 
 `hilo acls grant --run RUN --trainer USER --site USER --kafka-config admin.properties` creates them with the
 admin API; `hilo acls show` lists what the cluster holds for the run. The table is what both read.
@@ -7,6 +8,8 @@ from kafka.admin import ACL, ACLFilter, ACLOperation as Op, ACLPermissionType, A
 from kafka.admin import ResourcePattern, ResourcePatternFilter, ResourceType as Res
 
 from hilo.log import checkpoints_topic, site_group, updates_topic
+from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.log.prompt_queue import generate_group
 from hilo.schemas.errors import ConfigError, LogError
 
 # role -> [(resource type, name template, pattern type, operations)]; {run} is the run id.
@@ -14,6 +17,8 @@ GRANTS = {
     "trainer": [
         (Res.TOPIC, "{updates}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
         (Res.TOPIC, "{checkpoints}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        (Res.TOPIC, "{prompts}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        (Res.TOPIC, "{rollouts}", Pattern.LITERAL, (Op.CREATE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),  # reads them only
         (Res.TRANSACTIONAL_ID, "hilo.{run}", Pattern.LITERAL, (Op.WRITE, Op.DESCRIBE)),    # its transactional producer
         (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.DESCRIBE,)),              # sites' positions, on a restart
         (Res.CLUSTER, "kafka-cluster", Pattern.LITERAL, (Op.DESCRIBE_CONFIGS, Op.IDEMPOTENT_WRITE)),  # chunk-size check
@@ -21,14 +26,19 @@ GRANTS = {
     "site": [
         (Res.TOPIC, "{updates}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
         (Res.TOPIC, "{checkpoints}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
-        (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.READ, Op.DESCRIBE)),       # commit its own hilo.RUN.SITE group
+        (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.READ, Op.DESCRIBE)),       # its hilo.RUN.SITE group, hilo.RUN.generate
+        # the return path: take prompts, write rollouts only (never the policy's topics), under its own transactional id
+        (Res.TOPIC, "{prompts}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
+        (Res.TOPIC, "{rollouts}", Pattern.LITERAL, (Op.WRITE, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
+        (Res.TRANSACTIONAL_ID, "{generate}.", Pattern.PREFIXED, (Op.WRITE, Op.DESCRIBE)),  # hilo.RUN.generate.SITE
     ],
 }
 
 
 def acls_for(run: str, role: str, principal: str) -> list:
     """The ACL objects the table gives `principal` (User:NAME) in `role` for `run`."""
-    names = {"run": run, "updates": updates_topic(run), "checkpoints": checkpoints_topic(run), "groups": site_group(run, "")}
+    names = {"run": run, "updates": updates_topic(run), "checkpoints": checkpoints_topic(run), "groups": site_group(run, ""),
+             "prompts": prompts_topic(run), "rollouts": rollouts_topic(run), "generate": generate_group(run)}
     return [ACL(principal=principal, host="*", operation=op, permission_type=ACLPermissionType.ALLOW,
                 resource_pattern=ResourcePattern(kind, template.format(**names), pattern))
             for kind, template, pattern, ops in GRANTS[role] for op in ops]

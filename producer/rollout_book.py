@@ -62,7 +62,8 @@ class RolloutBook:
         self.run, self.policy = run, policy
         self.in_flight = {}                      # prompt id -> PromptRecord
         self.received = {}                       # prompt id -> {sample: (RolloutRecord, staleness)}
-        self.done = set()                        # prompt ids completed or retired: a late sample of one is a duplicate (ids are small)
+        self.done = set()                        # prompt ids completed: a late sample of one is a duplicate (ids are small)
+        self.retired = set()                     # prompt ids aged out: a late sample of one is stale too
         self.dropped = collections.Counter()     # reason -> rollouts not trained on
         self.accepted = 0
 
@@ -74,7 +75,7 @@ class RolloutBook:
         """Record `prompt` as in flight (the caller publishes it); ConfigError when there is no room or the id was used."""
         if prompt.run != self.run:
             raise ConfigError(f"RolloutBook.issue: prompt {prompt.prompt_id} is of run {prompt.run!r}, not {self.run!r}")
-        if prompt.prompt_id in self.in_flight or prompt.prompt_id in self.done:
+        if prompt.prompt_id in self.in_flight or prompt.prompt_id in self.done or prompt.prompt_id in self.retired:
             raise ConfigError(f"RolloutBook.issue: prompt id {prompt.prompt_id!r} was already issued in run {self.run}")
         if self.room() < 1:
             raise ConfigError(f"RolloutBook.issue: {len(self.in_flight)} prompts in flight, the bound (S + 1) * B is "
@@ -98,6 +99,8 @@ class RolloutBook:
     def _check(self, r: RolloutRecord, trainer_version: int) -> str | None:
         if r.run != self.run:
             return "other-run"
+        if r.prompt_id in self.retired:
+            return "stale"
         if r.prompt_id in self.done or r.sample in self.received.get(r.prompt_id, {}):
             return "duplicate"
         prompt = self.in_flight.get(r.prompt_id)
@@ -119,7 +122,7 @@ class RolloutBook:
         aged = len(self.received.pop(prompt_id, {}))
         if aged:
             self.dropped["stale"] += aged
-        self.done.add(prompt_id)
+        self.retired.add(prompt_id)
 
     def complete_groups(self) -> list:
         """Groups whose n samples have all been accepted, each returned once (its prompt leaves flight)."""

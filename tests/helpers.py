@@ -16,9 +16,9 @@ def wait_until(cond, timeout_s: float, what: str, every_s: float = 0.05):
 
 
 def hilo(*args, **kw) -> subprocess.Popen:
-    """`hilo ARGS` as a separate process, stdout and stderr piped as text."""
-    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", *args], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, **kw)
+    """`hilo ARGS` as a separate process, stdout and stderr piped as text (unless `kw` says otherwise)."""
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", *args], **({"stderr": subprocess.PIPE, "stdout": subprocess.PIPE,
+                                                                             "text": True} | kw))
 
 
 def wait_for_line(proc, pattern, timeout_s=120):

@@ -3,6 +3,9 @@
 Version truth: the behaviour log-probabilities vLLM returns for a rollout stamped v equal the trainer's own
 recomputation under v within test_vllm's tolerance (1e-4, fp32 adapters), and differ from the next version's.
 """
+import os
+import signal
+
 import pytest
 import torch
 
@@ -83,3 +86,80 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
         if site.poll() is None:
             site.kill()
         producer.close()
+
+
+def _held_by(lease_table, site):
+    """Lease ids the embedded log's lease table says `site` holds."""
+    import json
+    try:
+        return {lid for lid, lease in json.loads(lease_table.read_text())["leases"].items() if lease["site"] == site}
+    except (FileNotFoundError, ValueError):  # not written yet, or caught mid-replace
+        return set()
+
+
+def _lock_free(path) -> bool:
+    """Whether no process holds the embedded log's lock on `path` (a site stopped inside it would stall the queue)."""
+    import fcntl
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(vllm, tmp_path):
+    """S = 1, B = 2: a site SIGSTOPped while it holds a prompt, for two trainer versions; its rollout arrives stale, is
+    dropped with its group, never trained on; admission control keeps at most (S + 1) * B prompts in flight throughout."""
+    vllm_url, _ = vllm
+    url, run = f"file://{tmp_path}/log", new_run("stale")
+    model = tiny_model()
+    producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
+    gen = torch.Generator().manual_seed(1)
+    _train_step(producer, gen)
+    policy = RolloutPolicy(batch_prompts=2, max_staleness=1)
+    exchange = RolloutExchange(producer.log, run, policy)
+    source = prompts(run, Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
+    sites = {name: hilo("consume", "--log", url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
+                        vllm_url, "--lora-name", f"stale-{name}", "--export-dtype", "float32", "--generate", "--reward",
+                        "hilo.ops.digit_task:reward", "--generate-batch", "1", "--lease-s", "600", "--no-progress",
+                        stderr=None) for name in ("a", "b")}
+    table = tmp_path / "log" / f"{run}.prompts" / "leases.json"
+    trained, in_flight = [], []
+
+    def pump():
+        exchange.issue(source)
+        in_flight.append(len(exchange.book.in_flight))
+        for g in exchange.poll(producer.version, timeout_s=0.05):
+            trained.append(g)
+            if len(trained) % policy.batch_prompts == 0:
+                _train_step(producer, gen)
+    try:
+        stopped_at = None
+
+        def stop_a_holding_a_prompt():
+            nonlocal stopped_at
+            pump()
+            if _held_by(table, "a"):
+                os.kill(sites["a"].pid, signal.SIGSTOP)
+                if _held_by(table, "a") and _lock_free(table.with_name("records")):  # holds a prompt, not the queue's lock
+                    stopped_at = producer.version
+                    return True
+                os.kill(sites["a"].pid, signal.SIGCONT)
+            return False
+        wait_until(stop_a_holding_a_prompt, 300, "site a stopped while it holds a prompt", every_s=0)
+        wait_until(lambda: pump() or producer.version >= stopped_at + policy.max_staleness + 1, 300,
+                   "two more versions trained from site b's rollouts", every_s=0)
+        os.kill(sites["a"].pid, signal.SIGCONT)
+        wait_until(lambda: pump() or exchange.book.dropped.get("stale", 0) >= 1, 300, "site a's late rollouts dropped", every_s=0)
+    finally:
+        for p in sites.values():
+            os.kill(p.pid, signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+        codes = {name: p.wait(timeout=120) for name, p in sites.items()}
+        producer.close()
+    assert codes == {"a": 0, "b": 0}
+    assert max(in_flight) <= policy.max_in_flight and min(in_flight) >= 0
+    assert all(max(g.staleness) <= policy.max_staleness for g in trained)
+    assert dict(exchange.book.dropped).keys() == {"stale"}

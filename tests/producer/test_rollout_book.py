@@ -43,7 +43,7 @@ def test_a_stale_sample_ages_its_group_out_and_frees_its_room():
     assert book.offer(rollout("p0", 1, version=4), trainer_version=7) == "stale"  # 3 behind
     assert book.complete_groups() == [] and "p0" not in book.in_flight and book.room() == 3
     assert book.dropped["stale"] == 2  # the late sample and the one accepted before it: never trained on
-    assert book.offer(rollout("p0", 2, version=7), trainer_version=7) == "duplicate"  # a group retired is never reopened
+    assert book.offer(rollout("p0", 2, version=7), trainer_version=7) == "stale"  # its group aged out: never reopened
 
 
 def test_staleness_is_recorded_per_sample():

@@ -1,0 +1,82 @@
+"""The trainer's end of the return path on the embedded log: prompts issued under admission control, bad rollouts
+refused and counted by reason (one warning line per reason), never part of a group."""
+import logging
+
+import pytest
+
+from hilo.log import open_log
+from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.ops.digit_task import prompts
+from hilo.producer.rollout_book import RolloutPolicy
+from hilo.producer.rollout_exchange import RolloutExchange, site_keys
+from hilo.schemas.errors import ConfigError
+from hilo.schemas.rollouts import RolloutRecord, Sampling
+from hilo.schemas.signing import Signer, generate
+from tests.conftest import new_run
+
+
+def _rollout(run, pid, sample, tokens=(1, 2, 12), reward=1.0, logprob=-0.5, version=0):
+    return RolloutRecord(run, pid, sample, "s", version, version, tokens, tuple(logprob for _ in tokens), reward,
+                         "hilo.ops.digit_task:reward", "stop")
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_bad_rollouts_are_refused_by_reason_and_never_trained_on(tmp_path, caplog, signed):
+    url, run = f"file://{tmp_path}/log", new_run("rx")
+    log = open_log(url)
+    log.create_topics(run)
+    trusted = signer = forger = None
+    if signed:
+        signer = Signer.load(generate(str(tmp_path / "site"))[0])
+        forger = Signer.load(generate(str(tmp_path / "forger"))[0])
+        trusted = site_keys(tmp_path / "site")
+    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=2, max_staleness=1), trusted_sites=trusted)
+    assert ex.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 4  # (S + 1) * B
+    assert log.end_offset(prompts_topic(run)) == 4 and ex.book.room() == 0
+
+    def put(r, key=signer, times=1):
+        for _ in range(times):
+            log.append(rollouts_topic(run), [(r.prompt_id.encode(), r.to_bytes(key), {})])
+    put(_rollout(run, "p-0", 0))
+    put(_rollout(run, "p-0", 1))
+    put(_rollout(run, "p-0", 0))                                   # duplicate (its group is complete and out)
+    put(_rollout("other", "p-1", 0), times=2)                      # another run's, twice: one warning line
+    put(_rollout(run, "nope", 0))                                  # a prompt nobody issued
+    put(_rollout(run, "p-1", 5))                                   # sample 5 of n = 2
+    put(_rollout(run, "p-1", 0, tokens=(1, 2, 3, 4)))              # above max_tokens = 3
+    put(_rollout(run, "p-1", 1, reward=float("nan")))              # NaN reward
+    put(_rollout(run, "p-2", 0, logprob=float("inf")))             # infinite log-probability
+    log.append(rollouts_topic(run), [(b"x", b"not a frame at all", {})])
+    expect = {"duplicate": 1, "other-run": 2, "unknown-prompt": 1, "unknown-sample": 1, "too-long": 1, "non-finite": 2, "malformed": 1}
+    if signed:
+        put(_rollout(run, "p-3", 0), key=None)                     # unsigned
+        put(_rollout(run, "p-3", 1), key=forger)                   # signed by a key no trusted site holds
+        expect = {k: v for k, v in expect.items() if k != "malformed"} | {"unsigned": 2, "forged": 1}  # the junk carries no signature either
+    with caplog.at_level(logging.WARNING, logger="hilo.producer.rollout_exchange"):
+        groups = []
+        for _ in range(3):  # everything is on the log already; a few reads take it all
+            groups += ex.poll(trainer_version=0, timeout_s=0)
+    assert [g.prompt.prompt_id for g in groups] == ["p-0"] and len(groups[0].rollouts) == 2
+    assert dict(ex.book.dropped) == expect
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == len(expect) and all(any(f"({reason})" in m for m in lines) for reason in expect), lines
+    assert ex.book.room() == 1  # p-0 left flight: one more prompt may be issued
+
+
+def test_admission_control_and_staleness(tmp_path):
+    url, run = f"file://{tmp_path}/log", new_run("stale")
+    log = open_log(url)
+    log.create_topics(run)
+    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=1, max_staleness=1))
+    source = prompts(run, Sampling(1, 1.0, 1.0, 3, 0))
+    assert ex.issue(source) == 2 and ex.issue(source) == 0      # (1 + 1) * 1 in flight, no more
+    log.append(rollouts_topic(run), [(b"p-0", _rollout(run, "p-0", 0, version=3).to_bytes(), {}),
+                                     (b"p-1", _rollout(run, "p-1", 0, version=1).to_bytes(), {})])
+    groups = ex.poll(trainer_version=4, timeout_s=0)             # p-1's sample is 3 versions old: S = 1 drops it
+    assert [(g.prompt.prompt_id, g.staleness) for g in groups] == [("p-0", (1,))]
+    assert dict(ex.book.dropped) == {"stale": 1} and ex.issue(source) == 2
+
+
+def test_a_trust_directory_without_keys_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--trust-sites .*: no \*.pub public keys there"):
+        site_keys(tmp_path)
