@@ -113,17 +113,17 @@ class Log:
         """A context whose appends commit together when it exits cleanly (and are discarded when it raises)."""
         return Transaction(self)
 
-    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20) -> Batch:
-        """Records at offsets >= `offset` (possibly none within `timeout_s`), in order, as a Batch."""
+    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20, partition: int = 0) -> Batch:
+        """Records of `partition` at offsets >= `offset` (possibly none within `timeout_s`), in order, as a Batch."""
         raise NotImplementedError
 
     def begin_offset(self, topic: str) -> int:
         """Oldest offset still retained."""
         raise NotImplementedError
 
-    def end_offset(self, topic: str) -> int:
-        """Offset after the last committed record: a reader that reaches it has seen everything (Kafka: the last
-        stable offset)."""
+    def end_offset(self, topic: str, partition: int = 0) -> int:
+        """Offset after the last committed record of `partition`: a reader that reaches it has seen everything
+        (Kafka: the last stable offset)."""
         raise NotImplementedError
 
     def retention(self, topic: str) -> dict:

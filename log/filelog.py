@@ -155,8 +155,8 @@ class FileLog(Log):
                 pos += len(part)
         return offsets
 
-    def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20):
-        """Records from `offset`; waits up to `timeout_s` for new ones (polling the file)."""
+    def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20, partition=0):
+        """Records from `offset`; waits up to `timeout_s` for new ones (polling the file). One queue per topic."""
         self.check_topic(topic)
         deadline = time.monotonic() + timeout_s
         with open(self._dir(topic) / "records", "rb") as f:
@@ -182,8 +182,8 @@ class FileLog(Log):
         self.check_topic(topic)
         return 0
 
-    def end_offset(self, topic):
-        """Number of complete records."""
+    def end_offset(self, topic, partition=0):
+        """Number of complete records (one queue per topic)."""
         self.check_topic(topic)
         with open(self._dir(topic) / "records", "rb") as f:
             return len(self._scan(topic, f))

@@ -16,7 +16,7 @@ from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import HiloError
 
-from hilo.log.base import updates_topic
+from hilo.log.base import prompts_topic, rollouts_topic, updates_topic
 
 
 class HistoryWriter:
@@ -144,3 +144,50 @@ def log_versions(log, run: str) -> dict:
                 out[msg.version] = msg.headers.get(H.DIGEST)
         pos = max(pos, batch.next_offset)
     return out
+
+
+def _all(log, topic, partition=0):
+    """Every record of one partition, from its start to its end as of now."""
+    pos, end = log.begin_offset(topic) if partition == 0 else 0, log.end_offset(topic, partition)
+    while pos < end:
+        batch = log.read(topic, pos, timeout_s=5.0, partition=partition)
+        yield from batch
+        pos = batch.next_offset
+
+
+def check_return_path(log, run: str) -> Report:
+    """The return path's history, from the log alone: every prompt the trainer issued (all partitions of RUN.prompts)
+    answered by exactly n rollouts, one per sample, none twice, none for a prompt never issued. Run it once the
+    trainer has what it waited for (an unanswered prompt is an anomaly then: a lost prompt)."""
+    from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
+
+    rep = Report()
+    topic_p, topic_r = prompts_topic(run), rollouts_topic(run)
+    wanted = {}
+    for part in range(log.partitions(topic_p)):
+        for rec in _all(log, topic_p, part):
+            p = decode_rollout_record(rec.value, f"{topic_p}[{part}] offset {rec.offset}")
+            if isinstance(p, PromptRecord):
+                if p.prompt_id in wanted:
+                    rep.anomalies.append(f"prompt {p.prompt_id} issued twice")
+                wanted[p.prompt_id] = p.sampling.n
+    seen = {}
+    for rec in _all(log, topic_r):
+        try:
+            r = decode_rollout_record(rec.value, f"{topic_r} offset {rec.offset}")
+        except HiloError:
+            continue  # the trainer refuses and counts these; the history counts answers
+        if isinstance(r, RolloutRecord) and r.run == run:
+            seen.setdefault(r.prompt_id, []).append(r.sample)
+    for pid, samples in seen.items():
+        if pid not in wanted:
+            rep.anomalies.append(f"rollouts for prompt {pid}, which was never issued")
+        elif sorted(samples) != list(range(wanted[pid])):
+            extra = sorted(s for s in set(samples) if samples.count(s) > 1)
+            rep.anomalies.append(f"prompt {pid}: samples {sorted(samples)} of n = {wanted[pid]}" +
+                                 (f" (duplicated: {extra})" if extra else " (incomplete)"))
+    for pid in sorted(set(wanted) - set(seen)):
+        rep.anomalies.append(f"prompt {pid}: no rollout (lost)")
+    rep.sites = {"prompts": {"entries": len(wanted), "sessions": 0, "last_version": None},
+                 "rollouts": {"entries": sum(map(len, seen.values())), "sessions": 0, "last_version": None}}
+    return rep

@@ -8,14 +8,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def snippets() -> dict:
     """{name: dedented code} of every `# README: name` ... `# README: end` block in the training-loop tests."""
-    src = (ROOT / "tests" / "producer" / "test_training_loops.py").read_text()
+    src = "\n".join((ROOT / "tests" / f).read_text() for f in ("producer/test_training_loops.py", "consumer/test_generate.py"))
     return {m.group(1): textwrap.dedent(m.group(2)).strip() for m in
             re.finditer(r"# README: (?!end)([^\n]+)\n(.*?)\n\s*# README: end", src, re.S)}
 
 
 def test_every_snippet_is_in_the_readme():
     found = snippets()
-    assert set(found) == {"plain loop", "transformers Trainer", "TRL GRPOTrainer", "delta mode"}
+    assert set(found) == {"plain loop", "transformers Trainer", "TRL GRPOTrainer", "delta mode", "rollouts"}
     readme = (ROOT / "README.md").read_text()
     for name, code in found.items():
-        assert code in readme, f"README's {name!r} snippet differs from tests/producer/test_training_loops.py"
+        assert code in readme, f"README's {name!r} snippet differs from the test that runs it (tests/producer/test_training_loops.py, tests/consumer/test_generate.py)"

@@ -109,17 +109,17 @@ class KafkaLog(Log):
         epoch is the broker's; kafka-python does not expose it)."""
         self.writer.become(run, version)
 
-    def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20):
-        """Records from `offset` on, from one poll (a retriable failure reads as an empty batch)."""
-        return self.reader.read(topic, offset, timeout_s)
+    def read(self, topic, offset, timeout_s=1.0, max_bytes=16 << 20, partition=0):
+        """Records of `partition` from `offset` on, from one poll (a retriable failure reads as an empty batch)."""
+        return self.reader.read(topic, offset, timeout_s, partition)
 
     def begin_offset(self, topic):
         """Oldest retained offset."""
         return self.reader.offset(topic, end=False)
 
-    def end_offset(self, topic):
+    def end_offset(self, topic, partition=0):
         """Last stable offset: just past the last committed record (and its transaction's marker)."""
-        return self.reader.offset(topic, end=True)
+        return self.reader.offset(topic, end=True, partition=partition)
 
     def close(self):
         """Close clients."""

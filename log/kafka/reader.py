@@ -45,9 +45,9 @@ class ReaderSupervisor:
         self.make_consumer, self.reached, self.url = make_consumer, reached, url
         self.clock, self.sleep = clock, sleep
         self._consumer = None
-        self.positions = {}     # topic -> next offset the consumer will return
+        self.positions = {}     # TopicPartition -> next offset the consumer will return
         self.failures = retry.Backoff(0.05, 2.0)  # consecutive failed reads, and the wait after each
-        self.idle_since = {}    # topic -> when reads of it started returning nothing
+        self.idle_since = {}    # TopicPartition -> when reads of it started returning nothing
         self.replaced = 0       # clients replaced so far
 
     @property
@@ -67,19 +67,19 @@ class ReaderSupervisor:
             self.replaced += 1
         self._consumer, self.positions = None, {}
 
-    def read(self, topic, offset, timeout_s=1.0) -> Batch:
-        """Records from `offset` on, from one poll. A retriable failure (a broker restarting) reads as an empty
-        batch; anything else is a LogError."""
-        tp = TopicPartition(topic, 0)
+    def read(self, topic, offset, timeout_s=1.0, partition=0) -> Batch:
+        """Records of `partition` from `offset` on, from one poll. A retriable failure (a broker restarting) reads as
+        an empty batch; anything else is a LogError."""
+        tp = TopicPartition(topic, partition)
         t0 = self.clock()
         try:
             c = self.consumer
             if tp not in c.assignment():
                 c.assign(list(c.assignment()) + [tp])
-                self.positions.pop(topic, None)
-            if self.positions.get(topic) != offset:
+                self.positions.pop(tp, None)
+            if self.positions.get(tp) != offset:
                 c.seek(tp, offset)
-                self.positions[topic] = offset
+                self.positions[tp] = offset
             polled = c.poll(timeout_ms=int(timeout_s * 1000), max_records=500)
             # The consumer's position is past transaction markers and aborted records too, not only past records.
             position = c.position(tp, timeout_ms=int(timeout_s * 1000)) or 0
@@ -88,42 +88,42 @@ class ReaderSupervisor:
                 raise
             if isinstance(e, KafkaError) and not is_retriable(e):
                 raise failure(f"{self.url}: reading {topic!r} at offset {offset}", e) from None
-            self.positions.pop(topic, None)  # whatever the consumer fetched is dropped: the next read seeks again
+            self.positions.pop(tp, None)  # whatever the consumer fetched is dropped: the next read seeks again
             wait = self.failures.next()
             if self.failures.failures % 2 == 0:
                 self.replace()
             self.sleep(max(0.0, min(wait, timeout_s - (self.clock() - t0))))  # backoff, within this read's timeout
             return Batch([], offset)
         self.failures.reset()
-        if not polled.get(tp) and position <= offset and self._stale(topic, offset):
+        if not polled.get(tp) and position <= offset and self._stale(tp, offset):
             return Batch([], offset)
-        self.idle_since.pop(topic, None)
+        self.idle_since.pop(tp, None)
         out = Batch([Record(r.offset, r.key, r.value, {k: v.decode() for k, v in (r.headers or [])})
                      for r in polled.get(tp, []) if r.offset >= offset], offset)
         for other, recs in polled.items():
-            if other != tp and recs:  # another assigned topic was fetched too: make it re-seek next time
-                self.positions.pop(other.topic, None)
+            if other != tp and recs:  # another assigned partition was fetched too: make it re-seek next time
+                self.positions.pop(other, None)
         out.next_offset = max(offset, out[-1].offset + 1 if out else offset, position)
-        self.positions[topic] = out.next_offset
+        self.positions[tp] = out.next_offset
         return out
 
-    def _stale(self, topic, offset) -> bool:
+    def _stale(self, tp, offset) -> bool:
         """After STALE_S of empty reads, ask for the end offset: records beyond `offset` that the reader does not
         get mean a wedged reader, which is then replaced."""
-        since = self.idle_since.setdefault(topic, self.clock())
+        since = self.idle_since.setdefault(tp, self.clock())
         if self.clock() - since < STALE_S:
             return False
-        self.idle_since[topic] = self.clock()
-        if self.offset(topic, end=True) > offset:
-            logger.info("%s: reader of %s gets nothing although the log has records past offset %d; reconnecting",
-                        self.url, topic, offset)
+        self.idle_since[tp] = self.clock()
+        if self.offset(tp.topic, end=True, partition=tp.partition) > offset:
+            logger.info("%s: reader of %s[%d] gets nothing although the log has records past offset %d; reconnecting",
+                        self.url, tp.topic, tp.partition, offset)
             self.replace()
             return True
         return False
 
-    def offset(self, topic, end: bool) -> int:
+    def offset(self, topic, end: bool, partition: int = 0) -> int:
         """The partition's end (last stable) or beginning offset; a client that times out twice in a row is replaced."""
-        tp = TopicPartition(topic, 0)
+        tp = TopicPartition(topic, partition)
 
         def ask():
             c = self.consumer

@@ -55,8 +55,11 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
     gen = torch.Generator().manual_seed(0)
     _train_step(producer, gen)
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0), prompt_partitions=2)
-    exchange.source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
+    # README: rollouts
+    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
+    source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
+    # README: end
+    exchange.source = source
     site = hilo("consume", "--log", url, "--run", run, "--site", "g", "--state-dir", str(tmp_path / "g"), "--vllm", vllm_url,
                 "--lora-name", LORA, "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
                 "--generate-batch", "2", "--until-version", "3", "--wait-checkpoint", "120")

@@ -9,6 +9,7 @@ from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.ops.digit_task import prompts
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange, site_keys
+from hilo.replay.history import check_return_path
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.rollouts import RolloutRecord, Sampling
 from hilo.schemas.signing import Signer, generate
@@ -80,3 +81,17 @@ def test_admission_control_and_staleness(tmp_path):
 def test_a_trust_directory_without_keys_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"--trust-sites .*: no \*.pub public keys there"):
         site_keys(tmp_path)
+
+
+def test_the_return_path_history_names_a_lost_prompt_and_a_duplicated_sample(tmp_path):
+    url, run = f"file://{tmp_path}/log", new_run("hist")
+    log = open_log(url)
+    log.create_topics(run)
+    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=3, max_staleness=0))
+    assert ex.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 3
+    answers = [("p-0", 0), ("p-0", 1), ("p-1", 0), ("p-1", 1)]
+    log.append(rollouts_topic(run), [(p.encode(), _rollout(run, p, s).to_bytes(), {}) for p, s in answers])
+    assert check_return_path(log, run).anomalies == ["prompt p-2: no rollout (lost)"]
+    log.append(rollouts_topic(run), [(b"p-1", _rollout(run, "p-1", 1).to_bytes(), {}), (b"p-9", _rollout(run, "p-9", 0).to_bytes(), {})])
+    assert check_return_path(log, run).anomalies == ["prompt p-1: samples [0, 1, 1] of n = 2 (duplicated: [1])",
+                                                      "rollouts for prompt p-9, which was never issued", "prompt p-2: no rollout (lost)"]
