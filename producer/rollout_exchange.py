@@ -36,7 +36,8 @@ def site_keys(directory) -> dict:
     d = pathlib.Path(directory)
     keys = {v.key_id: v for v in (Verifier.load(p) for p in sorted(d.glob("*.pub")))} if d.is_dir() else {}
     if not keys:
-        raise ConfigError(f"--trust-sites {d}: no *.pub public keys there (each site's `hilo keys generate` writes one)")
+        raise ConfigError(f"trusted site keys {d}: no *.pub public keys there (`hilo keys generate --out DIR` makes a site's "
+                          f"pair; copy its .pub here)")
     return keys
 
 

@@ -79,7 +79,7 @@ def test_admission_control_and_staleness(tmp_path):
 
 
 def test_a_trust_directory_without_keys_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"--trust-sites .*: no \*.pub public keys there"):
+    with pytest.raises(ConfigError, match=r"trusted site keys .*: no \*.pub public keys there"):
         site_keys(tmp_path)
 
 
