@@ -28,6 +28,16 @@ def _train_step(producer, gen):
     producer.step(lr=3e-2)  # a large step: consecutive versions are far apart in log-probability
 
 
+def _trainer_at_v1(tmp_path, prefix, seed):
+    """(log URL, run, model, producer, generator) of a trainer on the embedded log that has published v1."""
+    url, run = f"file://{tmp_path}/log", new_run(prefix)
+    model = tiny_model()
+    producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
+    gen = torch.Generator().manual_seed(seed)
+    _train_step(producer, gen)
+    return url, run, model, producer, gen
+
+
 @torch.no_grad()
 def _logprobs(model, prompt_ids, completion_ids):
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
@@ -50,11 +60,7 @@ def _groups(exchange, producer, want, timeout_s=300):
 
 def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     vllm_url, _ = vllm
-    url, run = f"file://{tmp_path}/log", new_run("gen")
-    model = tiny_model()
-    producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
-    gen = torch.Generator().manual_seed(0)
-    _train_step(producer, gen)
+    url, run, model, producer, gen = _trainer_at_v1(tmp_path, "gen", seed=0)
     # README: rollouts
     exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
     source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
@@ -116,11 +122,7 @@ def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(v
     """S = 1, B = 2: a site SIGSTOPped while it holds a prompt, for two trainer versions; its rollout arrives stale, is
     dropped with its group, never trained on; admission control keeps at most (S + 1) * B prompts in flight throughout."""
     vllm_url, _ = vllm
-    url, run = f"file://{tmp_path}/log", new_run("stale")
-    model = tiny_model()
-    producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
-    gen = torch.Generator().manual_seed(1)
-    _train_step(producer, gen)
+    url, run, model, producer, gen = _trainer_at_v1(tmp_path, "stale", seed=1)
     policy = RolloutPolicy(batch_prompts=2, max_staleness=1)
     exchange = RolloutExchange(producer.log, run, policy)
     source = prompts(run, Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
