@@ -11,6 +11,7 @@ COMMANDS = {
     "keys": ("keys", "signing keys for a run"),
     "produce": ("produce", "run the built-in tiny trainer as a standalone producer"),
     "consume": ("consume", "follow a run at a rollout site: apply, export adapters, snapshot"),
+    "rl": ("rl", "GRPO across sites on the digit task: this process trains, N generating sites answer through vLLM"),
     "lag": ("lag", "applied and serving version, lag in versions and bytes, offsets, age: one row per site"),
     "inspect": ("inspect", "one update's header fields and per-block rank/k and bytes"),
     "bench": ("bench", "benchmarks (JSON with --json)"),

@@ -1,0 +1,189 @@
+"""`hilo rl`: a GRPO run across sites on the digit task: this process trains, N `hilo consume --generate` sites answer.
+
+    hilo rl --vllm http://127.0.0.1:8011 --sites 2 --staleness 2 --steps 20      # embedded log in a temp folder
+
+The trainer is the built-in tiny Qwen3 + LoRA (the base the vLLM server serves: ops/tiny_trainer.save_base) under
+HiLoProducer; it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B
+complete groups, takes one GRPO step (group-normalised advantages, token-level truncated importance weights from
+vLLM's behaviour log-probabilities) and publishes it. The sites apply every version, serve it through vLLM
+(each under its own adapter name) and answer prompts between versions. It prints one line per step (reward,
+staleness, prompts in flight, each site's lag) and ends with a table and every site's digest against the
+trainer's; exit 0 only if they are equal.
+"""
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hilo.consumer.generator import load_reward
+from hilo.consumer.vllm_serving import VllmServer
+from hilo.ops.digit_task import prompts
+from hilo.ops.lag import lag_rows
+from hilo.ops.tiny_trainer import build_model
+from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.producer.rollout_book import RolloutPolicy
+from hilo.producer.rollout_exchange import RolloutExchange
+from hilo.replica.codecs import Budget
+from hilo.schemas.errors import ConfigError, HiloError
+from hilo.schemas.rollouts import Sampling
+
+REWARD = "hilo.ops.digit_task:reward"
+STALL_S = 300.0  # no complete group for this long: the sites are not answering (their logs say why)
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """One GRPO run across sites.
+
+    vllm: base URL of the vLLM server the sites generate with (serving the tiny base, ops/vllm/start.sh).
+    log: the log URL. Default: a file:// log in a temp folder
+    sites: how many generating sites. Default: 2
+    staleness: S, how many versions a sample's policy may trail the trainer's (0: synchronous). Default: 2
+    steps: optimizer steps (versions published). Default: 20
+    batch_prompts: B, complete groups per step. Default: 4
+    samples: n, samples per prompt (the GRPO group). Default: 4
+    lr: the trainer's learning rate (AdamW). Default: 0.003
+    codec: how versions are compressed. Default: spar4
+    budget: bytes per version as a fraction of the bf16 adapter. Default: 0.016
+    seed: prompts and sampling seeds. Default: 0
+    reward: MODULE:FUNCTION of the reward. Default: the digit task's
+    """
+
+    vllm: str
+    log: str | None = None
+    sites: int = 2
+    staleness: int = 2
+    steps: int = 20
+    batch_prompts: int = 4
+    samples: int = 4
+    lr: float = 3e-3
+    codec: str = "spar4"
+    budget: float = 0.016
+    seed: int = 0
+    reward: str = REWARD
+
+    def __post_init__(self):
+        for name, lo in (("sites", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0)):
+            if getattr(self, name) < lo:
+                raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
+        if not isinstance(self.vllm, str) or not self.vllm.startswith(("http://", "https://")):
+            raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server (--vllm URL; ops/vllm/start.sh starts one)")
+
+
+def completion_logprobs(model, prompt_ids, completion_ids) -> torch.Tensor:
+    """The model's log-probability of each completion token given the prompt and the tokens before it (with grad)."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    logits = model(ids).logits[0, len(prompt_ids) - 1:-1]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion_ids).unsqueeze(1)).squeeze(1)
+
+
+def grpo_loss(model, exchange, groups) -> tuple:
+    """(loss, stats) of one GRPO step over complete groups: advantage (r - mean) / (std + 1e-4) per group, each token's
+    log-probability weighted by its truncated importance weight (behaviour: vLLM's), mean over samples."""
+    terms, rewards, truncated, kl = [], [], [], []
+    for g in groups:
+        r = torch.tensor([x.reward for x in g.rollouts], dtype=torch.float32)
+        adv = (r - r.mean()) / (r.std() + 1e-4)
+        logps = [completion_logprobs(model, g.prompt.token_ids, x.completion_ids) for x in g.rollouts]
+        for (w, frac), lp, a, x in zip(exchange.weights(g, logps), logps, adv, g.rollouts):
+            terms.append(-(w * a * lp).mean())
+            truncated.append(frac)
+            behaviour = torch.tensor(x.logprobs, dtype=torch.float64)
+            log_r = lp.detach().double() - behaviour
+            kl.append(float((torch.exp(log_r) - 1 - log_r).mean()))
+        rewards += r.tolist()
+    loss = torch.stack(terms).mean()
+    return loss, {"reward": sum(rewards) / len(rewards), "truncated": sum(truncated) / len(truncated),
+                  "mismatch_kl": sum(kl) / len(kl)}
+
+
+def _site(cfg, url, run, name, work):
+    """One `hilo consume --generate` process; its log in WORK/NAME.log."""
+    cmd = [sys.executable, "-m", "hilo.ops.cli", "consume", "--log", url, "--run", run, "--site", name,
+           "--state-dir", f"{work}/{name}", "--vllm", cfg.vllm, "--lora-name", f"{run}-{name}", "--export-dtype", "float32",
+           "--generate", "--reward", cfg.reward, "--generate-batch", "2", "--until-version", str(cfg.steps), "--no-progress",
+           "--wait-checkpoint", "300"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(f"{work}/{name}.log", "w"), text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
+    """Run it; the exit code (0: every site's digest equals the trainer's)."""
+    load_reward(cfg.reward)  # a reward that does not import fails here, before anything starts
+    VllmServer(cfg.vllm).check()  # so does a server that is not there, or not vLLM
+    work = tempfile.mkdtemp(prefix="hilo-rl-")
+    url = cfg.log or f"file://{work}/log"
+    run = f"rl-{int(time.time())}-{os.getpid()}"
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json else (lambda *a: print(*a, file=out, flush=True))
+    torch.manual_seed(cfg.seed)
+    model = build_model(seed=0)
+    producer = HiLoProducer(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw"))
+    policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
+    exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=cfg.sites, metrics=producer.metrics)
+    source = prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed,
+                     min_version=lambda: max(0, producer.version - cfg.staleness))
+    names = [f"site-{i + 1}" for i in range(cfg.sites)]
+    say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = {cfg.batch_prompts}, "
+        f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
+    procs = {n: _site(cfg, url, run, n, work) for n in names}
+    rows, t0, idle = [], time.monotonic(), 0.0
+    try:
+        ready = []
+        while producer.version < cfg.steps:
+            waited = time.monotonic()
+            while len(ready) < cfg.batch_prompts:
+                exchange.issue(source)
+                ready += exchange.poll(producer.version, timeout_s=0.2)
+                dead = [n for n, p in procs.items() if p.poll() is not None]
+                if len(dead) == len(procs):
+                    raise HiloError(f"hilo rl: every site exited (see {work}/site-*.log)")
+                if time.monotonic() - waited > STALL_S:
+                    raise HiloError(f"hilo rl: no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
+                                    f"logs are in {work}")
+            idle += time.monotonic() - waited
+            groups, ready = ready[:cfg.batch_prompts], ready[cfg.batch_prompts:]
+            loss, stats = grpo_loss(model, exchange, groups)
+            loss.backward()
+            producer.step(lr=cfg.lr)
+            lags = {r["site"]: r["lag"] for r in lag_rows(producer.log, run)}
+            stale = [s for g in groups for s in g.staleness]
+            row = {"step": producer.version, "reward": round(stats["reward"], 4), "staleness": round(sum(stale) / len(stale), 2),
+                   "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
+                   "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names},
+                   "t": round(time.monotonic() - t0, 2)}
+            rows.append(row)
+            say(f"step {row['step']:3d}  reward {row['reward']:.3f}  staleness {row['staleness']:.2f}  in flight "
+                f"{row['in_flight']}  lag " + " ".join(f"{n}={row['lag'][n]}" for n in names))
+        digests = {}
+        for n, p in procs.items():
+            stdout, _ = p.communicate(timeout=300)
+            m = re.search(r"digest ([0-9a-f]{32})", stdout or "")
+            digests[n] = m.group(1) if m and p.returncode == 0 else f"exit {p.returncode} (see {work}/{n}.log)"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=60)
+        producer.close()
+    mine = producer.replica.digest.hex()
+    ok = all(d == mine for d in digests.values())
+    wall = time.monotonic() - t0
+    summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2),
+               "trainer_idle_fraction": round(idle / wall, 3), "dropped": dict(exchange.book.dropped),
+               "trainer_digest": mine, "site_digests": digests, "ok": ok}
+    say(f"\n{'site':10s} {'digest':34s} match")
+    for n, d in digests.items():
+        say(f"{n:10s} {d[:32]:34s} {'yes' if d == mine else 'NO'}")
+    say(f"{'trainer':10s} {mine:34s}\nwall {wall:.1f} s, trainer idle {100 * idle / wall:.0f}%, dropped "
+        f"{dict(exchange.book.dropped) or 'none'}; {'OK' if ok else 'DIGESTS DIFFER'}")
+    if as_json:
+        print(json.dumps(summary), file=out)
+    return 0 if ok else 1
