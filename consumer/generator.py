@@ -20,7 +20,7 @@ from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
-from .vllm_serving import VllmDown
+from .vllm_serving import VllmDown, VllmError
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ class Generator:
     def step(self, timeout_s: float = 0.2) -> int:
         """Take one batch, answer it and settle it; the number of rollouts settled (0 when there was nothing to do)."""
         version = self.serving()
-        if version is None:
-            return 0
+        if version is None or (self.waiting_for is not None and version < self.waiting_for):
+            return 0  # nothing served yet, or the prompts ask for a version this site has not applied yet
         lease = self.queue.take(self.cfg.batch_prompts, timeout_s)
         if not lease.records:
             return 0
@@ -98,7 +98,12 @@ class Generator:
         out = []
         try:
             for i, p in enumerate(prompts):
-                out += self._answer(p, version)
+                try:
+                    out += self._answer(p, version)
+                except VllmError as e:
+                    if isinstance(e, VllmDown):
+                        raise
+                    self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")  # this prompt only (too long for the model, say): settled unanswered
                 if i == 0:
                     crashpoints.reach("generate.generating")
         except VllmDown as e:

@@ -69,8 +69,9 @@ TABLE = (
     _site("bootstrap_info", "gauge", "1 for the source this process bootstrapped from.", ("source",)),
     _site("stopped", "gauge", "1 once the site stopped on an error (a gap after a skip, a fork, a divergence)."),
     _site("rollouts_generated", "counter", "Rollouts this site generated and settled (its prompts answered with them)."),
-    _site("prompts_refused", "counter", "Prompts taken and not answered, by reason (malformed, other-run, lease_lost: "
-          "the prompts went to another site before this one settled).", ("reason",)),
+    _site("prompts_refused", "counter", "Prompts taken and not answered, by reason (malformed, other-run, "
+          "engine-refused: vLLM refused the request, lease_lost: the prompts went to another site before this one "
+          "settled).", ("reason",)),
     _trainer("published_version", "gauge", "Newest version the trainer published (committed on the log)."),
     _trainer("last_published_timestamp_seconds", "gauge", "Unix time of the newest publish."),
     _trainer("versions_published", "counter", "Versions published since the process started."),

@@ -13,7 +13,7 @@ from hilo.ops.digit_task import prompts, reward
 from hilo.producer.producer import HiLoProducer
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
-from hilo.schemas.rollouts import Sampling
+from hilo.schemas.rollouts import PromptRecord, Sampling
 from tests.conftest import new_run, producer_config
 from tests.consumer.test_vllm import TOL, tiny_model
 from tests.helpers import hilo, wait_until
@@ -168,3 +168,27 @@ def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(v
     assert max(in_flight) <= policy.max_in_flight and min(in_flight) >= 0
     assert all(max(g.staleness) <= policy.max_staleness for g in trained)
     assert dict(exchange.book.dropped).keys() == {"stale"}
+
+
+def test_a_prompt_vllm_refuses_is_counted_and_the_site_keeps_answering(vllm, tmp_path):
+    vllm_url, _ = vllm
+    url, run, _, producer, _ = _trainer_at_v1(tmp_path, "refused", seed=2)
+    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
+    sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
+    too_long = PromptRecord(run, "long", tuple([1] * 40), sampling, 1)  # the server's context is 32 tokens
+    assert exchange.issue(iter([too_long])) == 1
+    site = hilo("consume", "--log", url, "--run", run, "--site", "r", "--state-dir", str(tmp_path / "r"), "--vllm", vllm_url,
+                "--lora-name", "refused-r", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                "--generate-batch", "1", "--no-progress")
+    try:
+        exchange.source = prompts(run, sampling, min_version=lambda: producer.version)
+        [group] = _groups(exchange, producer, 1)   # the site answers the next prompt after refusing the long one
+        assert group.prompt.prompt_id == "p-0" and site.poll() is None
+    finally:
+        site.send_signal(signal.SIGTERM)
+        out, err = site.communicate(timeout=120)
+        producer.close()
+    assert site.returncode == 0
+    refusals = [line for line in err.splitlines() if "refused a prompt (engine-refused)" in line]
+    assert len(refusals) == 1 and "prompt long: vLLM at" in refusals[0], refusals
+    assert "long" in exchange.book.in_flight  # never answered: the trainer still holds it (no rollout came back)
