@@ -11,6 +11,7 @@ staleness, prompts in flight, each site's lag) and ends with a table and every s
 trainer's; exit 0 only if they are equal.
 """
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from hilo.ops.tiny_trainer import build_model
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
+from hilo.producer.rollout_ledger import RolloutLedger
 from hilo.replica.codecs import Budget
 from hilo.schemas.errors import ConfigError, HiloError
 from hilo.schemas.rollouts import Sampling
@@ -45,7 +47,11 @@ class RLConfig:
 
     vllm: base URL of the vLLM server the sites generate with (serving the tiny base, ops/vllm/start.sh).
     log: the log URL. Default: a file:// log in a temp folder
-    sites: how many generating sites. Default: 2
+    run: the run id; with state_dir, the run to resume. Default: a new one (rl-TIME-PID)
+    state_dir: the trainer's state (its snapshot and the rollout ledger, producer/rollout_ledger.py): a restarted
+        `hilo rl` with the same run and state dir continues where the log says it was, training on no group twice
+        and losing no prompt in flight. Default: None
+    sites: how many generating sites this command starts (0: sites started elsewhere answer). Default: 2
     staleness: S, how many versions a sample's policy may trail the trainer's (0: synchronous). Default: 2
     steps: optimizer steps (versions published). Default: 20
     batch_prompts: B, complete groups per step. Default: 4
@@ -59,6 +65,8 @@ class RLConfig:
 
     vllm: str
     log: str | None = None
+    run: str | None = None
+    state_dir: str | None = None
     sites: int = 2
     staleness: int = 2
     steps: int = 20
@@ -71,7 +79,7 @@ class RLConfig:
     reward: str = REWARD
 
     def __post_init__(self):
-        for name, lo in (("sites", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0)):
+        for name, lo in (("sites", 0), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if not isinstance(self.vllm, str) or not self.vllm.startswith(("http://", "https://")):
@@ -121,15 +129,20 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     VllmServer(cfg.vllm).check()  # so does a server that is not there, or not vLLM
     work = tempfile.mkdtemp(prefix="hilo-rl-")
     url = cfg.log or f"file://{work}/log"
-    run = f"rl-{int(time.time())}-{os.getpid()}"
+    run = cfg.run or f"rl-{int(time.time())}-{os.getpid()}"
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json else (lambda *a: print(*a, file=out, flush=True))
     torch.manual_seed(cfg.seed)
     model = build_model(seed=0)
-    producer = HiLoProducer(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw"))
+    producer = HiLoProducer(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
+                                                  state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
-    exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=cfg.sites, metrics=producer.metrics)
-    source = prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed,
-                     min_version=lambda: max(0, producer.version - cfg.staleness))
+    ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None
+    exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=max(1, cfg.sites), metrics=producer.metrics,
+                               ledger=ledger)
+    if ledger is not None:
+        exchange.restore(producer.version)
+    source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed,
+                                      min_version=lambda: max(0, producer.version - cfg.staleness)), exchange.issued, None)
     names = [f"site-{i + 1}" for i in range(cfg.sites)]
     say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = {cfg.batch_prompts}, "
         f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
@@ -143,13 +156,14 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 exchange.issue(source)
                 ready += exchange.poll(producer.version, timeout_s=0.2)
                 dead = [n for n, p in procs.items() if p.poll() is not None]
-                if len(dead) == len(procs):
-                    raise HiloError(f"hilo rl: every site exited (see {work}/site-*.log)")
+                if procs and len(dead) == len(procs):
+                    raise HiloError(f"every site exited (see {work}/site-*.log)")
                 if time.monotonic() - waited > STALL_S:
-                    raise HiloError(f"hilo rl: no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
+                    raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
                                     f"logs are in {work}")
             idle += time.monotonic() - waited
             groups, ready = ready[:cfg.batch_prompts], ready[cfg.batch_prompts:]
+            exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)
             loss, stats = grpo_loss(model, exchange, groups)
             loss.backward()
             producer.step(lr=cfg.lr)
@@ -176,7 +190,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     mine = producer.replica.digest.hex()
     ok = all(d == mine for d in digests.values())
     wall = time.monotonic() - t0
-    summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2),
+    summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2), "version": producer.version,
+               "restored": exchange.restored, "issued": exchange.issued, "in_flight": sorted(exchange.book.in_flight),
                "trainer_idle_fraction": round(idle / wall, 3), "dropped": dict(exchange.book.dropped),
                "trainer_digest": mine, "site_digests": digests, "ok": ok}
     say(f"\n{'site':10s} {'digest':34s} match")

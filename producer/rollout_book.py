@@ -84,6 +84,11 @@ class RolloutBook:
         self.received[prompt.prompt_id] = {}
         return prompt
 
+    def restore(self, prompt: PromptRecord) -> None:
+        """A prompt a previous trainer process issued, back in flight (admission control counts it, never refuses it)."""
+        self.in_flight[prompt.prompt_id] = prompt
+        self.received[prompt.prompt_id] = {}
+
     def offer(self, r: RolloutRecord, trainer_version: int) -> str | None:
         """Take one received rollout; returns None if accepted, else the reason it is dropped (and counted)."""
         reason = self._check(r, trainer_version)

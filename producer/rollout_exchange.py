@@ -21,7 +21,7 @@ from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, NonFinite
 from hilo.schemas.framing import split_trailer
-from hilo.schemas.rollouts import RolloutRecord, decode_rollout_record
+from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 from hilo.schemas.signing import SignatureError, Unsigned, Verifier
 
 from .importance import truncated_weights
@@ -45,8 +45,8 @@ class RolloutExchange:
     """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
 
     def __init__(self, log, run: str, policy, trusted_sites: dict | None = None, signer=None, rollouts_from: int = 0,
-                 prompt_partitions: int = 4, metrics=None, clock=time.monotonic):
-        self.log, self.run, self.signer, self.metrics, self.clock = log, run, signer, metrics, clock
+                 prompt_partitions: int = 4, metrics=None, ledger=None, clock=time.monotonic):
+        self.log, self.run, self.signer, self.metrics, self.ledger, self.clock = log, run, signer, metrics, ledger, clock
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
@@ -56,6 +56,57 @@ class RolloutExchange:
         self.issued = 0
         self.in_flight_peak = 0
         self._warned = {}                   # reason -> when it was last said
+        self._retired_recorded = set()      # prompt ids the ledger already lists as retired
+        self.restored = {}                  # what `restore` rebuilt: {"trained", "retired", "in_flight", "rollouts"}
+
+    def restore(self, trainer_version: int) -> dict:
+        """After a restart at `trainer_version`: every prompt issued before (all partitions of RUN.prompts) is trained,
+        retired (per the ledger, up to that version) or in flight again, and the rollouts already returned for those
+        in flight are offered again (RUN.rollouts from its start; those of settled prompts are passed over
+        silently). Returns what was rebuilt."""
+        trained, retired = self.ledger.settled(trainer_version) if self.ledger else (set(), set())
+        self.book.done |= trained
+        self.book.retired |= retired
+        self._retired_recorded |= retired
+        issued = 0
+        for part in range(self.partitions):
+            pos, end = 0, self.log.end_offset(self.prompts, part)
+            while pos < end:
+                batch = self.log.read(self.prompts, pos, timeout_s=5.0, partition=part)
+                for rec in batch:
+                    issued += 1
+                    try:
+                        p = decode_rollout_record(rec.value, f"{self.prompts}[{part}] offset {rec.offset}")
+                    except HiloError:
+                        continue
+                    if isinstance(p, PromptRecord) and p.run == self.run and p.prompt_id not in trained | retired:
+                        self.book.restore(p)
+                pos = batch.next_offset
+        self.issued = issued
+        replayed, end = 0, self.log.end_offset(self.rollouts)
+        while self.next_offset < end:
+            batch = self.log.read(self.rollouts, self.next_offset, timeout_s=5.0)
+            for rec in batch:
+                pid = rec.key.decode(errors="replace") if rec.key else ""
+                if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
+                    r = self._rollout(rec)
+                    if r is not None and r.prompt_id in self.book.in_flight:
+                        self.book.offer(r, trainer_version)
+                        replayed += 1
+            self.next_offset = batch.next_offset
+        self.restored = {"trained": len(trained), "retired": len(retired), "in_flight": len(self.book.in_flight),
+                         "rollouts": replayed}
+        logger.info("run %s: return path restored at v%d: %d prompts trained on, %d retired, %d in flight again with %d "
+                    "rollouts", self.run, trainer_version, *self.restored.values())
+        return self.restored
+
+    def record_step(self, version: int, groups) -> None:
+        """Before publishing `version`: write down the groups its step trains on (and the prompts retired since)."""
+        if self.ledger is None:
+            return
+        new = self.book.retired - self._retired_recorded
+        self.ledger.record(version, [g.prompt.prompt_id for g in groups], new)
+        self._retired_recorded |= new
 
     def issue(self, source) -> int:
         """Publish prompts from the iterator `source` while admission control has room; how many were issued."""

@@ -1,9 +1,14 @@
 """`hilo rl` end to end with a real vLLM server: a trainer and two generating sites, GRPO steps published, every site
 at the trainer's digest; bad options are one line."""
 import json
+import os
+import re
+import signal
+import subprocess
 
 import pytest
 
+from tests.conftest import new_run
 from tests.helpers import hilo
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -32,3 +37,37 @@ def test_bad_options_are_one_line(args, expect):
     p = hilo("rl", *(["--vllm", "http://127.0.0.1:1"] if args and args[0] != "--vllm" else []), *args)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1 and expect in err.strip().splitlines()[-1], err
+
+
+def test_a_trainer_killed_mid_publish_and_after_a_commit_trains_no_group_twice_and_loses_no_prompt(vllm, tmp_path):
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("rlkill"), 6
+    trainer = ["rl", "--vllm", url, "--log", log, "--run", run, "--state-dir", str(tmp_path / "trainer"), "--sites", "0",
+               "--steps", str(steps), "--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--json"]
+    sites = {n: hilo("consume", "--log", log, "--run", run, "--site", n, "--state-dir", str(tmp_path / n), "--vllm", url,
+                     "--lora-name", f"{run}-{n}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress",
+                     stderr=subprocess.DEVNULL) for n in ("a", "b")}
+    try:
+        for crash in ("trainer.in-transaction:3", "trainer.committed:2"):  # mid-publish of v3; after its second commit
+            p = hilo(*trainer, env=dict(os.environ, HILO_CRASH_AT=crash))
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == -signal.SIGKILL, err[-2000:]
+        p = hilo(*trainer)
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        res = json.loads(out)
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
+    finally:
+        for s in sites.values():
+            if s.poll() is None:
+                s.kill()
+    assert res["version"] == steps and res["restored"]["trained"] >= 2 and set(digests.values()) == {res["trainer_digest"]}
+    last = {}
+    for line in (tmp_path / "trainer" / "rollouts.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        last[e["v"]] = e                        # the ledger's rule: the last line of a version wins
+    trained = [pid for v in range(1, steps + 1) for pid in last[v]["trained"]]
+    retired = {pid for v in range(1, steps + 1) for pid in last[v]["retired"]}
+    assert len(trained) == len(set(trained)) == 2 * steps  # no group trained on twice
+    assert len(trained) + len(retired) + len(res["in_flight"]) == res["issued"]  # and no prompt lost

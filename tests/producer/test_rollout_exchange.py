@@ -9,6 +9,7 @@ from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.ops.digit_task import prompts
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange, site_keys
+from hilo.producer.rollout_ledger import RolloutLedger
 from hilo.replay.history import check_return_path
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.rollouts import RolloutRecord, Sampling
@@ -95,3 +96,33 @@ def test_the_return_path_history_names_a_lost_prompt_and_a_duplicated_sample(tmp
     log.append(rollouts_topic(run), [(b"p-1", _rollout(run, "p-1", 1).to_bytes(), {}), (b"p-9", _rollout(run, "p-9", 0).to_bytes(), {})])
     assert check_return_path(log, run).anomalies == ["prompt p-1: samples [0, 1, 1] of n = 2 (duplicated: [1])",
                                                       "rollouts for prompt p-9, which was never issued", "prompt p-2: no rollout (lost)"]
+
+
+def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_group_twice(tmp_path):
+    """The ledger line of version v is written before v is published: a restart at v - 1 (v never published) takes
+    v's groups again; a restart at v does not, and rebuilds what was in flight from the log."""
+    url, run = f"file://{tmp_path}/log", new_run("ledger")
+    log = open_log(url)
+    log.create_topics(run)
+    policy, ledger = RolloutPolicy(batch_prompts=2, max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
+    first = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)
+    assert first.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 4
+    answers = [("p-0", 0), ("p-0", 1), ("p-1", 0), ("p-1", 1), ("p-2", 0)]
+    log.append(rollouts_topic(run), [(p.encode(), _rollout(run, p, s).to_bytes(), {}) for p, s in answers])
+    groups = first.poll(trainer_version=0, timeout_s=0)
+    assert sorted(g.prompt.prompt_id for g in groups) == ["p-0", "p-1"]
+    first.record_step(1, groups)      # ... and the trainer dies before v1 is on the log
+    again = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)
+    assert again.restore(trainer_version=0) == {"trained": 0, "retired": 0, "in_flight": 4, "rollouts": 5}
+    assert sorted(g.prompt.prompt_id for g in again.poll(0, timeout_s=0)) == ["p-0", "p-1"] and again.issued == 4
+    later = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)  # v1 was published after all
+    assert later.restore(trainer_version=1) == {"trained": 2, "retired": 0, "in_flight": 2, "rollouts": 1}
+    log.append(rollouts_topic(run), [(b"p-0", _rollout(run, "p-0", 0).to_bytes(), {}), (b"p-2", _rollout(run, "p-2", 1).to_bytes(), {})])
+    assert [g.prompt.prompt_id for g in later.poll(1, timeout_s=0)] == ["p-2"]
+    assert dict(later.book.dropped) == {"duplicate": 1}   # p-0 was trained on at v1: never again
+    # a line for v1 written again later (a second crash-and-retry of v1) replaces the first
+    ledger.record(1, ["p-1"])
+    assert ledger.settled(1) == ({"p-1"}, set()) and ledger.settled(0) == (set(), set())
+    with open(ledger.path, "a") as f:
+        f.write('{"v": 2, "trai')  # torn by a crash mid-write
+    assert ledger.settled(5) == ({"p-1"}, set())
