@@ -5,7 +5,9 @@ State: DIR/RUN.prompts/leases.json, replaced atomically, {"answered": [prompt of
 append (one write, tagged `hilo-lease: ID`): if a site dies between that append and the state file's update, the
 next site to take the lock finds the tagged rollouts and marks the lease answered (roll forward), so the prompts
 are never answered twice. A lease whose time ran out is taken over by the next site that asks; the stalled site's
-settle then raises LeaseLost and appends nothing.
+settle then raises LeaseLost and appends nothing. A site that starts under a name drops the leases held under that
+name (its previous incarnation's, as Kafka's transactional id fences a site's zombie), so a restarted site does not
+wait out its own dead leases.
 """
 import contextlib
 import fcntl
@@ -31,6 +33,10 @@ class FilePromptQueue(PromptQueue):
         log.check_topic(self.prompts)
         log.check_topic(self.rollouts)
         self.path = log.root / self.prompts / "leases.json"
+        with self._state() as st:  # a site restarted under its name fences its dead incarnation: its leases are free now
+            mine = [lid for lid, lease in st["leases"].items() if lease["site"] == site]
+            for lid in mine:
+                del st["leases"][lid]
 
     @contextlib.contextmanager
     def _state(self):

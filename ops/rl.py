@@ -161,7 +161,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 if time.monotonic() - waited > STALL_S:
                     raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
                                     f"logs are in {work}")
-            idle += time.monotonic() - waited
+            wait_s = time.monotonic() - waited
+            idle += wait_s
             groups, ready = ready[:cfg.batch_prompts], ready[cfg.batch_prompts:]
             exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)
             loss, stats = grpo_loss(model, exchange, groups)
@@ -171,7 +172,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             stale = [s for g in groups for s in g.staleness]
             row = {"step": producer.version, "reward": round(stats["reward"], 4), "staleness": round(sum(stale) / len(stale), 2),
                    "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
-                   "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names},
+                   "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names}, "wait_s": round(wait_s, 3),
                    "t": round(time.monotonic() - t0, 2)}
             rows.append(row)
             say(f"step {row['step']:3d}  reward {row['reward']:.3f}  staleness {row['staleness']:.2f}  in flight "
@@ -192,12 +193,14 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     wall = time.monotonic() - t0
     summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2), "version": producer.version,
                "restored": exchange.restored, "issued": exchange.issued, "in_flight": sorted(exchange.book.in_flight),
-               "trainer_idle_fraction": round(idle / wall, 3), "dropped": dict(exchange.book.dropped),
+               "trainer_idle_fraction": round(idle / wall, 3), "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
+               "dropped": dict(exchange.book.dropped),
                "trainer_digest": mine, "site_digests": digests, "ok": ok}
     say(f"\n{'site':10s} {'digest':34s} match")
     for n, d in digests.items():
         say(f"{n:10s} {d[:32]:34s} {'yes' if d == mine else 'NO'}")
-    say(f"{'trainer':10s} {mine:34s}\nwall {wall:.1f} s, trainer idle {100 * idle / wall:.0f}%, dropped "
+    say(f"{'trainer':10s} {mine:34s}\nwall {wall:.1f} s, trainer idle {100 * idle / wall:.0f}% (longest wait for a batch "
+        f"{summary['longest_wait_s']:.1f} s), dropped "
         f"{dict(exchange.book.dropped) or 'none'}; {'OK' if ok else 'DIGESTS DIFFER'}")
     if as_json:
         print(json.dumps(summary), file=out)

@@ -93,3 +93,17 @@ def test_rollouts_appended_by_a_site_that_died_before_its_table_update_count_as_
     with pytest.raises(LeaseLost):
         q.settle(lease, _rollouts(lease, "a"))       # a second settle of the same lease appends nothing
     assert _answers(log, run) == {"p0": 1, "p1": 1}
+
+
+def test_a_site_restarted_under_its_name_frees_its_dead_incarnations_leases(tmp_path):
+    url, run = f"file://{tmp_path}/log", new_run("restart")
+    log = _setup(url, run, 2)
+    dead = log.prompt_queue(run, "a", 600.0)
+    lease = dead.take(2, timeout_s=0)
+    assert len(lease) == 2
+    other = log.prompt_queue(run, "b", 600.0)
+    assert not other.take(2, timeout_s=0).records           # held by a's lease for ten minutes ...
+    again = log.prompt_queue(run, "a", 600.0)                # ... until a starts again
+    assert [r.key for r in again.take(2, timeout_s=0).records] == [b"p0", b"p1"]
+    with pytest.raises(LeaseLost):                           # the old incarnation, if it was only stalled, settles nothing
+        dead.settle(lease, _rollouts(lease, "a"))

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.conftest import new_run
-from tests.helpers import hilo
+from tests.helpers import hilo, wait_for_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -71,3 +71,35 @@ def test_a_trainer_killed_mid_publish_and_after_a_commit_trains_no_group_twice_a
     retired = {pid for v in range(1, steps + 1) for pid in last[v]["retired"]}
     assert len(trained) == len(set(trained)) == 2 * steps  # no group trained on twice
     assert len(trained) + len(retired) + len(res["in_flight"]) == res["issued"]  # and no prompt lost
+
+
+def test_a_site_killed_mid_run_and_restarted_the_run_goes_on(vllm, tmp_path):
+    """SIGKILL one of two generating sites at step 2 and start it again: its prompts are answered (by the other site,
+    or by it once it is back: it frees its dead incarnation's leases), every site ends at the trainer's digest, and
+    the trainer reports its longest wait."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("rlsite"), 5
+
+    def site(n):
+        return hilo("consume", "--log", log, "--run", run, "--site", n, "--state-dir", str(tmp_path / n), "--vllm", url,
+                    "--lora-name", f"{run}-{n}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                    "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress",
+                    stderr=subprocess.DEVNULL)
+    sites = {n: site(n) for n in ("a", "b")}
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--batch-prompts", "2",
+                   "--samples", "2", "--staleness", "1", "--json")
+    try:
+        wait_for_line(trainer, r"^step +2 ", timeout_s=300)
+        sites["a"].kill()
+        assert sites["a"].wait(timeout=60) == -signal.SIGKILL
+        sites["a"] = site("a")
+        out, err = trainer.communicate(timeout=600)
+        assert trainer.returncode == 0, err[-3000:]
+        res = json.loads(out)
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
+    finally:
+        for s in [*sites.values(), trainer]:
+            if s.poll() is None:
+                s.kill()
+    assert res["version"] == steps and set(digests.values()) == {res["trainer_digest"]}
+    assert res["longest_wait_s"] == max(r["wait_s"] for r in res["steps"]) > 0
