@@ -14,9 +14,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from hilo.log import crashpoints
+from hilo.log import crashpoints, retry
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError
+from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError, NoSuchTopic
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
@@ -65,11 +65,23 @@ class GenerateConfig:
 
 
 class Generator:
-    """Answers the run's prompts through `server` (a VllmServer) for `site`; `serving()` is the version it serves."""
+    """Answers the run's prompts through `server` (a VllmServer) for `site`; `serving()` is the version it serves.
 
-    def __init__(self, cfg: GenerateConfig, queue, server, run: str, site: str, serving, verifier=None, signer=None,
-                 metrics=None):
-        self.cfg, self.queue, self.server, self.run, self.site = cfg, queue, server, run, site
+    open_queue: () -> the site's PromptQueue. serving_ok: () -> False while the site's vLLM refuses or does not
+    answer version loads. A site whose vLLM stops answering (a request fails, or a load does) says so once, gives
+    its prompts back and leaves the queue (on Kafka its partitions go to the other sites); it checks the server
+    again with a backoff (2 s doubling to 60 s) and takes prompts again once it answers.
+    """
+
+    def __init__(self, cfg: GenerateConfig, open_queue, server, run: str, site: str, serving, verifier=None, signer=None,
+                 metrics=None, serving_ok=lambda: True, clock=time.monotonic):
+        self.cfg, self.open_queue, self.server, self.run, self.site = cfg, open_queue, server, run, site
+        self.serving_ok = serving_ok
+        self.queue = None       # opened once the trainer has made the return path's topics
+        self.clock, self.retry = clock, retry.Backoff(2.0, 60.0)
+        self.retry_at = 0.0     # when to try opening the queue (again)
+        self.paused = False     # left the queue because vLLM stopped answering
+        self._said_waiting = False
         self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics
         self.reward = load_reward(cfg.reward)
         self.reward_name = cfg.reward
@@ -80,8 +92,15 @@ class Generator:
     def step(self, timeout_s: float = 0.2) -> int:
         """Take one batch, answer it and settle it; the number of rollouts settled (0 when there was nothing to do)."""
         version = self.serving()
-        if version is None or (self.waiting_for is not None and version < self.waiting_for):
-            return 0  # nothing served yet, or the prompts ask for a version this site has not applied yet
+        if version is None:
+            return 0  # nothing served yet
+        if not self.serving_ok():
+            self._pause("vLLM does not take the newest version")
+            return 0
+        if not self._ensure_queue():
+            return 0
+        if self.waiting_for is not None and version < self.waiting_for:
+            return 0  # the prompts ask for a version this site has not applied yet
         lease = self.queue.take(self.cfg.batch_prompts, timeout_s)
         if not lease.records:
             return 0
@@ -107,8 +126,8 @@ class Generator:
                 if i == 0:
                     crashpoints.reach("generate.generating")
         except VllmDown as e:
-            logger.warning("site %s: vLLM cannot generate (%s); %d prompts given back", self.site, e, len(lease))
             self.queue.release(lease)
+            self._pause(f"vLLM cannot generate ({e}); {len(lease)} prompts given back")
             return 0
         try:
             self.queue.settle(lease, out)
@@ -125,6 +144,41 @@ class Generator:
         if self.metrics is not None:
             self.metrics.inc("rollouts_generated", len(out))
         return len(out)
+
+    def _pause(self, why: str) -> None:
+        """Leave the queue (Kafka: the group, so the other sites get this site's partitions), saying so once."""
+        if self.queue is None:
+            return
+        logger.warning("site %s: %s; this site takes no prompts until its vLLM answers again", self.site, why)
+        self.queue.close()
+        self.queue, self.paused, self.retry_at = None, True, self.clock() + self.retry.next()
+
+    def _ensure_queue(self) -> bool:
+        """Whether the queue is open, opening it when it is time: once the trainer made the return path's topics, and
+        after a pause once the server answers again (checked with a backoff)."""
+        if self.queue is not None:
+            return True
+        if self.clock() < self.retry_at:
+            return False
+        if self.paused:
+            try:
+                self.server.check()
+            except VllmDown:
+                self.retry_at = self.clock() + self.retry.next()
+                return False
+        try:
+            self.queue = self.open_queue()
+        except NoSuchTopic as e:
+            if not self._said_waiting:
+                logger.info("site %s: waiting for the trainer to make the return path's topics (%s)", self.site, e)
+                self._said_waiting = True
+            self.retry_at = self.clock() + 1.0
+            return False
+        if self.paused:
+            logger.info("site %s: vLLM answers again; taking prompts", self.site)
+            self.paused = False
+            self.retry.reset()
+        return True
 
     def _prompt(self, rec) -> PromptRecord | None:
         """The prompt record, or None (counted, warned) when it cannot be the trainer's prompt of this run."""

@@ -41,6 +41,11 @@ class ServingState:
         """A failed load's backoff has passed and the server still lacks the newest export."""
         return self.serving != self.exported and now >= self.retry_at
 
+    @property
+    def failing(self) -> bool:
+        """The newest load failed and none has succeeded since (the server is down or refuses)."""
+        return self.backoff.failures > 0
+
     def on_loaded(self) -> None:
         """The server took the newest export."""
         self.serving = self.exported

@@ -253,10 +253,10 @@ class Site:
         from .generator import Generator
         if self.server is None:
             raise ConfigError(f"site {self.cfg.site}: generating needs a vLLM server (--vllm URL)")
-        queue = self.log.prompt_queue(self.cfg.run, self.cfg.site, cfg.lease_s)
-        self.generator = Generator(cfg, queue, self.server, self.cfg.run, self.cfg.site,
+        self.generator = Generator(cfg, lambda: self.log.prompt_queue(self.cfg.run, self.cfg.site, cfg.lease_s), self.server, self.cfg.run, self.cfg.site,
                                    lambda: self.state.serving[0] if self.state.serving else None, self.verifier,
-                                   Signer.load(cfg.signing_key) if cfg.signing_key else None, self.metrics)
+                                   Signer.load(cfg.signing_key) if cfg.signing_key else None, self.metrics,
+                                   serving_ok=lambda: not self.state.failing)
         logger.info("site %s: generating for run %s (reward %s, %d prompts at a time)", self.cfg.site, self.cfg.run,
                     cfg.reward, cfg.batch_prompts)
 
@@ -439,7 +439,7 @@ class Site:
             self.commit()
             self.committer.close()  # the final position gets a bounded time to land
             self.committer = None
-            if self.generator is not None:
+            if self.generator is not None and self.generator.queue is not None:
                 self.generator.queue.close()
         return f.replica.version
 

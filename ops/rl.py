@@ -52,6 +52,7 @@ class RLConfig:
         `hilo rl` with the same run and state dir continues where the log says it was, training on no group twice
         and losing no prompt in flight. Default: None
     sites: how many generating sites this command starts (0: sites started elsewhere answer). Default: 2
+    prompt_partitions: partitions of RUN.prompts on Kafka (at most this many sites share the prompts). Default: 4
     staleness: S, how many versions a sample's policy may trail the trainer's (0: synchronous). Default: 2
     steps: optimizer steps (versions published). Default: 20
     batch_prompts: B, complete groups per step. Default: 4
@@ -68,6 +69,7 @@ class RLConfig:
     run: str | None = None
     state_dir: str | None = None
     sites: int = 2
+    prompt_partitions: int = 4
     staleness: int = 2
     steps: int = 20
     batch_prompts: int = 4
@@ -79,7 +81,7 @@ class RLConfig:
     reward: str = REWARD
 
     def __post_init__(self):
-        for name, lo in (("sites", 0), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0)):
+        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if not isinstance(self.vllm, str) or not self.vllm.startswith(("http://", "https://")):
@@ -137,7 +139,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                                                   state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
     ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None
-    exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=max(1, cfg.sites), metrics=producer.metrics,
+    exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=max(cfg.prompt_partitions, cfg.sites), metrics=producer.metrics,
                                ledger=ledger)
     if ledger is not None:
         exchange.restore(producer.version)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import new_run
+from tests.conftest import KAFKA_URL, new_run
 from tests.helpers import hilo, wait_for_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -103,3 +103,77 @@ def test_a_site_killed_mid_run_and_restarted_the_run_goes_on(vllm, tmp_path):
                 s.kill()
     assert res["version"] == steps and set(digests.values()) == {res["trainer_digest"]}
     assert res["longest_wait_s"] == max(r["wait_s"] for r in res["steps"]) > 0
+
+
+class Gateway:
+    """A TCP forwarder in front of the vLLM server that a test can take away: to a site behind it, its vLLM is gone."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import socketserver
+        import threading
+        host, port = upstream.rsplit("//", 1)[1].split(":")
+        conns = self.conns = []
+
+        class Pipe(socketserver.BaseRequestHandler):
+            def handle(self):
+                up = socket.create_connection((host, int(port)))
+                conns.extend([self.request, up])
+
+                def pump(a, b):
+                    try:
+                        while data := a.recv(65536):
+                            b.sendall(data)
+                    except OSError:
+                        pass
+                    for s in (a, b):
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                t = threading.Thread(target=pump, args=(up, self.request), daemon=True)
+                t.start()
+                pump(self.request, up)
+                t.join()
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Pipe)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        """Refuse new connections and cut the open ones."""
+        self.server.shutdown()
+        self.server.server_close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+@pytest.mark.kafka
+def test_a_sites_vllm_gone_mid_run_the_site_says_so_once_and_the_other_site_carries_the_run(vllm, tmp_path):
+    url, _ = vllm
+    run, steps, gateway = new_run("rlvllm"), 5, Gateway(url)
+    logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("a", "b")}
+    sites = {n: hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", n, "--state-dir", str(tmp_path / n), "--vllm", vllm_url,
+                     "--lora-name", f"{run}-{n}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress",
+                     stderr=logs[n])
+             for n, vllm_url in (("a", gateway.url), ("b", url))}
+    trainer = hilo("rl", "--vllm", url, "--log", KAFKA_URL, "--run", run, "--sites", "0", "--prompt-partitions", "2", "--steps",
+                   str(steps), "--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--json")
+    try:
+        wait_for_line(trainer, r"^step +2 ", timeout_s=300)
+        gateway.close()
+        out, err = trainer.communicate(timeout=600)
+        assert trainer.returncode == 0, err[-3000:]
+        res = json.loads(out)
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
+    finally:
+        for s in [*sites.values(), trainer]:
+            if s.poll() is None:
+                s.kill()
+    assert res["version"] == steps and set(digests.values()) == {res["trainer_digest"]}  # a kept applying every version
+    said = [line for line in (tmp_path / "a.log").read_text().splitlines() if "takes no prompts until its vLLM answers again" in line]
+    assert len(said) == 1, said
