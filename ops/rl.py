@@ -149,9 +149,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = {cfg.batch_prompts}, "
         f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
     procs = {n: _site(cfg, url, run, n, work) for n in names}
-    rows, t0, idle = [], time.monotonic(), 0.0
+    rows, t0, idle, ready = [], time.monotonic(), 0.0, []
     try:
-        ready = []
         while producer.version < cfg.steps:
             waited = time.monotonic()
             while len(ready) < cfg.batch_prompts:
@@ -195,6 +194,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     wall = time.monotonic() - t0
     summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2), "version": producer.version,
                "restored": exchange.restored, "issued": exchange.issued, "in_flight": sorted(exchange.book.in_flight),
+               "complete_unused": sorted(g.prompt.prompt_id for g in ready),  # complete after the last step needed them
                "trainer_idle_fraction": round(idle / wall, 3), "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
                "dropped": dict(exchange.book.dropped),
                "trainer_digest": mine, "site_digests": digests, "ok": ok}

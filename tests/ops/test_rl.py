@@ -70,7 +70,7 @@ def test_a_trainer_killed_mid_publish_and_after_a_commit_trains_no_group_twice_a
     trained = [pid for v in range(1, steps + 1) for pid in last[v]["trained"]]
     retired = {pid for v in range(1, steps + 1) for pid in last[v]["retired"]}
     assert len(trained) == len(set(trained)) == 2 * steps  # no group trained on twice
-    assert len(trained) + len(retired) + len(res["in_flight"]) == res["issued"]  # and no prompt lost
+    assert len(trained) + len(retired) + len(res["in_flight"]) + len(res["complete_unused"]) == res["issued"]  # no prompt lost
 
 
 def test_a_site_killed_mid_run_and_restarted_the_run_goes_on(vllm, tmp_path):
