@@ -25,13 +25,13 @@ class FlakyLog:
         if self.down and topic.endswith(".updates"):
             raise LogError("simulated outage: connection refused")
 
-    def append(self, topic, records):
+    def append(self, topic, records, partition=0):
         self._check(topic)
         if self.stored_then_down and topic.endswith(".updates"):
-            self.log.append(topic, records)
+            self.log.append(topic, records, partition)
             self.stored_then_down, self.down = False, True
             raise LogError("simulated outage: ack lost")
-        return self.log.append(topic, records)
+        return self.log.append(topic, records, partition)
 
     def transaction(self):
         return Transaction(self)  # appends go through this wrapper's append
@@ -40,9 +40,9 @@ class FlakyLog:
         self._check(topic)
         return self.log.read(topic, *a, **kw)
 
-    def end_offset(self, topic):
+    def end_offset(self, topic, partition=0):
         self._check(topic)
-        return self.log.end_offset(topic)
+        return self.log.end_offset(topic, partition)
 
     def begin_offset(self, topic):
         self._check(topic)
@@ -125,7 +125,7 @@ def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
     producer = HiLoProducer(small_model(), producer_config(run="r", log=url), log_backend=log)
     publish_random(producer, 2)
     digest, residual = producer.replica.digest, [e.clone() for e in producer.builder.encoder.residual]
-    log.append = lambda topic, records: (_ for _ in ()).throw(LogError("simulated: broker refused"))
+    log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated: broker refused"))
     with pytest.raises(LogError, match="broker refused"):
         publish_random(producer, 1, seed=9)
     assert (producer.version, producer.replica.digest, producer.in_doubt) == (2, digest, None)
