@@ -1,4 +1,5 @@
 """Helpers the tests share: waiting on another thread or process, starting `hilo` processes, opening a site."""
+import contextlib
 import re
 import subprocess
 import sys
@@ -37,3 +38,17 @@ def open_site(url, run, tmp_path, name="s", **kw):
     from hilo.consumer.site import Site, SiteConfig
     kw.setdefault("wait_checkpoint_s", 5)
     return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
+
+
+@contextlib.contextmanager
+def reaped(*groups):
+    """Kill every process in `groups` (processes, or dicts of them, read when the block ends) still running then: a
+    failed test leaves nothing running to slow the tests after it."""
+    try:
+        yield
+    finally:
+        for g in groups:
+            for p in (g.values() if isinstance(g, dict) else [g]):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()

@@ -21,7 +21,7 @@ from hilo.replay.history import check_return_path
 from hilo.schemas.rollouts import Sampling
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random
 from tests.consumer.test_vllm import tiny_model
-from tests.helpers import wait_until
+from tests.helpers import reaped, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]
 N, PROMPTS = 2, 24
@@ -53,29 +53,29 @@ def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rol
         groups.extend(exchange.poll(producer.version, timeout_s=0.2))
         assert time.monotonic() < deadline, f"{len(groups)} of {PROMPTS} groups after 600 s"
 
-    killed = {}
-    for point in (*GENERATE_POINTS, "random"):
-        victim, _ = _site(run, "a", tmp_path, vllm_url, crash=None if point == "random" else f"{point}:1")
-        if point == "random":
-            until = time.monotonic() + rng.uniform(8.0, 14.0)  # a random instant of its work (fault injection)
-            while time.monotonic() < until and victim.poll() is None:
+    killed, running = {}, {}
+    with reaped(running):
+        for point in (*GENERATE_POINTS, "random"):
+            victim = running["a"] = _site(run, "a", tmp_path, vllm_url, crash=None if point == "random" else f"{point}:1")[0]
+            if point == "random":
+                until = time.monotonic() + rng.uniform(8.0, 14.0)  # a random instant of its work (fault injection)
+                while time.monotonic() < until and victim.poll() is None:
+                    pump()
+                victim.send_signal(signal.SIGKILL)
+            while victim.poll() is None:
                 pump()
-            victim.send_signal(signal.SIGKILL)
-        while victim.poll() is None:
-            pump()
-        killed[point] = victim.wait()
-        if point == GENERATE_POINTS[1]:
-            joined, _ = _site(run, "b", tmp_path, vllm_url)  # a second site joins mid-run ...
-        if point == GENERATE_POINTS[3]:
-            joined.send_signal(signal.SIGTERM)             # ... and leaves
-            assert joined.wait(timeout=120) == 0
-    assert all(code == -signal.SIGKILL for code in killed.values()), killed
-    last, last_log = _site(run, "a", tmp_path, vllm_url)
-    wait_until(lambda: "generating for run" in last_log.read_text() or last.poll() is not None, 120, "the last site starts")
-    try:
+            killed[point] = victim.wait()
+            if point == GENERATE_POINTS[1]:
+                running["b"] = _site(run, "b", tmp_path, vllm_url)[0]  # a second site joins mid-run ...
+            if point == GENERATE_POINTS[3]:
+                running["b"].send_signal(signal.SIGTERM)               # ... and leaves
+                assert running["b"].wait(timeout=120) == 0
+        assert all(code == -signal.SIGKILL for code in killed.values()), killed
+        last, last_log = _site(run, "a", tmp_path, vllm_url)
+        running["a"] = last
+        wait_until(lambda: "generating for run" in last_log.read_text() or last.poll() is not None, 120, "the last site starts")
         while len(groups) < PROMPTS:
             pump()
-    finally:
         last.send_signal(signal.SIGTERM)
         assert last.wait(timeout=120) == 0
     assert sorted(g.prompt.prompt_id for g in groups) == sorted(f"p-{i}" for i in range(PROMPTS))

@@ -9,9 +9,23 @@ import subprocess
 import pytest
 
 from tests.conftest import KAFKA_URL, new_run
-from tests.helpers import hilo, wait_for_line
+from tests.helpers import hilo, reaped, wait_for_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _site(log, run, name, tmp_path, vllm_url, steps, stderr=subprocess.DEVNULL):
+    """A generating site of `run` (its own adapter name on the server at `vllm_url`) that exits at v`steps`."""
+    return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm", vllm_url,
+                "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", stderr=stderr)
+
+
+def _finish(trainer, sites) -> tuple:
+    """(the trainer's JSON summary, {site: final digest}) once all have exited 0."""
+    out, err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, err[-3000:]
+    return json.loads(out), {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
 
 
 def test_an_rl_run_across_two_sites_ends_with_every_site_at_the_trainers_digest(vllm):
@@ -44,24 +58,15 @@ def test_a_trainer_killed_mid_publish_and_after_a_commit_trains_no_group_twice_a
     log, run, steps = f"file://{tmp_path}/log", new_run("rlkill"), 6
     trainer = ["rl", "--vllm", url, "--log", log, "--run", run, "--state-dir", str(tmp_path / "trainer"), "--sites", "0",
                "--steps", str(steps), "--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--json"]
-    sites = {n: hilo("consume", "--log", log, "--run", run, "--site", n, "--state-dir", str(tmp_path / n), "--vllm", url,
-                     "--lora-name", f"{run}-{n}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
-                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress",
-                     stderr=subprocess.DEVNULL) for n in ("a", "b")}
-    try:
+    sites = {n: _site(log, run, n, tmp_path, url, steps) for n in ("a", "b")}
+    with reaped(sites):
         for crash in ("trainer.in-transaction:3", "trainer.committed:2"):  # mid-publish of v3; after its second commit
             p = hilo(*trainer, env=dict(os.environ, HILO_CRASH_AT=crash))
             _, err = p.communicate(timeout=600)
             assert p.returncode == -signal.SIGKILL, err[-2000:]
         p = hilo(*trainer)
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
-        res = json.loads(out)
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
-    finally:
-        for s in sites.values():
-            if s.poll() is None:
-                s.kill()
+        with reaped(p):
+            res, digests = _finish(p, sites)
     assert res["version"] == steps and res["restored"]["trained"] >= 2 and set(digests.values()) == {res["trainer_digest"]}
     last = {}
     for line in (tmp_path / "trainer" / "rollouts.jsonl").read_text().splitlines():
@@ -79,28 +84,15 @@ def test_a_site_killed_mid_run_and_restarted_the_run_goes_on(vllm, tmp_path):
     the trainer reports its longest wait."""
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run("rlsite"), 5
-
-    def site(n):
-        return hilo("consume", "--log", log, "--run", run, "--site", n, "--state-dir", str(tmp_path / n), "--vllm", url,
-                    "--lora-name", f"{run}-{n}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
-                    "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress",
-                    stderr=subprocess.DEVNULL)
-    sites = {n: site(n) for n in ("a", "b")}
+    sites = {n: _site(log, run, n, tmp_path, url, steps) for n in ("a", "b")}
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--batch-prompts", "2",
                    "--samples", "2", "--staleness", "1", "--json")
-    try:
+    with reaped(trainer, sites):
         wait_for_line(trainer, r"^step +2 ", timeout_s=300)
         sites["a"].kill()
         assert sites["a"].wait(timeout=60) == -signal.SIGKILL
-        sites["a"] = site("a")
-        out, err = trainer.communicate(timeout=600)
-        assert trainer.returncode == 0, err[-3000:]
-        res = json.loads(out)
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
-    finally:
-        for s in [*sites.values(), trainer]:
-            if s.poll() is None:
-                s.kill()
+        sites["a"] = _site(log, run, "a", tmp_path, url, steps)
+        res, digests = _finish(trainer, sites)
     assert res["version"] == steps and set(digests.values()) == {res["trainer_digest"]}
     assert res["longest_wait_s"] == max(r["wait_s"] for r in res["steps"]) > 0
 
@@ -156,24 +148,13 @@ def test_a_sites_vllm_gone_mid_run_the_site_says_so_once_and_the_other_site_carr
     url, _ = vllm
     run, steps, gateway = new_run("rlvllm"), 5, Gateway(url)
     logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("a", "b")}
-    sites = {n: hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", n, "--state-dir", str(tmp_path / n), "--vllm", vllm_url,
-                     "--lora-name", f"{run}-{n}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
-                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress",
-                     stderr=logs[n])
-             for n, vllm_url in (("a", gateway.url), ("b", url))}
+    sites = {n: _site(KAFKA_URL, run, n, tmp_path, vllm_url, steps, stderr=logs[n]) for n, vllm_url in (("a", gateway.url), ("b", url))}
     trainer = hilo("rl", "--vllm", url, "--log", KAFKA_URL, "--run", run, "--sites", "0", "--prompt-partitions", "2", "--steps",
                    str(steps), "--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--json")
-    try:
+    with reaped(trainer, sites):
         wait_for_line(trainer, r"^step +2 ", timeout_s=300)
         gateway.close()
-        out, err = trainer.communicate(timeout=600)
-        assert trainer.returncode == 0, err[-3000:]
-        res = json.loads(out)
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n, s in sites.items()}
-    finally:
-        for s in [*sites.values(), trainer]:
-            if s.poll() is None:
-                s.kill()
+        res, digests = _finish(trainer, sites)
     assert res["version"] == steps and set(digests.values()) == {res["trainer_digest"]}  # a kept applying every version
     said = [line for line in (tmp_path / "a.log").read_text().splitlines() if "takes no prompts until its vLLM answers again" in line]
     assert len(said) == 1, said
