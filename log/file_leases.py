@@ -43,9 +43,12 @@ class FilePromptQueue(PromptQueue):
         """The lease table under the prompts topic's lock, reconciled with the rollouts topic; saved on a clean exit."""
         with open(self.log.root / self.prompts / "records", "r+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            st = json.loads(self.path.read_text()) if self.path.exists() else {"answered": [], "leases": {}, "scanned": 0}
+            text = self.path.read_text() if self.path.exists() else '{"answered": [], "leases": {}, "scanned": 0}'
+            st = json.loads(text)
             self._reconcile(st)
             yield st
+            if json.dumps(st) == json.dumps(json.loads(text)):
+                return  # unchanged (an idle site polling): no write, no fsync
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
             with open(tmp, "w") as f:
                 json.dump(st, f)
