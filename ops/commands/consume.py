@@ -23,13 +23,14 @@ def run(a):
     from hilo.schemas.errors import ConfigError, HiloError
     from hilo.schemas.metrics import Metrics
     cfg = config_from_args(SiteConfig, a)
+    if a.generate and (cfg.vllm is None or a.reward is None):  # said before anything is opened or bootstrapped
+        raise ConfigError("--generate needs --vllm URL (the server that answers) and --reward MODULE:FUNCTION (the digit "
+                          "task's: hilo.ops.digit_task:reward)")
     metrics = Metrics("site", run=cfg.run, site=cfg.site)
     server = metrics_server(a, metrics.registry)  # bound before anything is applied: a port in use fails here
     site = Site.open(cfg, metrics=metrics)
     if a.generate:
         from hilo.consumer.generator import GenerateConfig
-        if a.reward is None:
-            raise ConfigError("--generate needs --reward MODULE:FUNCTION (the digit task's: hilo.ops.digit_task:reward)")
         site.generate(config_from_args(GenerateConfig, a))
     site.install_signal_handlers()
     if server:

@@ -192,3 +192,14 @@ def test_a_prompt_vllm_refuses_is_counted_and_the_site_keeps_answering(vllm, tmp
     refusals = [line for line in err.splitlines() if "refused a prompt (engine-refused)" in line]
     assert len(refusals) == 1 and "prompt long: vLLM at" in refusals[0], refusals
     assert "long" in exchange.book.in_flight  # never answered: the trainer still holds it (no rollout came back)
+
+
+@pytest.mark.parametrize("args", [["--reward", "hilo.ops.digit_task:reward"], ["--vllm", "http://127.0.0.1:1"]])
+def test_generate_without_a_server_or_a_reward_is_one_line_before_anything_is_written(tmp_path, args):
+    p = hilo("consume", "--log", f"file://{tmp_path}/log", "--run", "r", "--site", "s", "--state-dir", str(tmp_path / "s"),
+             "--generate", *args)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and err.strip().splitlines()[-1] == (
+        "hilo consume: error: --generate needs --vllm URL (the server that answers) and --reward MODULE:FUNCTION (the "
+        "digit task's: hilo.ops.digit_task:reward)")
+    assert not (tmp_path / "s").exists() and not (tmp_path / "log").exists()
