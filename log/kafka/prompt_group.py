@@ -10,6 +10,7 @@ batch (its rollouts and the group's offsets) in one transaction (consume-transfo
 - Reads are read_committed: a prompt the trainer's aborted transaction wrote is never answered.
 """
 import logging
+import time
 
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
@@ -18,7 +19,7 @@ from hilo.log import crashpoints
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.prompt_queue import Lease, PromptQueue, generate_group
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import FencedError, LeaseLost
+from hilo.schemas.errors import FencedError, LeaseLost, LogError
 
 from .deadline import call_within
 from .errors import failure, is_fenced, unwrap
@@ -27,6 +28,7 @@ from .writer import ABORT_TIMEOUT_S, ATTEMPT_TIMEOUT_S
 logger = logging.getLogger(__name__)
 SESSION_TIMEOUT_MS = 10_000   # a site silent this long (dead, SIGSTOPped) loses its partitions to the others
 MAX_POLL_INTERVAL_MS = 300_000  # the longest one batch's generation may take before the group moves its prompts
+STUCK_S = 30.0  # no prompt for this long while the backlog does not move: the member is stuck (see _watch)
 
 
 class KafkaPromptQueue(PromptQueue):
@@ -37,12 +39,19 @@ class KafkaPromptQueue(PromptQueue):
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
         log.check_topic(self.rollouts)
         self.group = generate_group(run)
+        self.consumer = None
+        self._join()
+        self._producer = None
+        self.idle_since, self.idle_backlog = time.monotonic(), None  # the stuck-member watchdog (take)
+
+    def _join(self):
+        """A fresh member of the group (a new consumer), subscribed to RUN.prompts."""
+        log, site = self.log, self.site
         self.consumer = log.connector.connect(
             KafkaConsumer, group_id=self.group, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=SESSION_TIMEOUT_MS // 4,
             max_poll_interval_ms=MAX_POLL_INTERVAL_MS, client_id=f"hilo-generate-{site}", max_partition_fetch_bytes=4 << 20)
         self.consumer.subscribe([self.prompts])
-        self._producer = None
 
     @property
     def producer(self) -> KafkaProducer:
@@ -63,6 +72,10 @@ class KafkaPromptQueue(PromptQueue):
         """One poll of the group's partitions assigned to this site."""
         self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
         got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
+        if not any(got.values()):
+            self._watch()
+        else:
+            self.idle_since, self.idle_backlog = time.monotonic(), None
         records, nxt = [], {}
         for tp, recs in got.items():
             for r in recs:
@@ -70,6 +83,33 @@ class KafkaPromptQueue(PromptQueue):
                                       {k: v.decode() for k, v in (r.headers or [])}))
                 nxt[tp.partition] = r.offset + 1
         return Lease(records, None, nxt)
+
+    def _watch(self):
+        """A member that gets nothing for STUCK_S while the group's backlog (prompts past its committed offsets) stays
+        where it was is stuck: nobody answers. Seen here: kafka-python's member was removed by the coordinator (its
+        heartbeats stopped) and never looked the coordinator up again, so it waited forever. A fresh consumer rejoins."""
+        if time.monotonic() - self.idle_since < STUCK_S:
+            return
+        backlog = self._backlog()
+        if backlog and backlog == self.idle_backlog:
+            logger.warning("site %s: nothing from the prompt group for %.0f s while %d prompts wait unanswered; rejoining "
+                           "the group with a fresh consumer", self.site, time.monotonic() - self.idle_since, sum(backlog.values()))
+            try:
+                self.consumer.close(autocommit=False, timeout_ms=5000)
+            except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
+                pass
+            self._join()
+        self.idle_since, self.idle_backlog = time.monotonic(), backlog
+
+    def _backlog(self) -> dict:
+        """{partition: prompts past the group's committed offset}, from the admin API and the log (not the group member)."""
+        try:
+            offsets = self.log.admin.list_group_offsets({self.group: None}).get(self.group, {})
+            committed = {tp.partition: max(0, m.offset) for tp, m in offsets.items() if tp.topic == self.prompts}
+            return {p: n for p in range(self.log.partitions(self.prompts))
+                    if (n := self.log.end_offset(self.prompts, p) - committed.get(p, 0)) > 0}
+        except (KafkaError, LogError):
+            return {}
 
     def settle(self, lease, records):
         """Rollouts and the group's offsets in one transaction; LeaseLost (and a rewind) if the group moved on."""
