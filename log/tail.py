@@ -4,6 +4,16 @@ from hilo.schemas.chunks import Message, Reassembler
 from hilo.schemas.errors import LogError, MalformedMessage
 
 
+def records(log, topic: str, partition: int = 0, start: int | None = None):
+    """Every record of one partition from `start` (default: the oldest retained) to its end as of this call."""
+    pos = start if start is not None else (log.begin_offset(topic) if partition == 0 else 0)
+    end = log.end_offset(topic, partition)
+    while pos < end:
+        batch = log.read(topic, pos, timeout_s=5.0, partition=partition)
+        yield from batch
+        pos = batch.next_offset
+
+
 def _last_record(log, topic: str, before: int, begin: int):
     """The last record at an offset below `before`, or None. Transaction markers (and aborted records) take offsets
     no reader gets, so the probe starts two offsets back, one read, and widens only past aborted records."""

@@ -29,6 +29,7 @@ from hilo.consumer.vllm_serving import VllmServer
 from hilo.ops.digit_task import prompts
 from hilo.ops.lag import lag_rows
 from hilo.ops.tiny_trainer import build_model
+from hilo.producer.importance import mismatch_kl
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
@@ -106,9 +107,7 @@ def grpo_loss(model, exchange, groups) -> tuple:
         for (w, frac), lp, a, x in zip(exchange.weights(g, logps), logps, adv, g.rollouts):
             terms.append(-(w * a * lp).mean())
             truncated.append(frac)
-            behaviour = torch.tensor(x.logprobs, dtype=torch.float64)
-            log_r = lp.detach().double() - behaviour
-            kl.append(float((torch.exp(log_r) - 1 - log_r).mean()))
+            kl.append(mismatch_kl(lp, torch.tensor(x.logprobs, dtype=torch.float64)))
         rewards += r.tolist()
     loss = torch.stack(terms).mean()
     return loss, {"reward": sum(rewards) / len(rewards), "truncated": sum(truncated) / len(truncated),

@@ -18,6 +18,7 @@ import time
 import torch
 
 from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.log.tail import records
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, NonFinite
 from hilo.schemas.framing import split_trailer
@@ -70,30 +71,24 @@ class RolloutExchange:
         self._retired_recorded |= retired
         issued = 0
         for part in range(self.partitions):
-            pos, end = 0, self.log.end_offset(self.prompts, part)
-            while pos < end:
-                batch = self.log.read(self.prompts, pos, timeout_s=5.0, partition=part)
-                for rec in batch:
-                    issued += 1
-                    try:
-                        p = decode_rollout_record(rec.value, f"{self.prompts}[{part}] offset {rec.offset}")
-                    except HiloError:
-                        continue
-                    if isinstance(p, PromptRecord) and p.run == self.run and p.prompt_id not in trained | retired:
-                        self.book.restore(p)
-                pos = batch.next_offset
+            for rec in records(self.log, self.prompts, part, start=0):
+                issued += 1
+                try:
+                    p = decode_rollout_record(rec.value, f"{self.prompts}[{part}] offset {rec.offset}")
+                except HiloError:
+                    continue
+                if isinstance(p, PromptRecord) and p.run == self.run and p.prompt_id not in trained | retired:
+                    self.book.restore(p)
         self.issued = issued
         replayed, end = 0, self.log.end_offset(self.rollouts)
-        while self.next_offset < end:
-            batch = self.log.read(self.rollouts, self.next_offset, timeout_s=5.0)
-            for rec in batch:
-                pid = rec.key.decode(errors="replace") if rec.key else ""
-                if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
-                    r = self._rollout(rec)
-                    if r is not None and r.prompt_id in self.book.in_flight:
-                        self.book.offer(r, trainer_version)
-                        replayed += 1
-            self.next_offset = batch.next_offset
+        for rec in records(self.log, self.rollouts, start=self.next_offset):
+            pid = rec.key.decode(errors="replace") if rec.key else ""
+            if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
+                r = self._rollout(rec)
+                if r is not None and r.prompt_id in self.book.in_flight:
+                    self.book.offer(r, trainer_version)
+                    replayed += 1
+        self.next_offset = max(self.next_offset, end)
         self.restored = {"trained": len(trained), "retired": len(retired), "in_flight": len(self.book.in_flight),
                          "rollouts": replayed}
         logger.info("run %s: return path restored at v%d: %d prompts trained on, %d retired, %d in flight again with %d "

@@ -17,6 +17,7 @@ from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import HiloError
 
 from hilo.log.base import prompts_topic, rollouts_topic, updates_topic
+from hilo.log.tail import records
 
 
 class HistoryWriter:
@@ -146,15 +147,6 @@ def log_versions(log, run: str) -> dict:
     return out
 
 
-def _all(log, topic, partition=0):
-    """Every record of one partition, from its start to its end as of now."""
-    pos, end = log.begin_offset(topic) if partition == 0 else 0, log.end_offset(topic, partition)
-    while pos < end:
-        batch = log.read(topic, pos, timeout_s=5.0, partition=partition)
-        yield from batch
-        pos = batch.next_offset
-
-
 def check_return_path(log, run: str) -> Report:
     """The return path's history, from the log alone: every prompt the trainer issued (all partitions of RUN.prompts)
     answered by exactly n rollouts, one per sample, none twice, none for a prompt never issued. Run it once the
@@ -165,14 +157,14 @@ def check_return_path(log, run: str) -> Report:
     topic_p, topic_r = prompts_topic(run), rollouts_topic(run)
     wanted = {}
     for part in range(log.partitions(topic_p)):
-        for rec in _all(log, topic_p, part):
+        for rec in records(log, topic_p, part):
             p = decode_rollout_record(rec.value, f"{topic_p}[{part}] offset {rec.offset}")
             if isinstance(p, PromptRecord):
                 if p.prompt_id in wanted:
                     rep.anomalies.append(f"prompt {p.prompt_id} issued twice")
                 wanted[p.prompt_id] = p.sampling.n
     seen = {}
-    for rec in _all(log, topic_r):
+    for rec in records(log, topic_r):
         try:
             r = decode_rollout_record(rec.value, f"{topic_r} offset {rec.offset}")
         except HiloError:
