@@ -62,6 +62,14 @@ class VllmServer:
         self.version = version
         return version
 
+    def base_model(self) -> str:
+        """The model the server was started on (its path or name, as `--model` gave it)."""
+        r = self._call("GET", "/v1/models")
+        try:
+            return next(m["root"] for m in r.json()["data"] if m.get("parent") is None)
+        except (ValueError, KeyError, TypeError, StopIteration):
+            raise VllmError(f"vLLM at {self.url}: GET /v1/models answered HTTP {r.status_code} without a base model") from None
+
     def load(self, adapter_dir, version: int) -> None:
         """Make requests naming `lora_name` use the adapter in `adapter_dir` (policy version `version`)."""
         r = self._call("POST", "/v1/load_lora_adapter",

@@ -2,8 +2,8 @@
 
     hilo rl --vllm http://127.0.0.1:8011 --sites 2 --staleness 2 --steps 20      # embedded log in a temp folder
 
-The trainer is the built-in tiny Qwen3 + LoRA (the base the vLLM server serves: ops/tiny_trainer.save_base) under
-HiLoProducer; it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B
+The trainer is a tiny Qwen3 + LoRA (--base: the random one the tests serve, or the student pretrained on the
+task, ops/rl_bases.py; the vLLM servers must serve the same base, and the run checks that) under HiLoProducer; it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B
 complete groups, takes one GRPO step (group-normalised advantages, token-level truncated importance weights from
 vLLM's behaviour log-probabilities) and publishes it. The sites apply every version, serve it through vLLM
 (each under its own adapter name) and answer prompts between versions. It prints one line per step (reward,
@@ -28,7 +28,8 @@ from hilo.consumer.generator import load_reward
 from hilo.consumer.vllm_serving import VllmServer
 from hilo.ops.digit_task import prompts
 from hilo.ops.lag import lag_rows
-from hilo.ops.tiny_trainer import build_model
+from hilo.ops.rl_bases import base as rl_base
+from hilo.ops.tiny_trainer import with_lora
 from hilo.producer.importance import mismatch_kl
 from hilo.producer.producer import HiLoProducer, ProducerConfig
 from hilo.producer.rollout_book import RolloutPolicy
@@ -46,7 +47,11 @@ STALL_S = 300.0  # no complete group for this long: the sites are not answering 
 class RLConfig:
     """One GRPO run across sites.
 
-    vllm: base URL of the vLLM server the sites generate with (serving the tiny base, ops/vllm/start.sh).
+    vllm: base URL of the vLLM server the sites generate with (ops/vllm/start.sh), or a comma list: site i uses
+        the i-th (modulo), so each site can have its own server. Not needed with sites = 0 (the sites run
+        elsewhere; given, it is checked). Default: None
+    base: the model trained and served: tiny (random; reward stays ~0) or student (pretrained on the digit task;
+        ops/rl_bases.py). The servers must serve it: python -m hilo.ops.rl_bases NAME prints the directory. Default: tiny
     log: the log URL. Default: a file:// log in a temp folder
     run: the run id; with state_dir, the run to resume. Default: a new one (rl-TIME-PID)
     state_dir: the trainer's state (its snapshot and the rollout ledger, producer/rollout_ledger.py): a restarted
@@ -63,9 +68,12 @@ class RLConfig:
     budget: bytes per version as a fraction of the bf16 adapter. Default: 0.016
     seed: prompts and sampling seeds. Default: 0
     reward: MODULE:FUNCTION of the reward. Default: the digit task's
+    trainer_threads: torch threads of the trainer. On one machine it shares the cores with the sites and vLLM, and
+        OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a run 1.6x slower. Default: 1
     """
 
-    vllm: str
+    vllm: str | None = None
+    base: str = "tiny"
     log: str | None = None
     run: str | None = None
     state_dir: str | None = None
@@ -80,31 +88,45 @@ class RLConfig:
     budget: float = 0.016
     seed: int = 0
     reward: str = REWARD
+    trainer_threads: int = 1
 
     def __post_init__(self):
-        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0)):
+        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0), ("trainer_threads", 1)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
-        if not isinstance(self.vllm, str) or not self.vllm.startswith(("http://", "https://")):
+        if self.vllm is None and self.sites == 0:
+            pass  # the sites run elsewhere, each checking its own server
+        elif not isinstance(self.vllm, str) or not all(u.startswith(("http://", "https://")) for u in self.vllm.split(",")):
             raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server (--vllm URL; ops/vllm/start.sh starts one)")
+        rl_base(self.base)
+
+    @property
+    def servers(self) -> list:
+        """The vLLM URLs, one per server."""
+        return self.vllm.split(",") if self.vllm else []
 
 
-def completion_logprobs(model, prompt_ids, completion_ids) -> torch.Tensor:
-    """The model's log-probability of each completion token given the prompt and the tokens before it (with grad)."""
-    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
-    logits = model(ids).logits[0, len(prompt_ids) - 1:-1]
-    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion_ids).unsqueeze(1)).squeeze(1)
+def completion_logprobs(model, samples) -> list:
+    """For each (prompt ids, completion ids): the model's log-probability of each completion token given the prompt and
+    the tokens before it (with grad). One forward for all: right padding never reaches a real token (causal attention)."""
+    seqs = [list(p) + list(c) for p, c in samples]
+    pad = model.config.pad_token_id or 0
+    ids = torch.tensor([s + [pad] * (max(map(len, seqs)) - len(s)) for s in seqs])
+    logp = torch.log_softmax(model(ids).logits.float(), -1)
+    return [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c).view(-1, 1)).squeeze(1)
+            for i, (p, c) in enumerate(samples)]
 
 
 def grpo_loss(model, exchange, groups) -> tuple:
     """(loss, stats) of one GRPO step over complete groups: advantage (r - mean) / (std + 1e-4) per group, each token's
     log-probability weighted by its truncated importance weight (behaviour: vLLM's), mean over samples."""
     terms, rewards, truncated, kl = [], [], [], []
+    logps = iter(completion_logprobs(model, [(g.prompt.token_ids, x.completion_ids) for g in groups for x in g.rollouts]))
     for g in groups:
         r = torch.tensor([x.reward for x in g.rollouts], dtype=torch.float32)
         adv = (r - r.mean()) / (r.std() + 1e-4)
-        logps = [completion_logprobs(model, g.prompt.token_ids, x.completion_ids) for x in g.rollouts]
-        for (w, frac), lp, a, x in zip(exchange.weights(g, logps), logps, adv, g.rollouts):
+        lps = [next(logps) for _ in g.rollouts]
+        for (w, frac), lp, a, x in zip(exchange.weights(g, lps), lps, adv, g.rollouts):
             terms.append(-(w * a * lp).mean())
             truncated.append(frac)
             kl.append(mismatch_kl(lp, torch.tensor(x.logprobs, dtype=torch.float64)))
@@ -114,10 +136,22 @@ def grpo_loss(model, exchange, groups) -> tuple:
                   "mismatch_kl": sum(kl) / len(kl)}
 
 
-def _site(cfg, url, run, name, work):
+def check_servers(cfg: RLConfig) -> None:
+    """Every server answers, is vLLM and serves cfg.base (else a HiloError naming the server and what it serves)."""
+    want = rl_base(cfg.base).dir_name
+    for url in cfg.servers:
+        server = VllmServer(url)
+        server.check()
+        served = server.base_model()
+        if os.path.basename(served.rstrip("/")) != want:
+            raise HiloError(f"vLLM at {url} serves {served}, not the base {cfg.base!r} the trainer trains ({want}; "
+                            f"python -m hilo.ops.rl_bases {cfg.base} writes it, ops/vllm/start.sh DIR serves it)")
+
+
+def _site(cfg, vllm, url, run, name, work):
     """One `hilo consume --generate` process; its log in WORK/NAME.log."""
     cmd = [sys.executable, "-m", "hilo.ops.cli", "consume", "--log", url, "--run", run, "--site", name,
-           "--state-dir", f"{work}/{name}", "--vllm", cfg.vllm, "--lora-name", f"{run}-{name}", "--export-dtype", "float32",
+           "--state-dir", f"{work}/{name}", "--vllm", vllm, "--lora-name", f"{run}-{name}", "--export-dtype", "float32",
            "--generate", "--reward", cfg.reward, "--generate-batch", "2", "--until-version", str(cfg.steps), "--no-progress",
            "--wait-checkpoint", "300"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(f"{work}/{name}.log", "w"), text=True,
@@ -127,13 +161,14 @@ def _site(cfg, url, run, name, work):
 def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     """Run it; the exit code (0: every site's digest equals the trainer's)."""
     load_reward(cfg.reward)  # a reward that does not import fails here, before anything starts
-    VllmServer(cfg.vllm).check()  # so does a server that is not there, or not vLLM
+    check_servers(cfg)  # so does a server that is not there, not vLLM or serving another base
     work = tempfile.mkdtemp(prefix="hilo-rl-")
     url = cfg.log or f"file://{work}/log"
     run = cfg.run or f"rl-{int(time.time())}-{os.getpid()}"
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json else (lambda *a: print(*a, file=out, flush=True))
     torch.manual_seed(cfg.seed)
-    model = build_model(seed=0)
+    torch.set_num_threads(cfg.trainer_threads)
+    model = with_lora(rl_base(cfg.base).model())
     producer = HiLoProducer(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
                                                   state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
@@ -142,13 +177,21 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                                ledger=ledger)
     if ledger is not None:
         exchange.restore(producer.version)
-    source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed,
-                                      min_version=lambda: max(0, producer.version - cfg.staleness)), exchange.issued, None)
+    ready = []
+
+    def min_version():
+        # the k-th prompt queued ahead (complete or in flight) is trained when the trainer is at version
+        # producer.version + k // B; asking for a policy at most S older keeps its samples from aging out
+        # (S = 0: a prompt issued while the current batch completes waits for the next version, it is not wasted)
+        return max(0, producer.version + (len(ready) + len(exchange.book.in_flight)) // cfg.batch_prompts - cfg.staleness)
+
+    source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed, min_version=min_version),
+                              exchange.issued, None)
     names = [f"site-{i + 1}" for i in range(cfg.sites)]
     say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = {cfg.batch_prompts}, "
         f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
-    procs = {n: _site(cfg, url, run, n, work) for n in names}
-    rows, t0, idle, ready = [], time.monotonic(), 0.0, []
+    procs = {n: _site(cfg, cfg.servers[i % len(cfg.servers)], url, run, n, work) for i, n in enumerate(names)}
+    rows, t0, idle = [], time.monotonic(), 0.0
     try:
         while producer.version < cfg.steps:
             waited = time.monotonic()
@@ -168,11 +211,14 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             loss, stats = grpo_loss(model, exchange, groups)
             loss.backward()
             producer.step(lr=cfg.lr)
+            published_at, nbytes = time.time(), producer.last_step["bytes"]
             lags = {r["site"]: r["lag"] for r in lag_rows(producer.log, run)}
             stale = [s for g in groups for s in g.staleness]
             row = {"step": producer.version, "reward": round(stats["reward"], 4), "staleness": round(sum(stale) / len(stale), 2),
+                   "staleness_counts": {str(k): stale.count(k) for k in sorted(set(stale))},
                    "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
                    "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names}, "wait_s": round(wait_s, 3),
+                   "bytes": nbytes, "rollouts": sum(len(g.rollouts) for g in groups), "published_at": published_at,
                    "t": round(time.monotonic() - t0, 2)}
             rows.append(row)
             say(f"step {row['step']:3d}  reward {row['reward']:.3f}  staleness {row['staleness']:.2f}  in flight "
@@ -195,7 +241,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                "restored": exchange.restored, "issued": exchange.issued, "in_flight": sorted(exchange.book.in_flight),
                "complete_unused": sorted(g.prompt.prompt_id for g in ready),  # complete after the last step needed them
                "trainer_idle_fraction": round(idle / wall, 3), "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
-               "dropped": dict(exchange.book.dropped),
+               "dropped": dict(exchange.book.dropped), "adapter_bytes": producer.manifest.adapter_bytes(), "work_dir": work,
                "trainer_digest": mine, "site_digests": digests, "ok": ok}
     say(f"\n{'site':10s} {'digest':34s} match")
     for n, d in digests.items():

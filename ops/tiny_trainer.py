@@ -40,9 +40,13 @@ def build_tokenizer():
 
 def build_model(seed: int = 0, rank: int = 16, hidden: int = 256, layers: int = 4):
     """build_base(seed) wrapped in a PEFT LoRA of `rank` on all 7 projections."""
+    return with_lora(build_base(seed, hidden, layers), rank)
+
+
+def with_lora(base, rank: int = 16):
+    """`base` wrapped in a PEFT LoRA of `rank` on all 7 projections, B drawn small and seeded (not zero)."""
     from peft import LoraConfig, get_peft_model
 
-    base = build_base(seed, hidden, layers)
     lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(base, lora)
@@ -85,12 +89,19 @@ def train(producer, steps: int, lr: float = 3e-3, seed: int = 0, on_step=None):
 
 def save_base(out_dir, seed: int = 0, hidden: int = 256, layers: int = 4) -> str:
     """build_base(...) and its tokenizer as a normal transformers directory (what vLLM loads); returns the dir."""
+    return save_for_vllm(build_base(seed, hidden, layers), out_dir)
+
+
+def save_for_vllm(model, out_dir) -> str:
+    """A base model and the tokenizer as a transformers directory (what vLLM loads), written whole or not at all."""
+    import os
     import pathlib
     out = pathlib.Path(out_dir)
-    model = build_base(seed, hidden, layers)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     model.generation_config.pad_token_id = PAD
-    model.save_pretrained(out)
-    build_tokenizer().save_pretrained(out)
+    model.save_pretrained(tmp)
+    build_tokenizer().save_pretrained(tmp)
+    tmp.rename(out)
     return str(out)
 
 

@@ -29,6 +29,7 @@ import torch
 
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
 from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained
+from hilo.ops.bench.report import mean_ci
 from hilo.ops.bench.runstore import RunStore
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.schemas.errors import ConfigError
@@ -52,8 +53,6 @@ SEEDS = 5                   # test seeds 0..4 per cell
 TUNE_SEED = 1000            # the seed of every tuning run: distinct from every test seed
 QUICK_EVAL_SAMPLES = 4  # the smoke run's held-out samples per problem (the sweep uses RunConfig.eval_samples)
 RUN_VERSION = 4  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
-# Student t quantiles t(0.975, df) for the 95% interval of a paired difference over few seeds
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 @dataclass(frozen=True)
@@ -202,12 +201,7 @@ def paired(cell: dict, full: dict, key: str = "pass4") -> dict | None:
     """mean, SE and 95% interval of (cell - full) over the seeds both have: the runs share every seed (LoRA init,
     prompt stream, evaluation sampling), so the per-seed differences are what varies. None below 2 shared seeds."""
     a, b = dict(zip(cell["seed_ids"], cell[f"{key}_seeds"])), dict(zip(full["seed_ids"], full[f"{key}_seeds"]))
-    d = [a[s] - b[s] for s in a if s in b]
-    if len(d) < 2:
-        return None
-    mean, se = statistics.mean(d), statistics.stdev(d) / len(d) ** 0.5
-    half = T975.get(len(d) - 1, 1.96) * se
-    return {"diff": mean, "se": se, "ci95": [mean - half, mean + half], "n": len(d)}
+    return mean_ci([a[s] - b[s] for s in a if s in b])
 
 
 def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, full_adapter_payload, lossless_delta_payload
-from hilo.ops.bench.report import results_dir, save
+from hilo.ops.bench.report import results_dir, save, save_figure
 from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replica.codecs import Budget, make_encoder
@@ -206,11 +206,7 @@ def plot(res: dict, costs: dict, out_dir: pathlib.Path) -> str:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     axes[0].set_title(f"{res['shape']} r64 adapter, {n} sites (dots measured)")
-    fig.tight_layout()
-    p = out_dir / "wan.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return str(p)
+    return save_figure(fig, out_dir, "wan")
 
 
 def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, out: str | None, shape: str = "qwen3-1.7b") -> int:

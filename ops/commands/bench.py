@@ -2,7 +2,7 @@
 import json
 
 from . import COMMANDS
-from .args import at_least, budget, fractions, names
+from .args import at_least, budget, config_from_args, config_options, fractions, names
 
 
 def codecs(a):
@@ -46,10 +46,25 @@ def wan(a):
     return main(a.json, a.steps, a.compute_s, a.links, a.sites, a.out, a.shape)
 
 
+def rl(a):
+    """Synchronous against asynchronous RL across sites."""
+    import dataclasses
+    from hilo.ops.bench.rl import QUICK, BenchConfig, main
+    cfg = config_from_args(BenchConfig, a, staleness=tuple(a.staleness))
+    return main(dataclasses.replace(cfg, **QUICK) if a.quick else cfg, a.json, a.out)
+
+
+def replay(a):
+    """Catch-up rate and snapshot cost at a real adapter's shape."""
+    from hilo.ops.bench.replay import main
+    return main(a.json, a.shape, a.behind, a.optimizers, a.out)
+
+
 def register(sub):
     """The bench command group; codec, optimizer, shape and sync names come from their registries."""
     from hilo.ops.bench.onpolicy import SYNCS
     from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
+    from hilo.ops.bench.rl import BenchConfig
     from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
     from hilo.ops.bench.synthetic import QWEN3
     from hilo.replica.codecs import CODECS
@@ -117,3 +132,26 @@ def register(sub):
     w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
     w.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     w.set_defaults(fn=wan)
+    from hilo.ops.bench.replay import OPTIMIZERS as REPLAY_OPTIMIZERS
+    rp = bsub.add_parser("replay", help="a site N versions behind catches up: versions/s, time per stage; snapshot save/load "
+                         "time and size (AdamW, SGD, a delta-mode site)")
+    rp.add_argument("--shape", default="qwen3-1.7b", choices=shapes, help="adapter shape, LoRA r64 (default: %(default)s)")
+    rp.add_argument("--behind", type=at_least(1), default=100, help="versions the site replays (default: %(default)s)")
+    rp.add_argument("--optimizers", type=names(list(REPLAY_OPTIMIZERS)), default=",".join(REPLAY_OPTIMIZERS),
+                    help="comma list; add = a delta-mode site (default: %(default)s)")
+    rp.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/replay-TIME)")
+    rp.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
+    rp.set_defaults(fn=replay)
+    r = bsub.add_parser("rl", help="GRPO across sites: synchronous (S = 0) against S = 1, 2, 4 on paired seeds: reward, "
+                        "wall time, idle, staleness", description="Reward against step and wall time, trainer idle fraction, "
+                        "staleness, publish-to-serving latency, mismatch KL and bytes per version, for each staleness bound "
+                        "S on paired seeds (ops/bench/rl.py). ops/bench-rl.sh starts a vLLM server on the student base and runs it.")
+    config_options(r, BenchConfig, ("vllm", "base", "seeds", "steps", "sites", "batch_prompts", "samples", "lr"))
+    r.add_argument("--staleness", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, BenchConfig.staleness)),
+                   help="comma list of S; the first is the reference (default: %(default)s)")
+    r.add_argument("--quick", action="store_true", help="smoke run, what CI runs: S = 0 and 2, 1 seed, 3 steps of 2 groups of "
+                   "2 (instead of the options above)")
+    r.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
+                   "(default: ~/.cache/hilo-sync/bench/rl-TIME)")
+    r.add_argument("--json", action="store_true", help="print the results object (with `rows` per S and `runs`)")
+    r.set_defaults(fn=rl)

@@ -29,3 +29,16 @@ def test_bench_codecs_json_has_the_documented_keys(capsys):
         assert {"codec", "optimizer", "shape", "bytes", "fraction_of_adapter", "encode_ms", "apply_ms", "rel_error"} <= set(r)
     dense, spar = rows[CODECS.index("dense")], rows[CODECS.index("spar")]
     assert dense["rel_error"] == 0 and spar["bytes"] < dense["bytes"] and 0 < spar["rel_error"] < 1
+
+
+def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(capsys, tmp_path):
+    from hilo.ops.cli import main
+    assert main(["bench", "replay", "--shape", "tiny", "--behind", "4", "--out", str(tmp_path), "--json"]) == 0
+    rows = {r["optimizer"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert list(rows) == ["adamw", "sgd", "add"]  # each replayed to the trainer's digest (the bench raises otherwise)
+    for r in rows.values():
+        assert r["versions"] == 4 and r["versions_per_s"] > 0 and 0 < r["message_bytes"] <= 0.016 * r["adapter_bytes_bf16"] + 1100
+        assert r["snapshot_save_s"] >= 0 and r["snapshot_load_s"] >= 0
+    # fp32 state per parameter: AdamW 3 (two moments), SGD 2 (momentum), a delta-mode site 1 (the parameters alone)
+    assert 2.2 < rows["adamw"]["snapshot_bytes"] / rows["add"]["snapshot_bytes"] < 3.0
+    assert 1.5 < rows["sgd"]["snapshot_bytes"] / rows["add"]["snapshot_bytes"] < 2.0

@@ -41,8 +41,28 @@ def test_an_rl_run_across_two_sites_ends_with_every_site_at_the_trainers_digest(
     assert 0 <= res["trainer_idle_fraction"] <= 1
 
 
+def test_a_synchronous_run_answers_every_prompt_with_the_newest_policy_and_wastes_none(vllm):
+    # a prompt issued while the current batch completes asks for the next version; it used to be answered with the
+    # current one and dropped as stale at the next step
+    url, _ = vllm
+    p = hilo("rl", "--vllm", url, "--steps", "3", "--sites", "2", "--batch-prompts", "2", "--samples", "2", "--staleness", "0", "--json")
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    res = json.loads(out)
+    assert res["dropped"] == {} and all(r["staleness_counts"] == {"0": 4} for r in res["steps"]), res["steps"]
+
+
+def test_a_server_on_another_base_is_one_line(vllm):
+    url, base = vllm
+    p = hilo("rl", "--vllm", url, "--base", "student")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert f"vLLM at {url} serves {base}, not the base 'student' the trainer trains" in err.strip().splitlines()[-1], err
+
+
 @pytest.mark.parametrize("args, expect", [
     (["--staleness", "-1"], "RLConfig.staleness = -1: must be >= 0"),
+    (["--base", "huge"], "base 'huge': expected one of tiny, student"),
     (["--reward", "nowhere.at.all:f"], "--reward 'nowhere.at.all:f': cannot import 'nowhere.at.all'"),
     (["--vllm", "http://127.0.0.1:1"], "vLLM at http://127.0.0.1:1: /version: ConnectionError (is the server running?)"),
     ([], "RLConfig.vllm = None: expected the http:// URL of a running vLLM server"),

@@ -1,0 +1,130 @@
+"""`hilo bench replay`: a site that was down catches up, and what its state costs, at a real adapter's shape.
+
+    hilo bench replay [--shape qwen3-1.7b] [--behind 100] [--json]
+
+Per optimizer (AdamW and SGD in gradient mode; "add", what a delta-mode site runs): a trainer replica makes `behind`
+versions of spar4 at 1.6% from the synthetic gradients (ops/bench/synthetic.py) and appends them, chunked and with
+the headers the producer writes, to an embedded log. A site that holds version 0 then replays them through the real
+follower (read, reassemble, unframe, decode, optimizer step, digest): versions per second and the time per stage.
+Its digest must equal the trainer's. Then its state: snapshot save and load time (fsynced, as a site saves) and the
+bytes on disk, optimizer state included; a delta-mode site keeps the parameters only.
+"""
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from hilo.log import open_log, updates_topic
+from hilo.ops.bench.codecs import DEFAULT_LR
+from hilo.ops.bench.report import results_dir, save
+from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.producer.update_builder import UpdateBuilder
+from hilo.replay.follower import Applied, Follower
+from hilo.replay.snapshot import SnapshotStore
+from hilo.replica.codecs import Budget, make_encoder
+from hilo.replica.replica import PolicyReplica
+from hilo.schemas import headers as H
+from hilo.schemas.chunks import split
+from hilo.schemas.position import Position
+
+OPTIMIZERS = ("adamw", "sgd", "add")  # add: a delta-mode site (parameters only, no optimizer state)
+CHUNK_BYTES = 900_000                 # the producer's default record size
+
+
+def _say(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def publish(log, run: str, shape: str, optimizer: str, versions: int) -> tuple:
+    """Append `versions` messages of a trainer replica to `log`; (the trainer's final digest, bytes per message, encode s)."""
+    manifest = qwen3_manifest(shape)
+    trainer = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
+    builder = UpdateBuilder(trainer, make_encoder("spar4", manifest, Budget(0.016)))
+    stream, topic, log_bytes, sizes, encode = GradientStream(manifest, seed=0), updates_topic(run), 0, [], []
+    for v in range(versions):
+        proposal = builder.propose(stream.next(), {"lr": DEFAULT_LR[optimizer]} if optimizer in DEFAULT_LR else {})
+        builder.commit(proposal)
+        data = proposal.message.to_bytes()
+        log_bytes += len(data)
+        log.append(topic, split(data, run, "update", proposal.message.version, CHUNK_BYTES,
+                                {H.DIGEST: proposal.message.digest.hex(), H.LOG_BYTES: str(log_bytes)}))
+        sizes.append(len(data))
+        encode.append(proposal.timing["encode"] + proposal.timing["apply"])
+        if (v + 1) % 20 == 0:
+            _say(f"bench replay: {shape}/{optimizer}: published {v + 1}/{versions}")
+    return trainer.digest, statistics.mean(sizes), statistics.median(encode)
+
+
+def one(shape: str, optimizer: str, behind: int, work: pathlib.Path) -> dict:
+    """Publish, replay from version 0, snapshot; the row."""
+    run = f"replay-{optimizer}"
+    log = open_log(f"file://{work}/log")
+    log.create_topics(run)
+    digest, msg_bytes, encode_s = publish(log, run, shape, optimizer, behind)
+    manifest = qwen3_manifest(shape)
+    site = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
+    follower = Follower(log, run, site, Position(next_offset=0))
+    stages, t0 = {}, time.perf_counter()
+    applied = 0
+    for event in follower.catch_up():
+        if isinstance(event, Applied):
+            applied += 1
+            for k, s in event.timing.items():
+                stages[k] = stages.get(k, 0.0) + s
+    replay_s = time.perf_counter() - t0
+    if site.digest != digest or applied != behind:
+        raise RuntimeError(f"{shape}/{optimizer}: replay applied {applied} of {behind} versions, digest "
+                           f"{site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
+    store = SnapshotStore(work / "state")
+    t1 = time.perf_counter()
+    store.save(site, follower.position())
+    t2 = time.perf_counter()
+    loaded, _ = SnapshotStore(work / "state").load()
+    t3 = time.perf_counter()
+    assert loaded.digest == site.digest
+    size = sum(f.stat().st_size for f in (work / "state").rglob("*") if f.is_file())
+    return {"shape": shape, "optimizer": optimizer, "versions": behind, "message_bytes": round(msg_bytes),
+            "trainer_encode_apply_s": round(encode_s, 3), "replay_s": round(replay_s, 2),
+            "versions_per_s": round(behind / replay_s, 2),
+            "stage_s_per_version": {k: round(v / behind, 4) for k, v in stages.items()},
+            "snapshot_save_s": round(t2 - t1, 2), "snapshot_load_s": round(t3 - t2, 2), "snapshot_bytes": size,
+            "adapter_bytes_bf16": manifest.adapter_bytes()}
+
+
+def run_bench(shape: str, behind: int, optimizers: list) -> dict:
+    """One row per optimizer."""
+    rows = []
+    for opt in optimizers:
+        work = pathlib.Path(tempfile.mkdtemp(prefix="hilo-replay-"))
+        try:
+            rows.append(one(shape, opt, behind, work))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        r = rows[-1]
+        _say(f"bench replay: {shape}/{opt}: {r['versions_per_s']} versions/s, snapshot {r['snapshot_bytes'] / 1e6:.0f} MB "
+             f"(save {r['snapshot_save_s']} s, load {r['snapshot_load_s']} s)")
+    return {"shape": shape, "behind": behind, "codec": "spar4", "budget": "1.6%", "rows": rows}
+
+
+def table(res: dict) -> str:
+    """The README's table."""
+    out = ["| optimizer (site) | versions/s replayed | per version: fetch / decode / apply s | snapshot MB | save s | load s |",
+           "|---|---:|---|---:|---:|---:|"]
+    for r in res["rows"]:
+        st = r["stage_s_per_version"]
+        name = "add (delta mode)" if r["optimizer"] == "add" else r["optimizer"]
+        out.append(f"| {name} | {r['versions_per_s']:.2f} | {st.get('fetch', 0):.3f} / {st.get('decode', 0):.3f} / "
+                   f"{st.get('apply', 0):.3f} | {r['snapshot_bytes'] / 1e6:,.0f} | {r['snapshot_save_s']:.2f} | "
+                   f"{r['snapshot_load_s']:.2f} |")
+    return "\n".join(out)
+
+
+def main(as_json: bool, shape: str, behind: int, optimizers: list, out: str | None) -> int:
+    """Run it; print the table or JSON."""
+    out_dir = results_dir("replay", out)
+    res = run_bench(shape, behind, optimizers)
+    if not save(res, out_dir, "replay", as_json):
+        print(table(res))
+    return 0
