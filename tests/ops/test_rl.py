@@ -45,11 +45,12 @@ def test_a_synchronous_run_answers_every_prompt_with_the_newest_policy_and_waste
     # a prompt issued while the current batch completes asks for the next version; it used to be answered with the
     # current one and dropped as stale at the next step
     url, _ = vllm
-    p = hilo("rl", "--vllm", url, "--steps", "3", "--sites", "2", "--batch-prompts", "2", "--samples", "2", "--staleness", "0", "--json")
+    # (one site taking 2 of the 4 prompts at a time: the first half of a batch completes while the rest is in flight)
+    p = hilo("rl", "--vllm", url, "--steps", "3", "--sites", "1", "--batch-prompts", "4", "--samples", "2", "--staleness", "0", "--json")
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-3000:]
     res = json.loads(out)
-    assert res["dropped"] == {} and all(r["staleness_counts"] == {"0": 4} for r in res["steps"]), res["steps"]
+    assert res["dropped"] == {} and all(r["staleness_counts"] == {"0": 8} for r in res["steps"]), res["steps"]
 
 
 def test_a_server_on_another_base_is_one_line(vllm):
