@@ -212,7 +212,7 @@ class Site:
         return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record)
 
     def _same_history(self, replica, pos: Position):
-        """A local snapshot must belong to the history the log holds: same genesis, and a log at least as long."""
+        """A local snapshot must belong to the history the log holds: same genesis, and a log at least as far."""
         cfg, topic = self.cfg, updates_topic(self.cfg.run)
         h = head(self.log, checkpoints_topic(cfg.run), cfg.run) or {}
         theirs = h.get(H.GENESIS)
@@ -220,10 +220,13 @@ class Site:
             raise LogError(f"site {cfg.site}: its snapshot v{replica.version} is of history {replica.genesis.hex()[:12]}, the log's "
                            f"checkpoints are of history {theirs[:12]} (another history: the run was started again under the same name): refusing "
                            f"it (remove {cfg.state_dir} to follow the new history)")
-        end = self.log.end_offset(topic)
-        if pos.next_offset > end:
-            raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos.next_offset}, the log ends at {end} "
-                           f"(the topic was deleted and made again?): refusing to move backwards (remove {cfg.state_dir} to start over)")
+        # by version, not offset: a mirror of the run holds the same versions at smaller offsets (no transaction markers)
+        newest = int((head(self.log, topic, cfg.run) or {}).get(H.VERSION, 0))
+        if newest < replica.version:
+            raise LogError(f"site {cfg.site}: its snapshot is at v{replica.version}, {topic} on {self.log.url} holds up to "
+                           f"v{newest} (a mirror that lags, or the topic was deleted and made again): refusing to move "
+                           f"backwards (wait for the mirror, point --log at another cluster of the run, or remove "
+                           f"{cfg.state_dir} to start over)")
 
     def _wait_for_topics(self):
         """Wait (up to wait_checkpoint_s) for the run's first checkpoint; a topic still missing then is NoSuchTopic, a

@@ -98,3 +98,53 @@ def head(log, topic: str, run: str) -> dict | None:
             return dict(rec.headers)
     msg = last_message(log, topic, run)
     return None if msg is None else msg.headers
+
+
+def _first_record(log, topic: str, run: str, offset: int, end: int):
+    """The first record of `run` carrying a version header at or after `offset` (below `end`), or None."""
+    while offset < end:
+        batch = log.read(topic, offset, timeout_s=1.0, max_bytes=1 << 20)
+        for rec in batch:
+            if rec.offset < end and rec.headers.get(H.RUN) == run and rec.headers.get(H.VERSION, "").isdigit():
+                return rec
+        if batch.next_offset <= offset:
+            return None
+        offset = batch.next_offset
+    return None
+
+
+def locate(log, topic: str, run: str, version: int, hint: int) -> int:
+    """The offset to read from on this cluster to get `version` of `run` next (its first chunk, or the end when
+    `version` is not written yet). `hint` is a stored offset: right on the cluster it came from (one read confirms
+    it), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
+    another offset there; versions only grow along the topic, so a binary search over the records' version headers
+    finds it. LogError when this cluster lacks the version (expired, or it lags behind version - 1)."""
+    begin, end = log.begin_offset(topic), log.end_offset(topic)
+
+    def is_start(rec):
+        return rec is not None and int(rec.headers[H.VERSION]) == version and rec.headers.get(H.CHUNK, "").startswith("0/")
+
+    h = head(log, topic, run)
+    newest = int(h[H.VERSION]) if h and H.VERSION in h else 0  # the newest version here (0: no update retained)
+    if begin <= hint <= end:
+        rec = _first_record(log, topic, run, hint, end)
+        if is_start(rec) or (rec is None and newest == version - 1):
+            return hint
+    lo, hi = begin, end
+    while lo < hi:  # the smallest offset whose next record of the run has a version >= `version`
+        mid = (lo + hi) // 2
+        rec = _first_record(log, topic, run, mid, end)
+        if rec is None or int(rec.headers[H.VERSION]) >= version:
+            hi = mid
+        else:
+            lo = rec.offset + 1
+    rec = _first_record(log, topic, run, lo, end)
+    if is_start(rec):
+        return rec.offset
+    if rec is None and newest == version - 1:
+        return lo
+    if rec is None:
+        raise LogError(f"{log.url}: {topic} holds run {run!r} up to v{newest}, behind this replica's v{version - 1}: a "
+                       f"mirror that lags (wait for it, or use another cluster) or a cluster without this run's history")
+    raise LogError(f"{log.url}: v{version} of run {run!r} is not on {topic} (the next version here is "
+                   f"v{rec.headers[H.VERSION]} at offset {rec.offset}): expired, or a cluster that did not copy it")

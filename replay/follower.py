@@ -22,7 +22,7 @@ from hilo.schemas.signing import SignatureError, Verifier
 
 from hilo.log import crashpoints
 from hilo.log.base import checkpoints_topic, updates_topic
-from hilo.log.tail import last_message
+from hilo.log.tail import last_message, locate
 
 from .bad_records import POLICIES, Skipped, reason_of
 
@@ -128,7 +128,14 @@ class Follower:
         if not self.log.retained(self.topic, next_offset):
             raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
                            f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint")
-        self.next_offset = self.read_offset = max(next_offset, self.log.begin_offset(self.topic))
+        next_offset = max(next_offset, self.log.begin_offset(self.topic))
+        # An offset is a place on one cluster; the version is the place on every cluster of the run (a mirror holds
+        # the same versions at other offsets): find where the next version is here.
+        located = locate(self.log, self.topic, run, replica.version + 1, next_offset)
+        if located != next_offset:
+            logger.info("%s: v%d is at offset %d here (the stored position, offset %d, is another cluster's)", self.topic,
+                        replica.version + 1, located, next_offset)
+        self.next_offset = self.read_offset = located
 
     @property
     def foreign(self) -> int:

@@ -1,0 +1,115 @@
+"""Sites in another region read a mirror: two real single-node clusters and a real MirrorMaker 2
+(ops/kafka/mirror.sh). The trainer writes to cluster A (the tests' broker); the mirror B holds the same records at
+other offsets (transaction markers are not copied), so every site there finds its place by version."""
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+from kafka import KafkaProducer
+
+from hilo.log import open_log, updates_topic
+from hilo.log.tail import head, records
+from hilo.producer.producer import HiLoProducer
+from hilo.replay.history import log_versions
+from hilo.schemas import headers as H
+from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
+from tests.helpers import open_site, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PORT_B = int(os.environ.get("HILO_KAFKA_MIRROR_PORT", "19392"))
+MIRROR_S = 120  # MirrorMaker picks a new run's topics up within seconds (refresh.topics.interval 2 s), then copies
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """(kafka:// URL of cluster B, which MirrorMaker 2 fills from cluster A (KAFKA_URL), env of the ops scripts);
+    both stopped afterwards."""
+    env = dict(os.environ, HILO_KAFKA_PORT=str(PORT_B), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka-b")),
+               HILO_KAFKA_HEAP="-Xms128m -Xmx512m", HILO_MIRROR_DIR=str(tmp_path_factory.mktemp("mirror")))
+    subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+    try:
+        source = KAFKA_URL.removeprefix("kafka://")
+        subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "start", "--source", source, "--target", f"127.0.0.1:{PORT_B}"],
+                       env=env, check=True, timeout=600)
+        yield f"kafka://127.0.0.1:{PORT_B}", env
+    finally:
+        subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "stop"], env=env, check=False, timeout=120)
+        subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+
+
+def _newest(url, run) -> int:
+    """The newest version of `run` on the cluster at `url` (-1 before its topic exists)."""
+    log = open_log(url)
+    try:
+        h = head(log, updates_topic(run), run)
+    except Exception:  # noqa: BLE001 - the topic is not there yet
+        return -1
+    return int(h[H.VERSION]) if h else 0
+
+
+def _zombie_aborts(run, version):
+    """Another transactional writer sends a record that claims `version` of `run`, then aborts."""
+    p = KafkaProducer(bootstrap_servers=KAFKA_URL.removeprefix("kafka://"), transactional_id=f"zombie-{run}")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send(updates_topic(run), key=str(version).encode(), value=b"zombie" * 100,
+           headers=[(H.RUN, run.encode()), (H.KIND, b"update"), (H.VERSION, str(version).encode()), (H.CHUNK, b"0/1")])
+    p.flush()
+    p.abort_transaction()
+    p.close()
+
+
+def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_records(mirror, tmp_path):
+    mirror, _ = mirror
+    run = new_run("mirror")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
+    publish_random(producer, 4)
+    _zombie_aborts(run, 5)
+    publish_random(producer, 3, seed=1)
+    wait_until(lambda: _newest(mirror, run) == 7, MIRROR_S, "the mirror holds v7")
+    a, b = open_log(KAFKA_URL), open_log(mirror)
+    topic = updates_topic(run)
+    assert not any(r.value.startswith(b"zombie") for r in records(b, topic))  # read_committed: the abort stayed on A
+    assert b.end_offset(topic) < a.end_offset(topic)                         # no transaction markers on the mirror
+
+    site = open_site(mirror, run, tmp_path, name="b1", idle_exit_s=1.0)    # bootstraps from v0's mirrored checkpoint
+    assert site.run(progress=False) == 7 and site.follower.replica.digest == producer.replica.digest
+    late = open_site(mirror, run, tmp_path, name="b2", idle_exit_s=1.0, wait_checkpoint_s=30)
+    assert late.run(progress=False) == 7 and late.follower.replica.digest == producer.replica.digest
+
+    publish_random(producer, 2, seed=2)                                      # b1 fails over to A and continues
+    site = open_site(KAFKA_URL, run, tmp_path, name="b1", idle_exit_s=1.0)
+    assert site.run(progress=False) == 9 and site.follower.replica.digest == producer.replica.digest
+    publish_random(producer, 2, seed=3)                                      # and back to B
+    wait_until(lambda: _newest(mirror, run) == 11, MIRROR_S, "the mirror holds v11")
+    site = open_site(mirror, run, tmp_path, name="b1", idle_exit_s=1.0)
+    assert site.run(progress=False) == 11 and site.follower.replica.digest == producer.replica.digest
+    assert sum(site.follower.skips.values()) == 0
+    producer.close()
+
+
+def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(mirror, tmp_path):
+    mirror, env = mirror
+    run = new_run("outage")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
+    publish_random(producer, 3)
+    wait_until(lambda: _newest(mirror, run) == 3, MIRROR_S, "the mirror holds v3")
+    site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
+    assert site.run(progress=False) == 3
+    subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "stop"], env=env, check=True, timeout=120)
+    outage_end = time.monotonic() + 60  # the outage the issue names, not a synchronisation
+    publish_random(producer, 4, seed=1)
+    site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
+    assert site.run(progress=False) == 3                                 # the region is cut off: no progress, no error
+    time.sleep(max(0.0, outage_end - time.monotonic()))
+    subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "start", "--source", KAFKA_URL.removeprefix("kafka://"),
+                    "--target", mirror.removeprefix("kafka://")], env=env, check=True, timeout=600)
+    wait_until(lambda: _newest(mirror, run) == 7, MIRROR_S, "the mirror holds v7 again")
+    site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
+    assert site.run(progress=False) == 7 and site.follower.replica.digest == producer.replica.digest
+    assert log_versions(open_log(mirror), run) == log_versions(open_log(KAFKA_URL), run)  # every version, once
+    assert len([r for r in records(open_log(mirror), updates_topic(run)) if r.headers.get(H.RUN) == run]) == 7
+    producer.close()

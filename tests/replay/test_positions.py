@@ -1,0 +1,78 @@
+"""Positions survive a mirror: a site finds its place by version on any cluster that holds the run. A mirror
+(MirrorMaker 2) copies records but not Kafka's transaction markers, so the same versions sit at smaller offsets
+there; here the source's extra offsets are another writer's records, and the mirror copies only this run's."""
+import pytest
+
+from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log.tail import locate, records
+from hilo.producer.producer import HiLoProducer
+from hilo.schemas import headers as H
+from hilo.schemas.errors import LogError
+from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import open_site
+
+
+def _source(tmp_path, run, versions):
+    """A file log: the genesis checkpoint of `run`, 5 records of another writer, then `versions` versions."""
+    url = f"file://{tmp_path}/a"
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, codec="dense", checkpoint_every=4))
+    open_log(url).append(updates_topic(run), [(b"k", b"x" * 10, {H.RUN: "someone-else"})] * 5)
+    publish_random(producer, versions)
+    return url, producer
+
+
+def _mirror(src_url, dst_url, run, copied: dict):
+    """Copy `run`'s records that `copied` ({topic: source offset}) has not copied yet, as MirrorMaker does."""
+    src, dst = open_log(src_url), open_log(dst_url)
+    dst.create_topics(run)
+    for topic in (updates_topic(run), checkpoints_topic(run)):
+        recs = [r for r in records(src, topic, start=copied.get(topic, 0)) if r.headers.get(H.RUN) == run]
+        if recs:
+            dst.append(topic, [(r.key, r.value, r.headers) for r in recs])
+        copied[topic] = src.end_offset(topic)
+
+
+def _firsts(log, run) -> dict:
+    """{version: offset of its first chunk} on this log."""
+    return {int(r.headers[H.VERSION]): r.offset for r in records(log, updates_topic(run))
+            if r.headers.get(H.RUN) == run and r.headers[H.CHUNK].startswith("0/")}
+
+
+def test_locate_finds_each_version_by_its_header_whatever_the_hint(tmp_path):
+    run = new_run("locate")
+    url, producer = _source(tmp_path, run, 6)
+    _mirror(url, f"file://{tmp_path}/b", run, {})
+    a, b = open_log(url), open_log(f"file://{tmp_path}/b")
+    topic = updates_topic(run)
+    fa, fb = _firsts(a, run), _firsts(b, run)
+    assert all(fa[v] - fb[v] == 5 for v in fa)  # the same versions, 5 offsets apart
+    for v in range(1, 7):
+        assert locate(a, topic, run, v, fa[v]) == fa[v]        # the right hint is kept
+        assert locate(b, topic, run, v, fa[v]) == fb[v]        # the source's offset is found again on the mirror
+        assert locate(b, topic, run, v, 0) == fb[v]
+    assert locate(b, topic, run, 7, fa[6] + 1) == b.end_offset(topic)  # at the head: read from the end
+    with pytest.raises(LogError, match=rf"holds run '{run}' up to v6, behind this replica's v8: a mirror that lags"):
+        locate(b, topic, run, 9, 0)
+    producer.close()
+
+
+def test_a_site_moves_from_the_source_to_a_mirror_and_back_and_continues_exactly(tmp_path):
+    run = new_run("failover")
+    url, producer = _source(tmp_path, run, 5)
+    mirror, copied = f"file://{tmp_path}/b", {}
+    _mirror(url, mirror, run, copied)
+    site = open_site(url, run, tmp_path, idle_exit_s=0.5)
+    assert site.run(progress=False) == 5
+    publish_random(producer, 3, seed=1)
+    _mirror(url, mirror, run, copied)
+    site = open_site(mirror, run, tmp_path, idle_exit_s=0.5)        # same state dir, the mirror's log
+    assert site.run(progress=False) == 8 and site.follower.replica.digest == producer.replica.digest
+    assert site.follower.skips == {}                                 # nothing read twice, nothing foreign
+    publish_random(producer, 2, seed=2)
+    site = open_site(url, run, tmp_path, idle_exit_s=0.5)            # and back to the source
+    assert site.run(progress=False) == 10 and site.follower.replica.digest == producer.replica.digest
+    # a new site on the mirror bootstraps from a mirrored checkpoint, whose replay offset is the source's
+    _mirror(url, mirror, run, copied)
+    late = open_site(mirror, run, tmp_path, name="late", idle_exit_s=0.5)
+    assert late.run(progress=False) == 10 and late.follower.replica.digest == producer.replica.digest
+    producer.close()
