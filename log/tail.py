@@ -116,7 +116,7 @@ def _first_record(log, topic: str, run: str, offset: int, end: int):
 def locate(log, topic: str, run: str, version: int, hint: int) -> int:
     """The offset to read from on this cluster to get `version` of `run` next (its first chunk, or the end when
     `version` is not written yet). `hint` is a stored offset: right on the cluster it came from (one read confirms
-    it), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
+    it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
     another offset there; versions only grow along the topic, so a binary search over the records' version headers
     finds it. LogError when this cluster lacks the version (expired, or it lags behind version - 1)."""
     begin, end = log.begin_offset(topic), log.end_offset(topic)
@@ -128,7 +128,9 @@ def locate(log, topic: str, run: str, version: int, hint: int) -> int:
     newest = int(h[H.VERSION]) if h and H.VERSION in h else 0  # the newest version here (0: no update retained)
     if begin <= hint <= end:
         rec = _first_record(log, topic, run, hint, end)
-        if is_start(rec) or (rec is None and newest == version - 1):
+        # at or before the version's start (what is re-read first is an applied version: checked and skipped)
+        older = rec is not None and int(rec.headers[H.VERSION]) < version and newest >= version - 1
+        if is_start(rec) or older or (rec is None and newest == version - 1):
             return hint
     lo, hi = begin, end
     while lo < hi:  # the smallest offset whose next record of the run has a version >= `version`
