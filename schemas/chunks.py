@@ -18,6 +18,7 @@ class Record:
     key: bytes | None
     value: bytes
     headers: dict  # str -> str
+    timestamp: float | None = None  # Unix seconds the writer appended it (Kafka's CreateTime, kept by a mirror); None on the file log
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,8 @@ class ReaderSupervisor:
         if not polled.get(tp) and position <= offset and self._stale(tp, offset):
             return Batch([], offset)
         self.idle_since.pop(tp, None)
-        out = Batch([Record(r.offset, r.key, r.value, {k: v.decode() for k, v in (r.headers or [])})
+        out = Batch([Record(r.offset, r.key, r.value, {k: v.decode() for k, v in (r.headers or [])},
+                            r.timestamp / 1000 if r.timestamp is not None and r.timestamp >= 0 else None)
                      for r in polled.get(tp, []) if r.offset >= offset], offset)
         for other, recs in polled.items():
             if other != tp and recs:  # another assigned partition was fetched too: make it re-seek next time

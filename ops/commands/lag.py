@@ -44,5 +44,21 @@ def register(sub):
     p = report(sub, "lag", COMMANDS["lag"][1], lag_rows, format_rows)
     p.add_argument("--watch", type=seconds, nargs="?", const=2.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) until Ctrl-C; with --json, one JSON object a line")
+    p.add_argument("--mirror", action="append", default=[], metavar="URL",
+                   help="a mirror of the run in another region (repeatable): shows each mirror's replication lag "
+                        "(versions, and seconds since the first version it lacks was written) and the sites of every "
+                        "cluster with their lag behind --log's head")
     once = p.get_default("fn")
-    p.set_defaults(fn=lambda a: watch(a, lag_rows, format_rows) if a.watch else once(a))
+    p.set_defaults(fn=lambda a: regions(a) if a.mirror else watch(a, lag_rows, format_rows) if a.watch else once(a))
+
+
+def regions(a, out=sys.stdout) -> int:
+    """`hilo lag --mirror URL ...`: the mirrors, then every cluster's sites against the source's head."""
+    from hilo.log import open_log
+    from hilo.ops.lag import format_regions, mirror_rows, region_site_rows
+    source = open_from(a)
+    existing_run(source, a.run)
+    mirrors = {url: open_log(url, kafka_config=a.kafka_config) for url in a.mirror}
+    m, sites = mirror_rows(source, mirrors, a.run), region_site_rows(source, mirrors, a.run)
+    out.write((json.dumps({"mirrors": m, "sites": sites}, indent=2) if a.json else format_regions(m, sites)) + "\n")
+    return 0

@@ -1,6 +1,7 @@
 """Sites in another region read a mirror: two real single-node clusters and a real MirrorMaker 2
 (ops/kafka/mirror.sh). The trainer writes to cluster A (the tests' broker); the mirror B holds the same records at
 other offsets (transaction markers are not copied), so every site there finds its place by version."""
+import json
 import os
 import pathlib
 import subprocess
@@ -15,7 +16,7 @@ from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import log_versions
 from hilo.schemas import headers as H
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import open_site, wait_until
+from tests.helpers import hilo, open_site, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -50,6 +51,14 @@ def _newest(url, run) -> int:
     return int(h[H.VERSION]) if h else 0
 
 
+def _lag(run, mirror) -> dict:
+    """`hilo lag --mirror` as JSON."""
+    p = hilo("lag", "--log", KAFKA_URL, "--run", run, "--mirror", mirror, "--json")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    return json.loads(out)
+
+
 def _zombie_aborts(run, version):
     """Another transactional writer sends a record that claims `version` of `run`, then aborts."""
     p = KafkaProducer(bootstrap_servers=KAFKA_URL.removeprefix("kafka://"), transactional_id=f"zombie-{run}")
@@ -79,6 +88,9 @@ def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_recor
     assert site.run(progress=False) == 7 and site.follower.replica.digest == producer.replica.digest
     late = open_site(mirror, run, tmp_path, name="b2", idle_exit_s=1.0, wait_checkpoint_s=30)
     assert late.run(progress=False) == 7 and late.follower.replica.digest == producer.replica.digest
+    lag = _lag(run, mirror)
+    assert [(m["cluster"], m["lag"], m["lag_s"]) for m in lag["mirrors"]] == [(mirror, 0, 0.0)]
+    assert {(r["cluster"], r["site"], r["lag_vs_source"]) for r in lag["sites"]} == {(mirror, "b1", 0), (mirror, "b2", 0)}
 
     publish_random(producer, 2, seed=2)                                      # b1 fails over to A and continues
     site = open_site(KAFKA_URL, run, tmp_path, name="b1", idle_exit_s=1.0)
@@ -104,6 +116,9 @@ def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(
     publish_random(producer, 4, seed=1)
     site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
     assert site.run(progress=False) == 3                                 # the region is cut off: no progress, no error
+    wait_until(lambda: _newest(KAFKA_URL, run) == 7, 30, "the source holds v7")
+    (m,) = _lag(run, mirror)["mirrors"]
+    assert m["lag"] == 4 and m["lag_s"] > 0                              # v4 has waited on the source since it was written
     time.sleep(max(0.0, outage_end - time.monotonic()))
     subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "start", "--source", KAFKA_URL.removeprefix("kafka://"),
                     "--target", mirror.removeprefix("kafka://")], env=env, check=True, timeout=600)
