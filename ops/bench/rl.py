@@ -1,6 +1,6 @@
 """`hilo bench rl`: what asynchrony costs in reward and buys in wall time, on real RL runs across sites.
 
-    ops/bench-rl.sh                     # starts a vLLM server on the student base, runs this, stops the server
+    ops/rl.sh bench                     # starts a vLLM server on the student base, runs this, stops the server
     hilo bench rl --vllm URL --json     # with a server already serving the student (python -m hilo.ops.rl_bases student)
 
 For each paired seed and each staleness bound S (0 = synchronous: every sample comes from the newest policy and the
@@ -64,7 +64,7 @@ class BenchConfig:
     def __post_init__(self):
         if self.vllm is None:
             raise ConfigError("BenchConfig.vllm = None: expected the URL of a vLLM server serving the base (--vllm URL; "
-                              "ops/bench-rl.sh starts one)")
+                              "ops/rl.sh bench starts one)")
         if not self.staleness or self.seeds < 1:
             raise ConfigError(f"BenchConfig: staleness {self.staleness} and seeds {self.seeds}: need at least one of each")
         for s in self.staleness:

@@ -145,7 +145,7 @@ def register(sub):
     r = bsub.add_parser("rl", help="GRPO across sites: synchronous (S = 0) against S = 1, 2, 4 on paired seeds: reward, "
                         "wall time, idle, staleness", description="Reward against step and wall time, trainer idle fraction, "
                         "staleness, publish-to-serving latency, mismatch KL and bytes per version, for each staleness bound "
-                        "S on paired seeds (ops/bench/rl.py). ops/bench-rl.sh starts a vLLM server on the student base and runs it.")
+                        "S on paired seeds (ops/bench/rl.py). ops/rl.sh bench starts a vLLM server on the student base and runs it.")
     config_options(r, BenchConfig, ("vllm", "base", "seeds", "steps", "sites", "batch_prompts", "samples", "lr"))
     r.add_argument("--staleness", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, BenchConfig.staleness)),
                    help="comma list of S; the first is the reference (default: %(default)s)")
