@@ -220,8 +220,14 @@ class Site:
             raise LogError(f"site {cfg.site}: its snapshot v{replica.version} is of history {replica.genesis.hex()[:12]}, the log's "
                            f"checkpoints are of history {theirs[:12]} (another history: the run was started again under the same name): refusing "
                            f"it (remove {cfg.state_dir} to follow the new history)")
-        # by version, not offset: a mirror of the run holds the same versions at smaller offsets (no transaction markers)
-        newest = int((head(self.log, topic, cfg.run) or {}).get(H.VERSION, 0))
+        # by version, not offset: a mirror of the run holds the same versions at smaller offsets (no transaction markers);
+        # with every update expired there is no version to compare, and the offset is all there is
+        h = head(self.log, topic, cfg.run)
+        if h is None and pos.next_offset > self.log.end_offset(topic):
+            raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos.next_offset}, the log ends at "
+                           f"{self.log.end_offset(topic)} (the topic was deleted and made again?): refusing to move backwards "
+                           f"(remove {cfg.state_dir} to start over)")
+        newest = int(h.get(H.VERSION, 0)) if h else replica.version
         if newest < replica.version:
             raise LogError(f"site {cfg.site}: its snapshot is at v{replica.version}, {topic} on {self.log.url} holds up to "
                            f"v{newest} (a mirror that lags, or the topic was deleted and made again): refusing to move "

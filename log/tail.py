@@ -130,7 +130,8 @@ def locate(log, topic: str, run: str, version: int, hint: int) -> int:
         rec = _first_record(log, topic, run, hint, end)
         # at or before the version's start (what is re-read first is an applied version: checked and skipped)
         older = rec is not None and int(rec.headers[H.VERSION]) < version and newest >= version - 1
-        if is_start(rec) or older or (rec is None and newest == version - 1):
+        # nothing retained at all (every update expired): nothing to compare, the offset is all there is
+        if is_start(rec) or older or (rec is None and (newest == version - 1 or h is None)):
             return hint
     lo, hi = begin, end
     while lo < hi:  # the smallest offset whose next record of the run has a version >= `version`

@@ -25,20 +25,30 @@ MIRROR_S = 120  # MirrorMaker picks a new run's topics up within seconds (refres
 
 
 @pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
-    """(kafka:// URL of cluster B, which MirrorMaker 2 fills from cluster A (KAFKA_URL), env of the ops scripts);
-    both stopped afterwards."""
+def cluster_b(tmp_path_factory):
+    """(kafka:// URL of cluster B, env of the ops scripts); stopped and wiped afterwards."""
     env = dict(os.environ, HILO_KAFKA_PORT=str(PORT_B), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka-b")),
                HILO_KAFKA_HEAP="-Xms128m -Xmx512m", HILO_MIRROR_DIR=str(tmp_path_factory.mktemp("mirror")))
     subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
-    try:
-        source = KAFKA_URL.removeprefix("kafka://")
-        subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "start", "--source", source, "--target", f"127.0.0.1:{PORT_B}"],
-                       env=env, check=True, timeout=600)
-        yield f"kafka://127.0.0.1:{PORT_B}", env
-    finally:
-        subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "stop"], env=env, check=False, timeout=120)
-        subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+    yield f"kafka://127.0.0.1:{PORT_B}", env
+    subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+
+
+def _mirror(action, env, run=None):
+    """ops/kafka/mirror.sh start (this run's topics only: the tests' broker holds every earlier test's) or stop."""
+    args = ["start", "--source", KAFKA_URL.removeprefix("kafka://"), "--target", f"127.0.0.1:{PORT_B}", "--run", run] \
+        if action == "start" else [action]
+    subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), *args], env=env, check=True, timeout=600)
+
+
+@pytest.fixture
+def mirror(cluster_b, request):
+    """(URL of B, env, run): MirrorMaker 2 copying a new run A -> B (its rollouts back) for this test."""
+    url, env = cluster_b
+    run = new_run("mirror")
+    _mirror("start", env, run)
+    yield url, env, run
+    _mirror("stop", env)
 
 
 def _newest(url, run) -> int:
@@ -72,8 +82,7 @@ def _zombie_aborts(run, version):
 
 
 def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_records(mirror, tmp_path):
-    mirror, _ = mirror
-    run = new_run("mirror")
+    mirror, _, run = mirror
     producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
     publish_random(producer, 4)
     _zombie_aborts(run, 5)
@@ -104,14 +113,13 @@ def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_recor
 
 
 def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(mirror, tmp_path):
-    mirror, env = mirror
-    run = new_run("outage")
+    mirror, env, run = mirror
     producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
     publish_random(producer, 3)
     wait_until(lambda: _newest(mirror, run) == 3, MIRROR_S, "the mirror holds v3")
     site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
     assert site.run(progress=False) == 3
-    subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "stop"], env=env, check=True, timeout=120)
+    _mirror("stop", env)
     outage_end = time.monotonic() + 60  # the outage the issue names, not a synchronisation
     publish_random(producer, 4, seed=1)
     site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
@@ -120,8 +128,7 @@ def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(
     (m,) = _lag(run, mirror)["mirrors"]
     assert m["lag"] == 4 and m["lag_s"] > 0                              # v4 has waited on the source since it was written
     time.sleep(max(0.0, outage_end - time.monotonic()))
-    subprocess.run([str(ROOT / "ops/kafka/mirror.sh"), "start", "--source", KAFKA_URL.removeprefix("kafka://"),
-                    "--target", mirror.removeprefix("kafka://")], env=env, check=True, timeout=600)
+    _mirror("start", env, run)
     wait_until(lambda: _newest(mirror, run) == 7, MIRROR_S, "the mirror holds v7 again")
     site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
     assert site.run(progress=False) == 7 and site.follower.replica.digest == producer.replica.digest
