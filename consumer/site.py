@@ -202,6 +202,7 @@ class Site:
                                f"refusing to move backwards (remove {cfg.state_dir} to follow what the log holds now)")
             logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
                            cfg.site, old.version, replica.version)
+        replica.recycle = True  # read only between versions (export, snapshot), never kept: apply reuses its buffers
         replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
         if self.verifier is not None and pos.keys:  # key rotations this site verified before its restart
             replica.verifier = Verifier.from_raw(bytes.fromhex(pos.keys[-1][1]))
@@ -255,7 +256,14 @@ class Site:
                        first_s=0.2, longest_s=0.2, on_retry=announce)
         except _NotYet as e:
             if e.args[0] is not None:
-                raise e.args[0] from None
+                try:
+                    runs = self.log.runs()
+                except LogError:  # no log at all: its own error says so
+                    raise e.args[0] from None
+                raise NoSuchTopic(f"site {cfg.site}: {self.log.url} holds no run {cfg.run!r} after {cfg.wait_checkpoint_s:g} s "
+                                  f"(it holds {', '.join(runs[:8]) + (' ...' if len(runs) > 8 else '') if runs else 'no run'}): "
+                                  f"the wrong cluster, a mirror not configured for this run, or the producer has not "
+                                  f"started ({e.args[0]})") from None
 
     def generate(self, cfg) -> None:
         """Also answer the run's prompts (a GenerateConfig) with the policy vLLM serves, between versions."""
@@ -282,12 +290,17 @@ class Site:
     def on_applied(self, applied: Applied):
         """Bookkeeping after each applied version: snapshot every K, commit the position."""
         if self.history:
-            self.history.record(applied.version, applied.digest, applied.last_offset)
+            work = sum(applied.timing.get(k, 0.0) for k in ("verify", "decode", "apply"))
+            self.history.record(applied.version, applied.digest, applied.last_offset, w=applied.written_at,
+                                b=applied.record_bytes, a=round(work, 5))
         m = self.metrics
         m.set("applied_version", applied.version)
         m.inc("versions_applied")
         self.last_applied_at = self.clock()
         m.set("last_applied_timestamp_seconds", self.last_applied_at)
+        m.inc("update_bytes_read", applied.record_bytes)
+        if applied.written_at is not None:
+            m.observe("freshness_seconds", max(0.0, self.last_applied_at - applied.written_at))
         for stage, seconds in applied.timing.items():
             m.observe("stage_seconds", seconds, stage=stage)
         self.since_snapshot += 1

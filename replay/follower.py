@@ -90,6 +90,8 @@ class Applied:
     headers: dict
     digest: bytes
     timing: dict   # seconds per stage: fetch (reads that returned records, since the previous version), verify, decode, apply
+    written_at: float | None = None  # when its last record was written (the log's timestamp; None on the file log)
+    record_bytes: int = 0            # bytes of its records (values and headers) this reader fetched
 
     @property
     def version(self) -> int:
@@ -228,7 +230,8 @@ class Follower:
         self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
         self.next_offset = msg.last_offset + 1
         self.skipped_since_applied = []
-        return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest, timing)
+        return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest, timing, msg.written_at,
+                       msg.record_bytes)
 
     def position(self, saved_at: float | None = None) -> Position:
         """Where this follower stands: what a snapshot of its replica stores."""

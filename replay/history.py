@@ -10,6 +10,7 @@ the trainer never acknowledged; and that no version the trainer acknowledged is 
 """
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
 from hilo.schemas import headers as H
@@ -29,10 +30,13 @@ class HistoryWriter:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._f = open(path, "a", encoding="utf-8")
 
-    def record(self, version: int, digest: bytes, offset: int, start: bool = False) -> None:
-        """One applied version (or, with `start`, the state a session starts from); flushed so a SIGKILL right
-        after loses nothing already recorded."""
-        entry = {"s": self.session, "v": version, "d": digest.hex(), "o": offset} | ({"start": True} if start else {})
+    def record(self, version: int, digest: bytes, offset: int, start: bool = False, **extra) -> None:
+        """One applied version (or, with `start`, the state a session starts from), stamped with the wall time "t";
+        `extra` adds fields (a site: "w" when the log wrote it, "b" the record bytes it read, "a" seconds to verify,
+        decode and apply it). Flushed so a SIGKILL
+        right after loses nothing already recorded."""
+        entry = ({"s": self.session, "v": version, "d": digest.hex(), "o": offset, "t": round(time.time(), 4)}
+                 | ({"start": True} if start else {}) | extra)
         self._f.write(json.dumps(entry) + "\n")
         self._f.flush()
 

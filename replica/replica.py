@@ -11,6 +11,7 @@ from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_rec
 from .codecs import decode as decode_gradient
 from .codecs import update_size_bound
 from .optimizers import get_optimizer
+from .optimizers.base import Buffers
 from .state import ReplicaState
 
 RECENT = 4096  # versions whose digests are remembered, to tell a harmless duplicate from a fork
@@ -38,6 +39,12 @@ class PolicyReplica:
         self.nonce = nonce    # kept at v0, so its checkpoint proves the history id
         self.verifier = None  # signing.Verifier: when set, only records signed by the trusted key are parsed
         self.recent = collections.OrderedDict({state.version: self.digest})
+        # recycle: `compute` writes into the state the last commit replaced, and block temporaries into scratch kept
+        # here, so a version allocates no adapter-sized tensors. Only for a replica whose every computed state is
+        # committed or dropped before the next compute (a site's follower), and whose callers keep no reference to a
+        # replaced state: its tensors are overwritten by the next version. Off by default (the trainer holds proposals).
+        self.recycle = False
+        self._spare, self._scratch = None, []
 
     @staticmethod
     def genesis(run: str, manifest: Manifest, params: list, optimizer: str, nonce: bytes = b"") -> "PolicyReplica":
@@ -104,7 +111,7 @@ class PolicyReplica:
         return "apply"
 
     def compute(self, msg: UpdateMessage, what: str, decoded: list | None = None) -> ReplicaState:
-        """The state `msg` leads to, in new buffers; the replica itself is not touched.
+        """The state `msg` leads to, in new buffers (recycling: the replaced state's); the current state is not touched.
 
         `decoded`: the gradients `decode` already produced from exactly these blocks (the trainer's encoder
         decodes its own message for error feedback); passing them skips decoding twice.
@@ -118,14 +125,28 @@ class PolicyReplica:
         grads = decoded if decoded is not None else decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
         _finite("decoded gradient", grads, self.manifest, msg, what)  # finite factors can still multiply to Inf
         s = self.state
-        params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams)
+        params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams, self._buffers())
         _finite("params", params, self.manifest, msg, what)
         for name, tensors in slots.items():
             _finite(f"optimizer state '{name}'", tensors, self.manifest, msg, what)
         return ReplicaState(s.manifest, s.optimizer, msg.version, params, slots, scalars)
 
+    def _buffers(self) -> Buffers:
+        """Where the next step writes: the replaced state's tensors when recycling (never one the current state
+        holds), else new ones."""
+        if not self.recycle:
+            return Buffers()
+        spare = self._spare
+        if spare is None or spare.optimizer != self.state.optimizer:
+            return Buffers(scratch=self._scratch)
+        live = {t.data_ptr() for t in self.state.params} | {t.data_ptr() for ts in self.state.slots.values() for t in ts}
+        own = lambda ts: [None if t.data_ptr() in live else t for t in ts]  # noqa: E731
+        return Buffers(own(spare.params), {k: own(ts) for k, ts in spare.slots.items()}, self._scratch)
+
     def commit(self, state: ReplicaState, digest: bytes) -> None:
-        """Swap in a computed state (the only mutation)."""
+        """Swap in a computed state (the only mutation); recycling, the replaced one becomes the next step's buffers."""
+        if self.recycle:
+            self._spare = self.state
         self.state, self.digest = state, digest
         self.recent[state.version] = digest
         while len(self.recent) > RECENT:

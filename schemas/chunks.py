@@ -31,6 +31,8 @@ class Message:
     kind: str
     version: int
     headers: dict
+    written_at: float | None = None  # the last chunk's log timestamp (Kafka CreateTime; None on the file log)
+    record_bytes: int = 0            # values and headers of its chunks, as the log delivered them
 
 
 def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:
@@ -102,8 +104,9 @@ class Reassembler:
             return None
         data = b"".join(p.value for p in self.parts)
         first = self.parts[0].offset
+        wire = sum(len(p.value) + sum(len(k) + len(v) for k, v in p.headers.items()) for p in self.parts)
         self.reset()
         if len(data) != size or xxhash.xxh3_64_hexdigest(data) != h.get(H.SUM):
             raise MalformedMessage(f"{self.topic} offsets {first}..{rec.offset} (v{version}): reassembled {len(data)} bytes "
                                    f"do not match header size {size} / checksum {h.get(H.SUM)}")
-        return Message(data, first, rec.offset, h.get(H.KIND, ""), version, dict(h))
+        return Message(data, first, rec.offset, h.get(H.KIND, ""), version, dict(h), rec.timestamp, wire)

@@ -59,6 +59,10 @@ TABLE = (
     _site("lag_bytes", "gauge", "Update bytes on the log past the applied version."),
     _site("last_applied_timestamp_seconds", "gauge", "Unix time the newest version was applied."),
     _site("seconds_since_applied", "gauge", "Seconds since the newest version was applied (computed at scrape)."),
+    _site("freshness_seconds", "histogram", "Seconds from a version's last record being written (its log timestamp, "
+          "the writer's clock; a mirror keeps it) to applied here.", (), STAGE_BUCKETS),
+    _site("update_bytes_read", "counter", "Bytes of update records (values and headers) this site read: its share of "
+          "the cluster's egress."),
     _site("versions_applied", "counter", "Versions applied since the process started (replayed ones included)."),
     _site("versions_replayed", "counter", "Versions applied while catching up to the head seen at start."),
     _site("stage_seconds", "histogram", "Time per version and stage: fetch (reads that returned records), verify "

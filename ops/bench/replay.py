@@ -5,7 +5,8 @@
 Per optimizer (AdamW and SGD in gradient mode; "add", what a delta-mode site runs): a trainer replica makes `behind`
 versions of spar4 at 1.6% from the synthetic gradients (ops/bench/synthetic.py) and appends them, chunked and with
 the headers the producer writes, to an embedded log. A site that holds version 0 then replays them through the real
-follower (read, reassemble, unframe, decode, optimizer step, digest): versions per second and the time per stage.
+follower (read, reassemble, unframe, decode, optimizer step, digest): versions per second and the time per stage,
+twice from the same log: with new buffers per version, then recycling the replaced state's (what a site runs).
 Its digest must equal the trainer's. Then its state: snapshot save and load time (fsynced, as a site saves) and the
 bytes on disk, optimizer state included; a delta-mode site keeps the parameters only.
 """
@@ -64,19 +65,23 @@ def one(shape: str, optimizer: str, behind: int, work: pathlib.Path) -> dict:
     log.create_topics(run)
     digest, msg_bytes, encode_s = publish(log, run, shape, optimizer, behind)
     manifest = qwen3_manifest(shape)
-    site = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
-    follower = Follower(log, run, site, Position(next_offset=0))
-    stages, t0 = {}, time.perf_counter()
-    applied = 0
-    for event in follower.catch_up():
-        if isinstance(event, Applied):
-            applied += 1
-            for k, s in event.timing.items():
-                stages[k] = stages.get(k, 0.0) + s
-    replay_s = time.perf_counter() - t0
-    if site.digest != digest or applied != behind:
-        raise RuntimeError(f"{shape}/{optimizer}: replay applied {applied} of {behind} versions, digest "
-                           f"{site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
+    replays = {}
+    for recycle in (False, True):  # what a site did before it recycled its buffers, then what it does
+        site = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
+        site.recycle = recycle
+        follower = Follower(log, run, site, Position(next_offset=0))
+        stages, t0 = {}, time.perf_counter()
+        applied = 0
+        for event in follower.catch_up():
+            if isinstance(event, Applied):
+                applied += 1
+                for k, s in event.timing.items():
+                    stages[k] = stages.get(k, 0.0) + s
+        replays[recycle] = (time.perf_counter() - t0, stages)
+        if site.digest != digest or applied != behind:
+            raise RuntimeError(f"{shape}/{optimizer}: replay (recycle={recycle}) applied {applied} of {behind} versions, "
+                               f"digest {site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
+    replay_s, stages = replays[True]
     store = SnapshotStore(work / "state")
     t1 = time.perf_counter()
     store.save(site, follower.position())
@@ -89,6 +94,8 @@ def one(shape: str, optimizer: str, behind: int, work: pathlib.Path) -> dict:
             "trainer_encode_apply_s": round(encode_s, 3), "replay_s": round(replay_s, 2),
             "versions_per_s": round(behind / replay_s, 2),
             "stage_s_per_version": {k: round(v / behind, 4) for k, v in stages.items()},
+            "versions_per_s_new_buffers": round(behind / replays[False][0], 2),
+            "stage_s_per_version_new_buffers": {k: round(v / behind, 4) for k, v in replays[False][1].items()},
             "snapshot_save_s": round(t2 - t1, 2), "snapshot_load_s": round(t3 - t2, 2), "snapshot_bytes": size,
             "adapter_bytes_bf16": manifest.adapter_bytes()}
 
@@ -110,12 +117,13 @@ def run_bench(shape: str, behind: int, optimizers: list) -> dict:
 
 def table(res: dict) -> str:
     """The README's table."""
-    out = ["| optimizer (site) | versions/s replayed | per version: fetch / decode / apply s | snapshot MB | save s | load s |",
-           "|---|---:|---|---:|---:|---:|"]
+    out = ["| optimizer (site) | versions/s replayed | new buffers per version: versions/s | per version: fetch / decode / "
+           "apply s | snapshot MB | save s | load s |", "|---|---:|---:|---|---:|---:|---:|"]
     for r in res["rows"]:
         st = r["stage_s_per_version"]
         name = "add (delta mode)" if r["optimizer"] == "add" else r["optimizer"]
-        out.append(f"| {name} | {r['versions_per_s']:.2f} | {st.get('fetch', 0):.3f} / {st.get('decode', 0):.3f} / "
+        out.append(f"| {name} | {r['versions_per_s']:.2f} | {r['versions_per_s_new_buffers']:.2f} | {st.get('fetch', 0):.3f} / "
+                   f"{st.get('decode', 0):.3f} / "
                    f"{st.get('apply', 0):.3f} | {r['snapshot_bytes'] / 1e6:,.0f} | {r['snapshot_save_s']:.2f} | "
                    f"{r['snapshot_load_s']:.2f} |")
     return "\n".join(out)

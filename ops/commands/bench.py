@@ -60,6 +60,12 @@ def replay(a):
     return main(a.json, a.shape, a.behind, a.optimizers, a.out)
 
 
+def fanout(a):
+    """Freshness and egress as sites multiply, on one cluster and split over a mirror."""
+    from hilo.ops.bench.fanout import FanoutConfig, main
+    return main(config_from_args(FanoutConfig, a, sites=tuple(a.sites)), a.json, a.out)
+
+
 def register(sub):
     """The bench command group; codec, optimizer, shape and sync names come from their registries."""
     from hilo.ops.bench.onpolicy import SYNCS
@@ -142,6 +148,17 @@ def register(sub):
     rp.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/replay-TIME)")
     rp.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     rp.set_defaults(fn=replay)
+    from hilo.ops.bench.fanout import FanoutConfig
+    fo = bsub.add_parser("fanout", help="1, 4, 16 apply-only sites on one cluster, and 16 split over a mirror: freshness "
+                         "(publish to applied) and egress per version", description="Per layout, a fresh run of the tiny "
+                         "model followed by N `hilo consume` processes; with --mirror, MirrorMaker 2 (ops/kafka/mirror.sh) "
+                         "fills the mirror and the largest N is split over both clusters (ops/bench/fanout.py).")
+    config_options(fo, FanoutConfig, ("log", "mirror", "versions", "interval_s", "ready_s"), flags={"interval_s": "--interval"})
+    fo.add_argument("--sites", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, FanoutConfig.sites)),
+                    help="comma list of site counts on the source (default: %(default)s)")
+    fo.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/fanout-TIME)")
+    fo.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
+    fo.set_defaults(fn=fanout)
     r = bsub.add_parser("rl", help="GRPO across sites: synchronous (S = 0) against S = 1, 2, 4 on paired seeds: reward, "
                         "wall time, idle, staleness", description="Reward against step and wall time, trainer idle fraction, "
                         "staleness, publish-to-serving latency, mismatch KL and bytes per version, for each staleness bound "

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from .base import INF, Optimizer, f32
+from .base import INF, Buffers, Optimizer, f32
 
 
 class AdamW(Optimizer):
@@ -19,8 +19,9 @@ class AdamW(Optimizer):
         """Step count and the running products beta1^t, beta2^t (float64, exact IEEE multiplies)."""
         return {"t": 0.0, "beta1_pow": 1.0, "beta2_pow": 1.0}
 
-    def step(self, params, grads, slots, scalars, h):
-        """One AdamW step, out of place."""
+    def step(self, params, grads, slots, scalars, h, out=None):
+        """One AdamW step; results written where `out` says."""
+        out = out or Buffers()
         b1p = scalars["beta1_pow"] * h["beta1"]
         b2p = scalars["beta2_pow"] * h["beta2"]
         step_size = f32(h["lr"] / (1.0 - b1p))
@@ -28,12 +29,12 @@ class AdamW(Optimizer):
         b1, c1, b2, c2 = f32(h["beta1"]), f32(1.0 - h["beta1"]), f32(h["beta2"]), f32(1.0 - h["beta2"])
         decay, eps = f32(1.0 - h["lr"] * h["weight_decay"]), f32(h["eps"])
         new_p, new_m, new_v = [], [], []
-        for p, g, m, v in zip(params, grads, slots["exp_avg"], slots["exp_avg_sq"]):
-            m = torch.mul(m, b1).add_(torch.mul(g, c1))
-            v = torch.mul(v, b2).add_(torch.mul(torch.mul(g, g), c2))
-            denom = torch.sqrt(v).div_(bc2_sqrt).add_(eps)
-            upd = torch.div(m, denom).mul_(step_size)
-            new_p.append(torch.mul(p, decay).sub_(upd))
+        for i, (p, g, m, v) in enumerate(zip(params, grads, slots["exp_avg"], slots["exp_avg_sq"])):
+            m = torch.mul(m, b1, out=out.slot("exp_avg", i, m)).add_(torch.mul(g, c1, out=out.scratch(g)))
+            v = torch.mul(v, b2, out=out.slot("exp_avg_sq", i, v)).add_(torch.mul(g, g, out=out.scratch(g)).mul_(c2))
+            denom = torch.sqrt(v, out=out.scratch(v)).div_(bc2_sqrt).add_(eps)
+            upd = torch.div(m, denom, out=denom).mul_(step_size)
+            new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(upd))
             new_m.append(m)
             new_v.append(v)
         return new_p, {"exp_avg": new_m, "exp_avg_sq": new_v}, {"t": scalars["t"] + 1.0, "beta1_pow": b1p, "beta2_pow": b2p}

@@ -5,7 +5,7 @@ compressed difference between the master and the sites' copy; a site needs no op
 """
 import torch
 
-from .base import Optimizer
+from .base import Buffers, Optimizer
 
 
 class Add(Optimizer):
@@ -14,6 +14,7 @@ class Add(Optimizer):
     name = "add"
     applies_deltas = True
 
-    def step(self, params, grads, slots, scalars, h):
-        """Add the decoded change, out of place."""
-        return [torch.add(p, d) for p, d in zip(params, grads)], {}, {"t": scalars["t"] + 1.0}
+    def step(self, params, grads, slots, scalars, h, out=None):
+        """Add the decoded change; results written where `out` says."""
+        out = out or Buffers()
+        return [torch.add(p, d, out=out.param(i, p)) for i, (p, d) in enumerate(zip(params, grads))], {}, {"t": scalars["t"] + 1.0}

@@ -1,9 +1,10 @@
 """The optimizer interface and the arithmetic rules every implementation follows.
 
-Rules (docs/design.md, "The replica contract"): out-of-place, elementwise, individually rounded fp32 ops only
-(mul, add, sub, div, sqrt, sign). No torch.optim, no addcmul/lerp/alpha= (they may fuse), no foreach or
+Rules (docs/design.md, "The replica contract"): inputs are never modified; elementwise, individually rounded fp32
+ops only (mul, add, sub, div, sqrt, sign). No torch.optim, no addcmul/lerp/alpha= (they may fuse), no foreach or
 fused kernels. Scalars are rounded to fp32 once (`f32`) before they touch a tensor; powers like beta^t
-come from running products kept in the state, never from pow/exp.
+come from running products kept in the state, never from pow/exp. Results go where `Buffers` says: writing an op's
+result into a given tensor (`out=`) rounds exactly as a new one would, so recycling changes no bit.
 """
 import math
 
@@ -16,6 +17,38 @@ from hilo.schemas.errors import MalformedMessage
 def f32(x: float) -> torch.Tensor:
     """A 0-dim fp32 tensor: the scalar operand of an fp32 op, rounded exactly once."""
     return torch.tensor(x, dtype=torch.float32)
+
+
+def _fits(t, like: torch.Tensor) -> bool:
+    return t is not None and t.shape == like.shape and t.dtype == like.dtype and t.is_contiguous()
+
+
+class Buffers:
+    """Where a step writes: the tensors of a discarded state (recycled: no adapter-sized allocation per version), or
+    new ones. `scratch` is a list of flat buffers, kept by the caller across steps, that hold a block's temporaries."""
+
+    def __init__(self, params: list | None = None, slots: dict | None = None, scratch: list | None = None):
+        self._params, self._slots = params, slots or {}
+        self._scratch = scratch if scratch is not None else []
+
+    def param(self, i: int, like: torch.Tensor) -> torch.Tensor:
+        """Block i's new parameters go here."""
+        t = self._params[i] if self._params else None
+        return t if _fits(t, like) else torch.empty_like(like, memory_format=torch.contiguous_format)
+
+    def slot(self, name: str, i: int, like: torch.Tensor) -> torch.Tensor:
+        """Block i's new optimizer slot `name` goes here."""
+        ts = self._slots.get(name)
+        t = ts[i] if ts else None
+        return t if _fits(t, like) else torch.empty_like(like, memory_format=torch.contiguous_format)
+
+    def scratch(self, like: torch.Tensor, k: int = 0) -> torch.Tensor:
+        """A temporary shaped like `like` (the k-th, for two alive at once); valid until the next call with this k."""
+        while len(self._scratch) <= k:
+            self._scratch.append(torch.empty(0, dtype=torch.float32))
+        if self._scratch[k].numel() < like.numel():
+            self._scratch[k] = torch.empty(like.numel(), dtype=torch.float32)
+        return self._scratch[k][:like.numel()].view(like.shape)
 
 
 class Optimizer:
@@ -50,8 +83,9 @@ class Optimizer:
             out[k] = v
         return out
 
-    def step(self, params: list, grads: list, slots: dict, scalars: dict, h: dict):
-        """Return (new_params, new_slots, new_scalars); inputs are never modified."""
+    def step(self, params: list, grads: list, slots: dict, scalars: dict, h: dict, out: Buffers | None = None):
+        """Return (new_params, new_slots, new_scalars), written where `out` says (new tensors without it); inputs are
+        never modified."""
         raise NotImplementedError
 
 

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .base import INF, Optimizer, f32
+from .base import INF, Buffers, Optimizer, f32
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic coefficients from the Muon reference implementation
 NS_STEPS = 5
@@ -33,14 +33,15 @@ class Muon(Optimizer):
     hparams = {"lr": (0.02, 0.0, INF), "momentum": (0.95, 0.0, 1.0), "weight_decay": (0.0, 0.0, INF)}
     open_hi = frozenset({"momentum"})
 
-    def step(self, params, grads, slots, scalars, h):
-        """One Muon step, out of place."""
+    def step(self, params, grads, slots, scalars, h, out=None):
+        """One Muon step; parameters and momentum written where `out` says (Newton-Schulz allocates its products)."""
+        out = out or Buffers()
         mu, decay = f32(h["momentum"]), f32(1.0 - h["lr"] * h["weight_decay"])
         new_p, new_b = [], []
-        for p, g, b in zip(params, grads, slots["momentum"]):
-            b = torch.mul(b, mu).add_(g)
-            u = torch.add(g, torch.mul(b, mu))
+        for i, (p, g, b) in enumerate(zip(params, grads, slots["momentum"])):
+            b = torch.mul(b, mu, out=out.slot("momentum", i, b)).add_(g)
+            u = torch.add(g, torch.mul(b, mu, out=out.scratch(b)), out=out.scratch(b))
             scale = f32(h["lr"] * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
-            new_p.append(torch.mul(p, decay).sub_(newton_schulz(u).mul_(scale)))
+            new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(newton_schulz(u).mul_(scale)))
             new_b.append(b)
         return new_p, {"momentum": new_b}, {"t": scalars["t"] + 1.0}

@@ -1,7 +1,7 @@
 """SGD with momentum, torch.optim.SGD semantics (coupled weight decay, dampening 0, optional Nesterov)."""
 import torch
 
-from .base import INF, Optimizer, f32
+from .base import INF, Buffers, Optimizer, f32
 
 
 class SGD(Optimizer):
@@ -12,15 +12,16 @@ class SGD(Optimizer):
     hparams = {"lr": (0.01, 0.0, INF), "momentum": (0.9, 0.0, 1.0), "weight_decay": (0.0, 0.0, INF), "nesterov": (0.0, 0.0, 1.0)}
     open_hi = frozenset({"momentum"})
 
-    def step(self, params, grads, slots, scalars, h):
-        """One SGD-momentum step, out of place."""
+    def step(self, params, grads, slots, scalars, h, out=None):
+        """One SGD-momentum step; results written where `out` says."""
+        out = out or Buffers()
         lr, mu, wd = f32(h["lr"]), f32(h["momentum"]), f32(h["weight_decay"])
         new_p, new_b = [], []
-        for p, g, b in zip(params, grads, slots["momentum"]):
+        for i, (p, g, b) in enumerate(zip(params, grads, slots["momentum"])):
             if h["weight_decay"]:
-                g = torch.add(g, torch.mul(p, wd))
-            b = torch.add(torch.mul(b, mu), g)  # zero-initialised buffer: step 1 gives b = g, like torch
-            d = torch.add(g, torch.mul(b, mu)) if h["nesterov"] else b
-            new_p.append(torch.sub(p, torch.mul(d, lr)))
+                g = torch.add(g, torch.mul(p, wd, out=out.scratch(p, 1)), out=out.scratch(p, 1))
+            b = torch.mul(b, mu, out=out.slot("momentum", i, b)).add_(g)  # zero-initialised buffer: step 1 gives b = g, like torch
+            d = torch.add(g, torch.mul(b, mu, out=out.scratch(b)), out=out.scratch(b)) if h["nesterov"] else b
+            new_p.append(torch.sub(p, torch.mul(d, lr, out=out.scratch(d, 2)), out=out.param(i, p)))
             new_b.append(b)
         return new_p, {"momentum": new_b}, {"t": scalars["t"] + 1.0}

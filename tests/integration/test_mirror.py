@@ -135,3 +135,28 @@ def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(
     assert log_versions(open_log(mirror), run) == log_versions(open_log(KAFKA_URL), run)  # every version, once
     assert len([r for r in records(open_log(mirror), updates_topic(run)) if r.headers.get(H.RUN) == run]) == 7
     producer.close()
+
+
+def test_bench_fanout_quick_splits_sites_over_the_mirror_and_the_source_serves_one_copy_for_them(cluster_b, tmp_path):
+    """What CI runs of `hilo bench fanout`: 1 and 2 sites on the source, then 1 + 1 over source and mirror."""
+    mirror, _ = cluster_b
+    p = hilo("bench", "fanout", "--log", KAFKA_URL, "--mirror", mirror, "--sites", "1,2", "--versions", "3",
+             "--interval", "0.5", "--json", "--out", str(tmp_path / "out"))
+    out, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+    res = json.loads(out)
+    assert json.loads((tmp_path / "out" / "fanout.json").read_text()) == res
+    rows = {(r["sites_source"], r["sites_mirror"]): r for r in res["rows"]}
+    assert sorted(rows) == [(1, 0), (1, 1), (2, 0)]
+    for r in rows.values():  # every site reached the trainer's digest (the bench raises otherwise); figures plausible
+        assert 0 < r["freshness_median_s"] <= r["freshness_p90_s"] <= r["freshness_max_s"] < 60
+    msg = rows[1, 0]["message_record_bytes"]
+    assert 1_000 < msg < 40_000                                          # spar4 at 1.6% of a 524 KB adapter, and headers
+    near = lambda got, want: abs(got - want) <= 0.01 * want  # noqa: E731 - runs differ only in header digits
+    assert near(rows[1, 0]["egress_source_per_version"], msg)
+    assert near(rows[2, 0]["egress_source_per_version"], 2 * msg)       # each site reads each version once
+    # split: the source serves its site and MirrorMaker's one copy; the mirror serves the other site
+    assert near(rows[1, 1]["egress_source_per_version"], 2 * msg)
+    assert near(rows[1, 1]["egress_mirror_per_version"], msg)
+    assert rows[1, 1]["mirror_freshness_median_s"] > 0
+    assert res["ratio_sites"] == [2, 1] and res["freshness_ratio_most_to_one"] > 0

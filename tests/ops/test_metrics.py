@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hilo.log import open_log, updates_topic
-from hilo.log.tail import head
+from hilo.log.tail import head, records
 from hilo.ops.metrics_server import MetricsConfig, MetricsServer
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas import headers as H
@@ -86,6 +86,13 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path):
         for stage in STAGES:  # one observation per version applied, per stage
             assert value(m, "hilo_site_stage_seconds_count", stage=stage) == 7, stage
         assert value(m, "hilo_site_bootstrap_info", source="checkpoint") == 1
+        # its share of the cluster's egress: every update record of the run, values and headers, read once
+        recs = [r for r in records(open_log(log_url), updates_topic(run)) if r.headers.get(H.RUN) == run]
+        assert value(m, "hilo_site_update_bytes_read_total") == sum(
+            len(r.value) + sum(len(k) + len(v) for k, v in r.headers.items()) for r in recs) > 0
+        # freshness needs the log's record timestamps: Kafka has them, the file log does not
+        fresh = value(m, "hilo_site_freshness_seconds_count")
+        assert fresh == (7 if log_url.startswith("kafka://") else 0) and value(m, "hilo_site_freshness_seconds_sum") >= 0
         assert value(m, "hilo_site_stopped") == 0 and value(m, "hilo_site_seconds_since_applied") >= 0
         assert get(url + "/readyz") == (200, "v7, 0 behind the head\n") and get(url + "/healthz")[0] == 200
         # every metric the dashboard queries is one a site or the trainer exports

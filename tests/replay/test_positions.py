@@ -76,3 +76,42 @@ def test_a_site_moves_from_the_source_to_a_mirror_and_back_and_continues_exactly
     late = open_site(mirror, run, tmp_path, name="late", idle_exit_s=0.5)
     assert late.run(progress=False) == 10 and late.follower.replica.digest == producer.replica.digest
     producer.close()
+
+
+def _followed(tmp_path, name, versions):
+    """A source holding `versions` versions of a new run, and site "s" that applied them all: (run, url, producer)."""
+    run = new_run(name)
+    url, producer = _source(tmp_path, run, versions)
+    assert open_site(url, run, tmp_path, idle_exit_s=0.5).run(progress=False) == versions
+    return run, url, producer
+
+
+def _files(d) -> dict:
+    return {p.name: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_the_sites_state_is_kept(tmp_path):
+    run, url, producer = _followed(tmp_path, "samename", 4)
+    state = _files(tmp_path / "s")
+    # another cluster where someone started a different history under the same run name (another base, another seed)
+    other = HiLoProducer(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
+    publish_random(other, 6, seed=9)
+    with pytest.raises(LogError, match=r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history") as e:
+        open_site(f"file://{tmp_path}/c", run, tmp_path, idle_exit_s=0.5)
+    assert "\n" not in str(e.value)
+    assert _files(tmp_path / "s") == state                                  # nothing of the site's state changed
+    site = open_site(url, run, tmp_path, idle_exit_s=0.5)                   # and it still follows its own run
+    publish_random(producer, 1, seed=3)
+    assert site.run(progress=False) == 5 and site.follower.replica.digest == producer.replica.digest
+    producer.close()
+    other.close()
+
+
+def test_a_cluster_without_the_run_is_one_line_naming_the_runs_it_holds(tmp_path):
+    run, _, producer = _followed(tmp_path, "absent", 2)
+    elsewhere = f"file://{tmp_path}/d"
+    HiLoProducer(small_model(), producer_config(run="someone-elses-run", log=elsewhere, codec="dense")).close()
+    with pytest.raises(LogError, match=rf"site s: {elsewhere} holds no run '{run}' after 0.5 s \(it holds someone-elses-run\)") as e:
+        open_site(elsewhere, run, tmp_path, wait_checkpoint_s=0.5)
+    assert "\n" not in str(e.value)
+    producer.close()
