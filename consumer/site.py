@@ -11,9 +11,11 @@ After each read of the log, the *newest* applied version is exported, handed to 
 into vLLM: a site catching up does not replay a backlog of reloads. If vLLM is down, the site keeps
 applying versions and retries the newest one; the served adapter directory is never pruned.
 """
+import collections
 import json
 import logging
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -23,6 +25,7 @@ from tqdm import tqdm
 from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group, updates_topic
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
+from hilo.log.site_reports import LINK_BPS
 from hilo.log.tail import head
 from hilo.replay.bad_records import POLICIES, Skipped
 from hilo.replay.follower import Applied, Follower
@@ -146,6 +149,7 @@ class Site:
         self.head = (None, None)      # (version, log bytes) of the log's head, refreshed by `refresh_head`
         self.head_checked = 0.0       # monotonic time of that refresh
         self.last_applied_at = clock()
+        self.deliveries = collections.deque(maxlen=8)  # bytes/s of the last messages read at the head (Applied.delivery)
         self.generator = None         # answers the run's prompts between versions, once `generate` is called
         self.metrics.set_function("seconds_since_applied", lambda: self.clock() - self.last_applied_at)
         self.metrics.set("serving_version", -1)
@@ -299,6 +303,9 @@ class Site:
         self.last_applied_at = self.clock()
         m.set("last_applied_timestamp_seconds", self.last_applied_at)
         m.inc("update_bytes_read", applied.record_bytes)
+        if applied.delivery and applied.delivery[1] > 0:  # <= 0: the trainer's clock is ahead of this one
+            self.deliveries.append(applied.delivery[0] / applied.delivery[1])
+            m.set("link_bytes_per_second", statistics.median(self.deliveries))
         if applied.written_at is not None:
             m.observe("freshness_seconds", max(0.0, self.last_applied_at - applied.written_at))
         for stage, seconds in applied.timing.items():
@@ -406,6 +413,8 @@ class Site:
         f = self.follower
         meta = {"site": self.cfg.site, "version": f.replica.version, "digest": f.replica.digest.hex(),
                 "log_bytes": f.log_bytes, "applied_at": round(self.clock(), 3)}
+        if self.deliveries:  # what `--budget auto` sizes messages by (producer/link_budget.py)
+            meta[LINK_BPS] = round(statistics.median(self.deliveries))
         if self.server is not None:
             meta["serving_version"] = self.state.serving[0] if self.state.serving else None
         crashpoints.reach("site.committing")

@@ -1,8 +1,8 @@
 """`hilo lag`: where every site of a run stands, laid out like `kafka-consumer-groups --describe`."""
-import json
 import time
 
 from hilo.log import site_group, updates_topic
+from hilo.log.site_reports import site_reports
 from hilo.log.tail import head, locate
 from hilo.schemas import headers as H
 from hilo.schemas.errors import HiloError
@@ -24,15 +24,7 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
     end = log.end_offset(topic)
     rows = []
     prefix = site_group(run, "")
-    for group in log.groups(prefix):
-        c = log.committed(group, topic)
-        if c is None:
-            continue
-        offset, meta = c
-        try:
-            m = json.loads(meta or "{}")
-        except json.JSONDecodeError:
-            m = {}
+    for group, offset, m in site_reports(log, run):
         version = int(m.get("version", -1))
         rows.append({
             "site": m.get("site", group[len(prefix):]), "applied_version": version,

@@ -35,6 +35,7 @@ from hilo.schemas.signing import Signer
 
 from .delta import MODES
 from . import trainer_state
+from .link_budget import AutoBudget, LinkBudget
 from .lora_params import lora_parameters
 from .resume import TrainerStart, catch_up
 from .retention_guard import RetentionGuard
@@ -69,7 +70,9 @@ class ProducerConfig:
     run: run id; topics are RUN.updates and RUN.checkpoints.
     log: file://DIR (embedded, one machine) or kafka://HOST:PORT. Default: file://./hilo-log
     codec: dense | topk | powersgd | spar | spar4 (replica/codecs/__init__.py). Default: spar4 (4-bit factors; `spar` sends fp16 ones, see README "Does it learn as well?")
-    budget: bytes per message (Budget(fraction=...) of the bf16 adapter, or Budget(bytes=...)). Default: 1.6%
+    budget: bytes per message (Budget(fraction=...) of the bf16 adapter, or Budget(bytes=...)), or AutoBudget():
+        each version's budget fitted to the slowest site's measured link (`--budget auto`, producer/link_budget.py).
+        Default: 1.6%
     optimizer: sgd | adamw | lion | muon. Default: adamw
     hparams: optimizer hyperparameter defaults (lr, betas, ...); step(**h) overrides per step.
     checkpoint_every: publish a full checkpoint every K versions (bootstrap for late sites). Default: 50
@@ -99,7 +102,7 @@ class ProducerConfig:
     run: str
     log: str = "file://./hilo-log"
     codec: str = "spar4"
-    budget: Budget = Budget()
+    budget: Budget | AutoBudget = Budget()
     optimizer: str = "adamw"
     hparams: dict = field(default_factory=dict)
     checkpoint_every: int = 50
@@ -119,6 +122,8 @@ class ProducerConfig:
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
         check_kafka_config(self.log, self.kafka_config)
+        if not isinstance(self.budget, (Budget, AutoBudget)):
+            raise ConfigError(f"ProducerConfig.budget = {self.budget!r}: expected a Budget or an AutoBudget")
         if self.codec not in CODECS:
             raise ConfigError(f"ProducerConfig.codec = {self.codec!r}: expected one of {sorted(CODECS)}")
         if self.optimizer not in OPTIMIZERS:
@@ -179,7 +184,10 @@ class HiLoProducer:
         self.snapshot_version = started.snapshot_version  # the trainer snapshot this start used, if any
         self._count_skips(started.skips)
         self.metrics.set("published_version", replica.version)
-        self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest, config.budget))
+        auto = isinstance(config.budget, AutoBudget)
+        self.link_budget = LinkBudget(config.budget, self.log, config.run, self.manifest.adapter_bytes()) if auto else None
+        self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest,
+                                                          Budget(config.budget.start) if auto else config.budget))
         self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
         self.pending = None  # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
         self.history = HistoryWriter(config.history) if config.history else None
@@ -334,6 +342,9 @@ class HiLoProducer:
         t0 = time.perf_counter()
         if self.in_doubt is not None:
             self.resync()
+        if self.link_budget is not None:  # fitted to the slowest site's link; the message's meta says why
+            self.builder.encoder.budget, why = self.link_budget.choose()
+            meta = dict(meta or {}) | {f"budget_{k}": v for k, v in why.items()}
         proposal, pending = self.sync.propose(self.builder, self.gradients(), self.config.hparams | hparams, meta)
         version = self._publish(proposal, pending, t0)
         if zero_grad:

@@ -92,6 +92,9 @@ class Applied:
     timing: dict   # seconds per stage: fetch (reads that returned records, since the previous version), verify, decode, apply
     written_at: float | None = None  # when its last record was written (the log's timestamp; None on the file log)
     record_bytes: int = 0            # bytes of its records (values and headers) this reader fetched
+    # (record bytes, seconds from its first record's log timestamp to the read that completed it) for a message written
+    # while this reader was already waiting for it: what the link delivers; None otherwise (it waited for the reader)
+    delivery: tuple | None = None
 
     @property
     def version(self) -> int:
@@ -124,6 +127,8 @@ class Follower:
         self.skips = collections.Counter()  # reason -> records skipped
         self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
         self.fetch_s = 0.0                 # time in reads that returned records since the last applied version
+        self._read_start = self._read_wall = 0.0  # wall times the current read began and returned
+        self._first = None                 # (first record's log timestamp, written while this reader waited) of a message
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = list(position.keys)
@@ -147,8 +152,9 @@ class Follower:
     def updates(self, timeout_s: float = 1.0) -> Iterator[Applied | Skipped]:
         """Read once; yield each version as it is applied, and each record skipped. Stopping the iteration early
         stops between versions: a half-read message is dropped and read again by the next call."""
-        t0 = time.perf_counter()
+        t0, self._read_start = time.perf_counter(), time.time()
         batch = self.log.read(self.topic, self.read_offset, timeout_s)
+        self._read_wall = time.time()
         if batch:
             self.fetch_s += time.perf_counter() - t0
             crashpoints.reach("follower.fetched")
@@ -176,6 +182,9 @@ class Follower:
     def _feed(self, rec) -> Applied | Skipped | None:
         """One record: reassemble; apply a complete update (returns it), skip (returns a Skipped) what cannot be a
         valid message of this run, or raise what must stop the follower."""
+        if rec.headers.get(H.CHUNK, "").startswith("0/"):
+            ts = rec.timestamp
+            self._first = (ts, ts is not None and ts >= self._read_start)
         try:
             msg = self.reassembler.feed(rec)
         except HiloError as e:
@@ -230,8 +239,11 @@ class Follower:
         self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
         self.next_offset = msg.last_offset + 1
         self.skipped_since_applied = []
+        delivery = None
+        if self._first is not None and self._first[0] is not None and self._first[1]:
+            delivery = (msg.record_bytes, self._read_wall - self._first[0])
         return Applied(upd, msg.first_offset, msg.last_offset, msg.headers, self.replica.digest, timing, msg.written_at,
-                       msg.record_bytes)
+                       msg.record_bytes, delivery)
 
     def position(self, saved_at: float | None = None) -> Position:
         """Where this follower stands: what a snapshot of its replica stores."""

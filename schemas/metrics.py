@@ -63,6 +63,9 @@ TABLE = (
           "the writer's clock; a mirror keeps it) to applied here.", (), STAGE_BUCKETS),
     _site("update_bytes_read", "counter", "Bytes of update records (values and headers) this site read: its share of "
           "the cluster's egress."),
+    _site("link_bytes_per_second", "gauge", "Median bytes/s of the site's last 8 messages written while it waited: a message's "
+          "record bytes over the seconds from its first record's log timestamp to having it all (the writer's clock "
+          "against this one). What the site reports for --budget auto."),
     _site("versions_applied", "counter", "Versions applied since the process started (replayed ones included)."),
     _site("versions_replayed", "counter", "Versions applied while catching up to the head seen at start."),
     _site("stage_seconds", "histogram", "Time per version and stage: fetch (reads that returned records), verify "

@@ -13,10 +13,15 @@ import typing
 
 
 def budget(text: str):
-    """'0.016' (fraction of the bf16 adapter), '1.6%', or a byte count like '2MB' / '500000'."""
+    """'0.016' (fraction of the bf16 adapter), '1.6%', a byte count like '2MB' / '500000', or 'auto[:SHARE]'
+    (fitted to the slowest site's link: a version may take SHARE of the step time to reach it, default 0.5)."""
     from hilo.replica.codecs import Budget
+    from hilo.schemas.errors import ConfigError
     t = text.strip().upper()
     try:
+        if t == "AUTO" or t.startswith("AUTO:"):
+            from hilo.producer.link_budget import AutoBudget
+            return AutoBudget(share=float(t[5:])) if t.startswith("AUTO:") else AutoBudget()
         if t.endswith("%"):
             return Budget(fraction=float(t[:-1]) / 100)
         for suffix, mult in (("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("B", 1)):
@@ -24,7 +29,7 @@ def budget(text: str):
                 return Budget(fraction=None, bytes=int(float(t[: -len(suffix)]) * mult))
         v = float(t)
         return Budget(fraction=v) if v <= 4 else Budget(fraction=None, bytes=int(v))
-    except ValueError as e:
+    except (ValueError, ConfigError) as e:
         raise argparse.ArgumentTypeError(f"--budget {text!r}: {e}") from None
 
 

@@ -40,7 +40,9 @@ def register(sub):
     p = sub.add_parser("produce", help=COMMANDS["produce"][1])
     common(p)
     p.add_argument("--budget", type=budget, default=ProducerConfig.budget,
-                   help=f"bytes per message: 1.6%%, 0.016, 2MB or 2000000 (default: {ProducerConfig.budget.describe()}%)")
+                   help=f"bytes per message: 1.6%%, 0.016, 2MB or 2000000; or auto[:SHARE], fitted per version to the slowest "
+                   f"site's measured link so that a version reaches it within SHARE of the step time (default 0.5; "
+                   f"producer/link_budget.py) (default: {ProducerConfig.budget.describe()}%)")
     config_options(p, ProducerConfig, FIELDS, choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES),
                                                        "on_bad_record": list(POLICIES)})
     metrics_options(p)

@@ -103,8 +103,9 @@ def factor_payload(i: int, g: torch.Tensor, U: torch.Tensor, V: torch.Tensor, bi
     return FactorPrefixes(i, g, lambda K: (U[:, :K], V[:, :K]), k, bits).payload(k)
 
 
-def decode_block(entry: dict, shape, what: str, limits) -> torch.Tensor:
-    """Rebuild one (m, n) block from its factors; lengths are checked before anything is allocated."""
+def decode_block(entry: dict, shape, what: str, limits, scratch: list | None = None) -> torch.Tensor:
+    """Rebuild one (m, n) block from its factors; lengths are checked before anything is allocated. `scratch`: a
+    one-item list holding a flat buffer reused for each rank-1 term (grown as needed), instead of a new (m, n) each."""
     m, n = shape
     k = F.get_int(entry, "k", what, 0, min(m, n))
     bits = F.get_int(entry, "bits", what, 0) if "bits" in entry else 16
@@ -118,8 +119,13 @@ def decode_block(entry: dict, shape, what: str, limits) -> torch.Tensor:
         v = from_bytes(F.req(entry, "v", what), "float16", (k, n), f"{what} field 'v'", limits)
     s = from_bytes(F.req(entry, "s", what), "float32", (k,), f"{what} field 's'", limits)
     out = torch.zeros(m, n)
-    for j in range(k):  # fixed order, individually rounded fp32 ops
-        out.add_(torch.mul(torch.mul(u[j], s[j]).unsqueeze(1), v[j].unsqueeze(0)))
+    if k:
+        scratch = scratch if scratch is not None else [torch.empty(0)]
+        if scratch[0].numel() < m * n:
+            scratch[0] = torch.empty(m * n)
+        term = scratch[0][:m * n].view(m, n)
+    for j in range(k):  # fixed order, individually rounded fp32 ops (a result written into `term` rounds the same)
+        out.add_(torch.mul(torch.mul(u[j], s[j]).unsqueeze(1), v[j].unsqueeze(0), out=term))
     return out
 
 
@@ -130,9 +136,9 @@ def max_block_bytes(shape) -> int:
 
 def decode(manifest, params, blocks, what, limits):
     """Rebuild every present block from its factors; absent blocks are zero."""
-    out = [None] * len(manifest.blocks)
+    out, scratch = [None] * len(manifest.blocks), [torch.empty(0)]
     for i, entry in block_entries(manifest, blocks, what, require_all=False):
-        out[i] = decode_block(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits)
+        out[i] = decode_block(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits, scratch)
     return [o if o is not None else torch.zeros(b.shape) for o, b in zip(out, manifest.blocks)]
 
 

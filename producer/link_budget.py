@@ -1,0 +1,125 @@
+"""`--budget auto`: each version's byte budget fitted to the slowest site's link.
+
+Sites measure what their link delivers. For each message written while a site was already waiting for it (its
+first record's log timestamp, Kafka's CreateTime on the trainer's clock, is after the site's read began), the site
+times it from that timestamp to the read that completed it, and reports the median bytes/s of its last such
+messages with its committed position (replay/follower.py `Applied.delivery`, log/site_reports.py). That is an
+effective rate: the link's latency and the transaction commit are in it, so it is low for small messages and never
+flatters a link. Before each version the trainer reads the reports (at most every `refresh_s`), takes the slowest
+recent one, and gives the message what that site receives in `share` of the trainer's step time (the median
+interval between its last steps):
+
+    bytes = share * step_s * slowest_bytes_per_s, within [floor, ceiling] of the bf16 adapter
+
+Until a site reports (none yet; the file log has no timestamps; a message that waited for a busy or catching-up
+site measures nothing) the budget is `start`. Each message's meta says what was chosen and why ("budget_*"); the
+trainer logs a change of over 10%. Sites need nothing new: a message's size is the codec's business, and every
+replica decodes it the same. Trainer and site clocks are assumed NTP-close (a skew of s seconds shifts each
+measurement by s).
+"""
+import collections
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+from hilo.log.site_reports import LINK_BPS, site_reports
+from hilo.replica.codecs import Budget
+from hilo.schemas.errors import ConfigError, HiloError
+
+logger = logging.getLogger(__name__)
+STEPS_KEPT = 8  # step intervals the step time is the median of
+
+
+@dataclass(frozen=True)
+class AutoBudget:
+    """`--budget auto` (ProducerConfig.budget): the rule's settings, as fractions of the bf16 adapter.
+
+    start: the budget until a site reports its link. Default: 0.016
+    share: the share of the step time a version may take to cross the slowest site's link. Default: 0.5
+    floor: the smallest budget chosen. Default: 0.002
+    ceiling: the largest budget chosen. Default: 0.25
+    refresh_s: seconds between reads of the sites' reports. Default: 10
+    max_age_s: a report whose site applied nothing for this long is ignored (a site that left). Default: 600
+    """
+
+    start: float = 0.016
+    share: float = 0.5
+    floor: float = 0.002
+    ceiling: float = 0.25
+    refresh_s: float = 10.0
+    max_age_s: float = 600.0
+
+    def __post_init__(self):
+        for name in ("start", "floor", "ceiling"):
+            if not 0 < getattr(self, name) <= 4:
+                raise ConfigError(f"AutoBudget.{name} = {getattr(self, name)!r}: a fraction of the adapter in (0, 4]")
+        if not self.floor <= self.start <= self.ceiling:
+            raise ConfigError(f"AutoBudget.start = {self.start}: must lie in [floor {self.floor}, ceiling {self.ceiling}]")
+        if not 0 < self.share <= 1:
+            raise ConfigError(f"AutoBudget.share = {self.share!r}: a share of the step time in (0, 1]")
+        if self.refresh_s < 0 or self.max_age_s <= 0:
+            raise ConfigError(f"AutoBudget.refresh_s / max_age_s = {self.refresh_s} / {self.max_age_s}: must be >= 0 / > 0")
+
+    def describe(self) -> str:
+        """As `--budget` takes it."""
+        return "auto"
+
+    def message_bytes(self, manifest) -> int:
+        """The smallest message it may choose (what the producer checks leaves room for a payload)."""
+        return Budget(self.floor).message_bytes(manifest)
+
+    def payload_bytes(self, manifest) -> int:
+        """The payload of the smallest message it may choose."""
+        return Budget(self.floor).payload_bytes(manifest)
+
+
+class LinkBudget:
+    """Chooses each version's Budget by the AutoBudget rule from the run's site reports."""
+
+    def __init__(self, cfg: AutoBudget, log, run: str, adapter_bytes: int, clock=time.monotonic, wall=time.time):
+        self.cfg, self.log, self.run, self.adapter_bytes = cfg, log, run, adapter_bytes
+        self.clock, self.wall = clock, wall
+        self.steps = collections.deque(maxlen=STEPS_KEPT)
+        self.last_step = None
+        self.links, self.read_at = {}, None  # site -> bytes/s, from the last read of the reports
+        self.fraction = cfg.start
+
+    def _read(self) -> dict:
+        """site -> reported bytes/s, for the sites that applied something within max_age_s."""
+        now, out = self.wall(), {}
+        try:
+            reports = site_reports(self.log, self.run)
+        except HiloError as e:  # the reports are advisory: keep the last ones
+            logger.warning("run %s: --budget auto could not read the sites' reports (%s); keeping the last", self.run, e)
+            return self.links
+        for group, _, m in reports:
+            bps = m.get(LINK_BPS)
+            if isinstance(bps, (int, float)) and bps > 0 and now - float(m.get("applied_at", 0)) <= self.cfg.max_age_s:
+                out[str(m.get("site", group))] = float(bps)
+        return out
+
+    def choose(self) -> tuple:
+        """(Budget, why): the next version's budget and the facts it came from (what the message's meta carries)."""
+        cfg, now = self.cfg, self.clock()
+        if self.last_step is not None:
+            self.steps.append(now - self.last_step)
+        self.last_step = now
+        if self.read_at is None or now - self.read_at >= cfg.refresh_s:
+            self.links, self.read_at = self._read(), now
+        if not self.links or not self.steps:
+            fraction = cfg.start
+            why = {"rule": "start", "reason": "no site has reported its link yet" if not self.links else "first step"}
+        else:
+            site, bps = min(self.links.items(), key=lambda kv: kv[1])
+            step_s = statistics.median(self.steps)
+            want = cfg.share * step_s * bps / self.adapter_bytes
+            fraction = min(cfg.ceiling, max(cfg.floor, want))
+            rule = "link" if fraction == want else ("ceiling" if want > cfg.ceiling else "floor")
+            why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": round(step_s, 3), "share": cfg.share}
+        why["fraction"] = round(fraction, 6)
+        if abs(fraction - self.fraction) > 0.1 * self.fraction:
+            logger.info("run %s: --budget auto: %.3f%% of the adapter (was %.3f%%): %s", self.run, 100 * fraction,
+                        100 * self.fraction, why)
+        self.fraction = fraction
+        return Budget(fraction=fraction), why
