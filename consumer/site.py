@@ -149,7 +149,7 @@ class Site:
         self.head = (None, None)      # (version, log bytes) of the log's head, refreshed by `refresh_head`
         self.head_checked = 0.0       # monotonic time of that refresh
         self.last_applied_at = clock()
-        self.deliveries = collections.deque(maxlen=8)  # bytes/s of the last messages read at the head (Applied.delivery)
+        self.deliveries = collections.deque(maxlen=8)  # bytes/s of the last messages written while it waited (Applied.delivery)
         self.generator = None         # answers the run's prompts between versions, once `generate` is called
         self.metrics.set_function("seconds_since_applied", lambda: self.clock() - self.last_applied_at)
         self.metrics.set("serving_version", -1)
