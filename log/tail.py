@@ -1,4 +1,6 @@
 """Reading the newest complete message of a topic without scanning it from the start."""
+import time
+
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import Message, Reassembler
 from hilo.schemas.errors import LogError, MalformedMessage
@@ -113,12 +115,33 @@ def _first_record(log, topic: str, run: str, offset: int, end: int):
     return None
 
 
-def locate(log, topic: str, run: str, version: int, hint: int) -> int:
+PATIENCE_S = 15.0  # how long a cluster that looks behind the replica is given to show what it holds
+
+
+def locate(log, topic: str, run: str, version: int, hint: int, patience_s: float = PATIENCE_S) -> int:
+    """`_locate`, given `patience_s` when the cluster looks behind the replica: a trainer's update and its checkpoint
+    commit in one transaction, but Kafka writes the commit marker to each partition separately, so a reader can see
+    the checkpoint of v before v itself on RUN.updates; and a mirror may be copying. LogError after that."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return _locate(log, topic, run, version, hint)
+        except _Behind as e:
+            if time.monotonic() >= deadline:
+                raise LogError(str(e)) from None
+            time.sleep(0.2)  # waiting on the broker's markers or the mirror: nothing to be notified by
+
+
+class _Behind(Exception):
+    """The cluster holds only versions before the replica's (for now)."""
+
+
+def _locate(log, topic: str, run: str, version: int, hint: int) -> int:
     """The offset to read from on this cluster to get `version` of `run` next (its first chunk, or the end when
     `version` is not written yet). `hint` is a stored offset: right on the cluster it came from (one read confirms
     it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
     another offset there; versions only grow along the topic, so a binary search over the records' version headers
-    finds it. LogError when this cluster lacks the version (expired, or it lags behind version - 1)."""
+    finds it. LogError when this cluster lacks the version (expired); _Behind when it holds less than version - 1."""
     begin, end = log.begin_offset(topic), log.end_offset(topic)
 
     def is_start(rec):
@@ -147,7 +170,7 @@ def locate(log, topic: str, run: str, version: int, hint: int) -> int:
     if rec is None and newest == version - 1:
         return lo
     if rec is None:
-        raise LogError(f"{log.url}: {topic} holds run {run!r} up to v{newest}, behind this replica's v{version - 1}: a "
-                       f"mirror that lags (wait for it, or use another cluster) or a cluster without this run's history")
+        raise _Behind(f"{log.url}: {topic} holds run {run!r} up to v{newest}, behind this replica's v{version - 1}: a "
+                      f"mirror that lags (wait for it, or use another cluster) or a cluster without this run's history")
     raise LogError(f"{log.url}: v{version} of run {run!r} is not on {topic} (the next version here is "
                    f"v{rec.headers[H.VERSION]} at offset {rec.offset}): expired, or a cluster that did not copy it")
