@@ -8,8 +8,9 @@ MirrorMaker 2 (ops/kafka/mirror.sh, started by this command for that run) fills 
 trains the tiny Qwen3 (ops/tiny_trainer.py) through HiLoProducer (spar4 at 1.6%, AdamW, Kafka transactions) and
 publishes one version every --interval seconds once every site is following.
 
-Per site and version: freshness, the site's applied time minus the trainer's commit time (both from the histories
-the processes write; one machine, one clock; the first version is a warm-up and not counted), and the part of it the
+Per site and version: freshness, the site's applied time minus the version's log timestamp (Kafka's CreateTime of its
+last record, set as the trainer sends it, just before the commit; a mirror keeps it; one machine, one clock; the
+first version is a warm-up and not counted), from the history each site writes, and the part of it the
 site spent verifying, decoding and applying (the rest is delivery: the broker's fetch path and waiting for a CPU). Per cluster and
 version: egress, the bytes of update records (values and headers) its sites read, plus on the source the one copy
 MirrorMaker reads (the message's record bytes; Kafka's protocol framing is not counted). Every site must end at
@@ -145,8 +146,7 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
     label = f"{on_source} on the source" + (f" + {on_mirror} on the mirror" if on_mirror else "")
     _say(f"bench fanout: {label}: run {run}")
     producer = HiLoProducer(build_model(seed=0), ProducerConfig(
-        run=run, log=cfg.log, codec="spar4", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10_000,
-        history=str(work / "trainer.jsonl")))
+        run=run, log=cfg.log, codec="spar4", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10_000))
     env = dict(os.environ, HILO_MIRROR_DIR=str(work / "mirror"))
     sites = None
     try:
@@ -163,7 +163,6 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
             t_next = time.monotonic() + cfg.interval_s
             train(producer, 1)
         sites.wait(lambda n: sites.procs[n][0].poll() == 0, "done", 120 + cfg.versions * 5)
-        trainer = {e["v"]: e for e in read_history(str(work / "trainer.jsonl")) if not e.get("start")}
         digest = producer.replica.digest.hex()
         fresh = {cfg.log: [], cfg.mirror: []}   # per cluster: (freshness, seconds to verify + decode + apply)
         egress = {cfg.log: 0, cfg.mirror: 0}
@@ -176,7 +175,7 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
                                    f"v{cfg.versions} digest {digest[:12]}")
             for e in applied:
                 if e["v"] >= 2:  # v1 is the warm-up
-                    fresh[url].append((e["t"] - trainer[e["v"]]["t"], e["a"]))
+                    fresh[url].append((e["t"] - e["w"], e["a"]))
                     egress[url] += e["b"]
                     message.append(e["b"])
         per_version = cfg.versions - 1
