@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from tqdm import tqdm
 
 from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group, updates_topic
+from hilo.log.prefetch import Prefetcher
 from hilo.log.base import check_run
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.site_reports import LINK_BPS
@@ -75,6 +76,8 @@ class SiteConfig:
         limit, unsigned or signed by another key in a signed run, another run's) is skipped with one warning, counted
         and written to the history; the site stops only if a later version shows it was needed. stop: the first such
         record stops the site (fail-stop; an operator must remove it). Default: skip
+    prefetch: fetch the next version while this one is verified, decoded and applied (a second log client, one
+        thread; over a slow link the fetch then costs nothing a version waits for). Default: True
     """
 
     log: str
@@ -98,6 +101,7 @@ class SiteConfig:
     kafka_config: str | None = None
     history: str | None = None
     on_bad_record: str = "skip"
+    prefetch: bool = True
 
     def __post_init__(self):
         check_run(self.run, "SiteConfig.run")
@@ -214,7 +218,8 @@ class Site:
             pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                     cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
-        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record)
+        reader = Prefetcher(open_log(cfg.log, kafka_config=cfg.kafka_config), updates_topic(cfg.run)) if cfg.prefetch else None
+        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader)
 
     def _same_history(self, replica, pos: Position):
         """A local snapshot must belong to the history the log holds: same genesis, and a log at least as far."""
@@ -470,6 +475,7 @@ class Site:
             self.commit()
             self.committer.close()  # the final position gets a bounded time to land
             self.committer = None
+            f.close()
             if self.generator is not None and self.generator.queue is not None:
                 self.generator.queue.close()
         return f.replica.version

@@ -112,8 +112,12 @@ class Follower:
     right after a skip stops with a line that names the skipped record.
     """
 
-    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: str = "skip"):
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: str = "skip",
+                 reader=None):
         self.log, self.run, self.replica = log_backend, run, replica
+        # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
+        # offsets, heads and everything else come from log_backend
+        self.reader = reader if reader is not None else log_backend
         self.topic = updates_topic(run)
         next_offset = position.next_offset
         self.next_offset = next_offset     # resume point: a snapshot stores this
@@ -153,8 +157,10 @@ class Follower:
         """Read once; yield each version as it is applied, and each record skipped. Stopping the iteration early
         stops between versions: a half-read message is dropped and read again by the next call."""
         t0, self._read_start = time.perf_counter(), time.time()
-        batch = self.log.read(self.topic, self.read_offset, timeout_s)
+        batch = self.reader.read(self.topic, self.read_offset, timeout_s)
         self._read_wall = time.time()
+        # a batch fetched ahead carries when its fetch ran: what a message's delivery is measured against
+        self._read_start, self._read_wall = getattr(batch, "started", self._read_start), getattr(batch, "fetched", self._read_wall)
         if batch:
             self.fetch_s += time.perf_counter() - t0
             crashpoints.reach("follower.fetched")
@@ -268,6 +274,11 @@ class Follower:
         self.rotations.append((rot.from_version, rot.public_key.hex()))
         logger.info("%s: from v%d the run is signed by key %s (rotation signed by %s)", what, rot.from_version,
                     self.replica.verifier.key_id.hex(), verifier.key_id.hex())
+
+    def close(self) -> None:
+        """Close the reader when it is one of its own (a Prefetcher); the log is the caller's."""
+        if self.reader is not self.log:
+            self.reader.close()
 
     def catch_up(self) -> Iterator[Applied | Skipped]:
         """Apply everything up to the current log end, yielding each version applied and each record skipped."""

@@ -7,12 +7,16 @@ optional teacher hint (reverse KL weighted by `hint_weight`).
 Sync methods (SYNCS): "full" (the dense fp32 gradient: the uncompressed trajectory); HiLo's gradient mode
 with "spar" (fp16 factors), "spar4" (4-bit factors), "spar4-floor" (spar4 with a coverage floor), "powersgd"
 or "topk" at the byte budget; and "delta": delta mode (producer/delta.py) with spar4, where the trainer runs
-the optimizer on its master copy and publishes the compressed master - site difference, applied with "add".
+the optimizer on its master copy and publishes the compressed master - site difference, applied with "add";
+"post": compress after the optimizer, without a master: the trainer differentiates the sites' parameters (as in
+gradient mode) and steps from them with its own optimizer state, and publishes that step, compressed with error
+feedback, applied with "add" (the step a nonlinear optimizer such as Muon takes is what the codec approximates,
+not the gradient it takes it from).
 Every message is framed and decoded exactly as on the wire, by the production classes.
 
 Fidelity, per run: the cosine between the rollout replica's total parameter movement and that of an
 uncompressed "shadow" optimizer stepping on the same trajectory (gradient mode; in delta mode the master
-is that optimizer), how often each block was sent, and the error-feedback residual's norm relative to the
+is that optimizer; in post mode the trainer's optimizer is), how often each block was sent, and the error-feedback residual's norm relative to the
 encoder's input (the gradient; in delta mode the master's movement).
 """
 import copy
@@ -24,7 +28,7 @@ import torch
 
 from hilo.ops.bench.baselines import lossless_delta_payload
 from hilo.ops.bench.pretrain import ANSWER_LEN, PROMPT_LEN, encode, pairs
-from hilo.producer.delta import MasterCopy, relative_lag
+from hilo.producer.delta import MasterCopy, MasterState, relative_lag
 from hilo.producer.lora_params import lora_parameters
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replica.codecs import Budget, make_encoder
@@ -36,9 +40,10 @@ from hilo.replica.replica import PolicyReplica
 class Sync:
     """One sync method of the benchmark: the producer mode and the codec (with its options)."""
 
-    mode: str                                   # gradient | delta
+    mode: str                                   # gradient | delta | post
     codec: str
     options: dict = field(default_factory=dict)  # encoder keyword arguments
+    hparams: dict = field(default_factory=dict)  # optimizer name -> hyperparameters other than lr (travel in messages)
 
 
 SYNCS = {
@@ -49,6 +54,10 @@ SYNCS = {
     "powersgd": Sync("gradient", "powersgd"),
     "topk": Sync("gradient", "topk"),
     "delta": Sync("delta", "spar4"),
+    "post": Sync("post", "spar4"),
+    # Muon's step on a compressed gradient: a sent block's decoded gradient has rank ~2 of 16 at 1.6%, and the
+    # momentum is where a site's step gets the other directions from; a longer horizon averages more of them
+    "spar4-m98": Sync("gradient", "spar4", hparams={"muon": {"momentum": 0.98}}),
 }
 
 
@@ -150,8 +159,26 @@ def _cosine(a: list, b: list) -> float:
     return dot / (na * nb) if na > 0 and nb > 0 else float("nan")
 
 
-def run(cfg: RunConfig, student_base, teacher) -> dict:
-    """Train one policy and report its held-out pass@1/pass@k, bytes per step, learning curve and fidelity."""
+def _probe(before, after, shadow_after, grads, decoded, encoder) -> dict:
+    """One version's per-block fidelity: sent, the decoded gradient's rank, cosine(replica step, shadow step), norm
+    ratio, residual / gradient."""
+    site = [torch.sub(a, b) for a, b in zip(after, before)]
+    shadow = [torch.sub(a, b) for a, b in zip(shadow_after, before)]
+    residual = encoder.residual if encoder.lossy else [torch.zeros_like(g) for g in grads]
+    return {"sent": [bool(d.abs().max() > 0) for d in decoded],
+            "rank": [int(torch.linalg.matrix_rank(d)) if d.dim() == 2 else 1 for d in decoded],
+            "full_rank": [min(d.shape) if d.dim() == 2 else 1 for d in decoded],
+            "cosine": [_cosine([x], [y]) for x, y in zip(site, shadow)],
+            "norm_ratio": [_norm([x]) / max(_norm([y]), 1e-30) for x, y in zip(site, shadow)],
+            "residual_ratio": [_norm([r]) / max(_norm([g]), 1e-30) for r, g in zip(residual, grads)]}
+
+
+def run(cfg: RunConfig, student_base, teacher, probe: list | None = None) -> dict:
+    """Train one policy and report its held-out pass@1/pass@k, bytes per step, learning curve and fidelity.
+
+    With `probe` (gradient mode), one dict per version is appended to it: per block, whether the message carried
+    it, the cosine and norm ratio of the replica's step to the shadow's step from the same params, and the
+    error-feedback residual's norm relative to that block's gradient (`hilo bench probe` reads them)."""
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(cfg.seed)
     model = get_peft_model(copy.deepcopy(student_base), LoraConfig(
@@ -162,10 +189,10 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
     train = pairs("train")
     sync = SYNCS[cfg.sync]
     opt = get_optimizer(cfg.optimizer)
-    hparams = opt.defaults() | {"lr": cfg.lr}
+    hparams = opt.defaults() | sync.hparams.get(cfg.optimizer, {}) | {"lr": cfg.lr}
     run_id = f"quality-{cfg.task}-{cfg.optimizer}-{cfg.sync}-{cfg.seed}"
     start = [p.detach().clone() for p in params]
-    delta = sync.mode == "delta"
+    delta = sync.mode in ("delta", "post")  # the trainer runs the optimizer, sites add
     trainer = PolicyReplica.genesis(run_id, manifest, start, "add" if delta else cfg.optimizer)
     rollout = PolicyReplica.from_checkpoint(trainer.checkpoint())   # what a rollout site holds
     builder = UpdateBuilder(trainer, make_encoder(sync.codec, manifest, Budget(cfg.budget), **sync.options))
@@ -182,7 +209,7 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
         _set(params, rollout.state.params)                             # rollouts come from the site's replica
         model.eval()
         ids = sample(model, prompts, gen)
-        if delta:
+        if sync.mode == "delta":
             _set(params, master.params)                                # the trainer differentiates its master copy
         model.train()
         loss, reward = loss_fn(cfg, model, teacher, ids, answers)
@@ -193,16 +220,22 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
         curve.append(float(reward.mean()))
         before = trainer.state.params
         if delta:
+            if sync.mode == "post":  # the trainer's optimizer steps from the sites' params; only its state is its own
+                master.commit(MasterState([p.clone() for p in before], master.state.slots, master.state.scalars))
             nxt, movement = master.propose(grads, hparams)
             proposal = builder.propose(movement)
             master.commit(nxt)
-            signal = movement
+            signal, new = movement, nxt.params
+            if sync.mode == "post":
+                shadow_move = [torch.add(a, m) for a, m in zip(shadow_move, movement)]
         else:
             new, shadow_slots, shadow_scalars = opt.step(before, grads, shadow_slots, shadow_scalars, hparams)
             shadow_move = [torch.add(a, torch.sub(n, b)) for a, n, b in zip(shadow_move, new, before)]
-            proposal = builder.propose(grads, {"lr": cfg.lr})
+            proposal = builder.propose(grads, hparams)
             signal = grads
         builder.commit(proposal)
+        if probe is not None and sync.mode != "delta":
+            probe.append(_probe(before, trainer.state.params, new, signal, proposal.encoding.decoded, builder.encoder))
         data = proposal.message.to_bytes()
         rollout.apply_bytes(data, f"{run_id} v{proposal.version}")
         digests_equal += rollout.digest == trainer.digest
@@ -219,7 +252,7 @@ def run(cfg: RunConfig, student_base, teacher) -> dict:
     model.eval()
     scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples, torch.Generator().manual_seed(99 + cfg.seed))
     moved = [torch.sub(p, s) for p, s in zip(rollout.state.params, start)]
-    reference = [torch.sub(p, s) for p, s in zip(master.params, start)] if delta else shadow_move
+    reference = [torch.sub(p, s) for p, s in zip(master.params, start)] if sync.mode == "delta" else shadow_move
     return {
         **scores, "curve": curve, "bytes_per_step": float(np.mean(sizes)),
         "adapter_bytes": manifest.adapter_bytes(), "lossless_delta_bytes_per_step": float(np.mean(lossless)) if lossless else None,

@@ -4,9 +4,11 @@
     hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x PLAN (sync x budget) x 5 seeds
 
 The protocol. Every (task, optimizer, sync, budget) cell gets its own learning rate, tuned on the val split
-with seed TUNE_SEED (never a test seed) by pass@1 (pass@4 is nearer its ceiling): full sync on a 4-rate
-half-decade grid, every other cell on the 3 half-decade rates around full sync's choice. Then 5 test seeds
-per cell on the test split. Runs of different methods with the same seed share the LoRA init, the prompt
+with the TUNE_SEEDS (never a test seed) by mean pass@1 (pass@4 is nearer its ceiling): full sync on a 4-rate
+half-decade grid, every other cell on the 3 half-decade rates around full sync's choice. A rate is eligible
+only when neither it nor the next larger half-decade rate collapses on any tuning seed (`choose_rate`; the
+next rate is run when the grid stops short of it), so the choice is never the edge of a cliff. Then 5 test
+seeds per cell on the test split. Runs of different methods with the same seed share the LoRA init, the prompt
 stream and the evaluation sampling, so "vs full" is the paired difference, with its standard error and a
 95% t interval over the seeds. Cells run one (sync, budget) stage at a time, budgets in PRIORITY order (1.6% first). Runs go to a pool of --workers
 processes (one torch thread each); every finished run is appended to DIR/runs.jsonl, so rerunning with the same
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
-from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained
+from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained, weights_digest
 from hilo.ops.bench.report import mean_ci
 from hilo.ops.bench.runstore import RunStore
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
@@ -43,14 +45,17 @@ LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)  # half
 DEFAULT_LR = {"adamw": 1e-3, "muon": 3e-3, "lion": 1e-4, "sgd": 0.03}
 # Every sync method and the budgets (fractions of the bf16 adapter) it runs at; budgets run in PRIORITY order
 # (PLAN's order within a budget is the order the sweep runs them: the issue's questions first)
-PLAN = {"full": (None,), "spar4": (0.010, 0.016, 0.072), "delta": (0.010, 0.016, 0.072), "spar": (0.016, 0.072),
-        "topk": (0.016, 0.072), "powersgd": (0.016, 0.072), "spar4-floor": (0.016,)}
+# (the cells that decide the comparison; spar, spar4-floor and 7.2% ran under the first, one-seed rule and
+# still run with --syncs/--budgets)
+PLAN = {"full": (None,), "spar4": (0.010, 0.016), "delta": (0.010, 0.016), "post": (0.016,), "topk": (0.016,),
+        "powersgd": (0.016,)}
 PRIORITY = (None, 0.016, 0.072, 0.010)  # the target budget first (a sweep cut short has it complete), then
 # the larger one: whether more bytes close the gap is the next question a user asks
 QUICK_SYNCS = ("full", "spar4", "delta")
 STEPS, QUICK_STEPS = 60, 8
 SEEDS = 5                   # test seeds 0..4 per cell
-TUNE_SEED = 1000            # the seed of every tuning run: distinct from every test seed
+TUNE_SEEDS = (1000, 1001, 1002)  # the seeds of every tuning run: distinct from every test seed
+COLLAPSE_MARGIN = 0.02  # a run collapsed if it ends this far below the untrained student's val pass@1 (~2 SE of one)
 QUICK_EVAL_SAMPLES = 4  # the smoke run's held-out samples per problem (the sweep uses RunConfig.eval_samples)
 RUN_VERSION = 4  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
 
@@ -86,9 +91,9 @@ class SweepConfig:
         """(sync, budget) pairs to run, in PRIORITY order of budget (full sync's budget is None)."""
         syncs = self.syncs or (QUICK_SYNCS if self.quick else tuple(PLAN))
         pairs = [(s, None) if s == "full" else (s, b) for s in syncs
-                 for b in ((None,) if s == "full" else self.budgets or ((RunConfig.budget,) if self.quick else PLAN[s]))]
+                 for b in ((None,) if s == "full" else self.budgets or ((RunConfig.budget,) if self.quick else PLAN.get(s, (RunConfig.budget,))))]
         rank, order = {b: i for i, b in enumerate(PRIORITY)}, {s: i for i, s in enumerate(PLAN)}
-        return sorted(dict.fromkeys(pairs), key=lambda p: (rank.get(p[1], len(rank)), order[p[0]]))
+        return sorted(dict.fromkeys(pairs), key=lambda p: (rank.get(p[1], len(rank)), order.get(p[0], len(order))))
 
 
 def lossy_grid(full_lr: float) -> tuple:
@@ -112,9 +117,10 @@ def _worker_init():
     _MODELS = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
 
 
-def _run_id(cfg: RunConfig) -> str:
-    # the pretrained models' specs are part of a run's identity: a new student invalidates every saved run
-    ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(STUDENT), "teacher": asdict(TEACHER)}
+def _run_id(cfg: RunConfig, bases: dict) -> str:
+    # the pretrained models' weights are part of a run's identity: runs from another student are never mixed in
+    # (`bases`: {"student": digest, "teacher": digest}; a spec alone trained to another model elsewhere)
+    ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(STUDENT), "teacher": asdict(TEACHER), "bases": bases}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}"
 
@@ -124,10 +130,10 @@ def _run_one(cfg: RunConfig) -> dict:
     return run(cfg, *_MODELS)
 
 
-def run_all(cfgs: list, runs: RunStore, workers: int, label: str, compute: bool = True) -> list:
+def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, compute: bool = True) -> list:
     """Results of `cfgs` in order: read from `runs` where a finished run is saved, the rest computed in a pool
     and saved as each finishes (or None where compute is False)."""
-    ids = [_run_id(c) for c in cfgs]
+    ids = [_run_id(c, bases) for c in cfgs]
     results = {i: runs.get(r) for i, r in enumerate(ids) if runs.get(r) is not None}
     todo = [i for i in range(len(cfgs)) if i not in results]
     if results:
@@ -147,22 +153,63 @@ def run_all(cfgs: list, runs: RunStore, workers: int, label: str, compute: bool 
     return [results[i] for i in range(len(cfgs))]
 
 
-def _tune(cells: dict, runs, workers, compute, label_: str) -> tuple:
-    """({cell key: best rate by val pass@1}, tuning rows) for {cell key: runs of that cell differing only in lr},
-    all computed in one pool."""
-    flat = [c for cfgs in cells.values() for c in cfgs]
-    results = iter(run_all(flat, runs, workers, label_, compute=compute))
-    best, rows = {}, []
-    for key, cfgs in cells.items():
-        got = [(c, next(results)) for c in cfgs]
-        done = [(c, r) for c, r in got if r is not None]
-        if len(done) < len(cfgs):
-            raise ConfigError(f"quality: {runs.path} holds {len(done)} of {len(cfgs)} tuning runs of {'/'.join(map(str, key))}"
-                              f"; run without --saved-only to finish them")
-        cell_rows = [{"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
-                      "lr": c.lr, "val_pass1": r["pass1"], "val_pass4": r["pass4"]} for c, r in done]
-        best[key] = max(cell_rows, key=lambda r: r["val_pass1"])["lr"]
-        rows += cell_rows
+def choose_rate(scores: dict, floor: float, grid_min: float) -> tuple:
+    """(chosen rate, None) or (None, rate to run next) from {rate: [val pass@1 of each tuning seed]}.
+
+    A run collapses when it ends more than COLLAPSE_MARGIN below `floor` (the untrained student's val pass@1: it
+    ended worse than it started) or at a non-finite score. A rate is eligible when no seed collapses at it nor at
+    the next larger LADDER rate; the best mean among eligible rates wins (the smaller on a tie). Where the winner's
+    next rate has not been run, it is asked for first; where nothing is eligible, the rate below the smallest,
+    down to two below `grid_min` (then the cell is reported as one no rate trains)."""
+    def stable(lr):
+        return all(math.isfinite(x) and x >= floor - COLLAPSE_MARGIN for x in scores[lr])
+
+    def up(lr):
+        i = LADDER.index(lr)
+        return LADDER[i + 1] if i + 1 < len(LADDER) else None
+
+    eligible = [lr for lr in scores if stable(lr) and (up(lr) is None or up(lr) not in scores or stable(up(lr)))]
+    if eligible:
+        best = max(eligible, key=lambda lr: (statistics.mean(scores[lr]), -lr))
+        return (None, up(best)) if up(best) is not None and up(best) not in scores else (best, None)
+    i = LADDER.index(min(scores))
+    if i == 0 or i <= LADDER.index(grid_min) - 2:
+        raise ConfigError(f"quality: every rate from {min(scores):g} up collapses (val pass@1 below the untrained "
+                          f"student's {floor:.3f} - {COLLAPSE_MARGIN}) on some tuning seed")
+    return None, LADDER[i - 1]
+
+
+def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases: dict) -> tuple:
+    """({cell key: chosen rate}, tuning rows) for {cell key: (RunConfig of the cell, starting rates)}: every rate on
+    every TUNE_SEED, then round by round the rates `choose_rate` asks for, each round's runs in one pool."""
+    results = {key: {} for key in cells}   # key -> rate -> [run result per tuning seed]
+    todo = {key: list(rates) for key, (_, rates) in cells.items()}
+    best = {}
+    while todo:
+        flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key, lrs in todo.items() for lr in lrs for s in TUNE_SEEDS]
+        got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute=compute)
+        for (key, lr, c), r in zip(flat, got):
+            if r is None:
+                raise ConfigError(f"quality: {runs.path} lacks the tuning run {c.task}/{c.optimizer}/{c.sync}@{c.budget} lr={c.lr:g} "
+                                  f"seed={c.seed}; run without --saved-only to finish it")
+            results[key].setdefault(lr, []).append(r)
+        todo = {}
+        for key in cells:
+            if key not in best:
+                chosen, nxt = choose_rate({lr: [r["pass1"] for r in rs] for lr, rs in results[key].items()}, floor,
+                                          min(cells[key][1]))
+                if chosen is None:
+                    todo[key] = [nxt]
+                else:
+                    best[key] = chosen
+    rows = []
+    for key, (c, _) in cells.items():
+        for lr, rs in sorted(results[key].items()):
+            p1 = [r["pass1"] for r in rs]
+            rows.append({"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
+                         "lr": lr, "val_pass1": statistics.mean(p1), "val_pass1_seeds": p1,
+                         "val_pass4": statistics.mean(r["pass4"] for r in rs),
+                         "stable": all(math.isfinite(x) and x >= floor - COLLAPSE_MARGIN for x in p1), "chosen": lr == best[key]})
     return best, rows
 
 
@@ -207,7 +254,7 @@ def paired(cell: dict, full: dict, key: str = "pass4") -> dict | None:
 def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     """Run the sweep (resuming from out/runs.jsonl); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
 
-    Per budget in PRIORITY order: tune every cell of that budget on val (seed TUNE_SEED; full sync on its LR_GRID,
+    Per budget in PRIORITY order: tune every cell of that budget on val (TUNE_SEEDS, `choose_rate`; full sync on its LR_GRID,
     every other method on the 3 rates around full sync's choice), then run its test seeds (seed-major, so a sweep
     stopped early has every cell at the same number of seeds, give or take one). With saved_only, a cell's
     `seeds` counts the runs it has so far, and a budget whose tuning is unfinished is left out.
@@ -218,8 +265,12 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     student, teacher = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
     base = {"student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
-            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99))}
-    _say(f"quality: student greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
+            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99)),
+            # the tuning rule's collapse line: a run that ends below where it started on val
+            "untrained_val": evaluate(student, teacher, "val", RunConfig.group, evals, torch.Generator().manual_seed(99))}
+    bases = {"student": weights_digest(student), "teacher": weights_digest(teacher)}
+    base["bases"] = bases
+    _say(f"quality: student {bases['student'][:12]} greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
     steps = cfg.steps or (QUICK_STEPS if quick else STEPS)
     seeds = cfg.seeds or (1 if quick else SEEDS)
     runs = RunStore(out)
@@ -236,11 +287,11 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
             if quick:
                 lrs = {(t, o, sync): DEFAULT_LR[o] for t in tasks for o in optimizers for sync in stage}
             else:
-                grids = {(t, o, sync): [RunConfig(t, o, sync, lr, seed=TUNE_SEED, steps=steps, eval_split="val",
-                                                  eval_samples=evals, budget=b)
-                                        for lr in (LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))]
+                grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val", eval_samples=evals, budget=b),
+                                        LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
-                lrs, rows = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}")
+                lrs, rows = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}", base["untrained_val"]["pass1"],
+                                  bases)
                 tuning += rows
                 full_lr.update({(t, o): lr for (t, o, sync), lr in lrs.items() if sync == "full"})
         except ConfigError as e:
@@ -252,7 +303,7 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
         cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b)
                     for t in tasks for o in optimizers for s in stage]
         flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
-        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", compute=not saved_only)
+        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", bases, compute=not saved_only)
         for j, rc in enumerate(cellcfgs):
             got = [(i, r) for i, r in enumerate(results[j::len(cellcfgs)]) if r is not None]
             if got:

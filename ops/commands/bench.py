@@ -1,4 +1,5 @@
 """`hilo bench NAME`: the benchmarks, each printing JSON with --json and writing its results folder."""
+import argparse
 import json
 
 from . import COMMANDS
@@ -58,6 +59,13 @@ def replay(a):
     """Catch-up rate and snapshot cost at a real adapter's shape."""
     from hilo.ops.bench.replay import main
     return main(a.json, a.shape, a.behind, a.optimizers, a.out)
+
+
+def probe(a):
+    """Per block and version: the compressed method's step against the uncompressed shadow's."""
+    from hilo.ops.bench.probe import ProbeConfig, main
+    return main(config_from_args(ProbeConfig, a, optimizers=tuple(a.optimizers), lrs=tuple(a.lrs),
+                                 seeds=tuple(a.seeds)), a.json, a.out)
 
 
 def fanout(a):
@@ -148,6 +156,20 @@ def register(sub):
     rp.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/replay-TIME)")
     rp.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     rp.set_defaults(fn=replay)
+    import hilo.ops.bench.probe as probe_bench
+    from hilo.ops.bench.probe import ProbeConfig
+    pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
+                         "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_options(pr, ProbeConfig, ("task", "sync", "budget", "steps"))
+    pr.add_argument("--optimizers", type=names(optimizers), default=",".join(ProbeConfig.optimizers), help="comma list (default: %(default)s)")
+    pr.add_argument("--lrs", type=lambda t: [float(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.lrs)),
+                    help="one learning rate per optimizer, comma list (default: %(default)s)")
+    pr.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.seeds)),
+                    help="val-split seeds, comma list (default: %(default)s)")
+    pr.add_argument("--out", metavar="DIR", help="folder for probe-TASK-SYNC.json")
+    pr.add_argument("--json", action="store_true", help="print the results object")
+    pr.set_defaults(fn=probe)
     from hilo.ops.bench.fanout import FanoutConfig
     fo = bsub.add_parser("fanout", help="1, 4, 16 apply-only sites on one cluster, and 16 split over a mirror: freshness "
                          "(publish to applied) and egress per version", description="Per layout, a fresh run of the tiny "

@@ -149,3 +149,84 @@ def test_lossless_delta_reconstructs_exactly():
     new = [t + (torch.rand(t.shape, generator=gen) < 0.3) * torch.randn(t.shape, generator=gen) for t in old]
     got = apply_lossless_delta(bf16_flat(old), lossless_delta_payload(old, new))
     assert torch.equal(got.view(torch.int16), bf16_flat(new).view(torch.int16))
+
+
+def test_tuning_rule_never_picks_the_rate_below_a_collapse():
+    from hilo.ops.bench.quality import COLLAPSE_MARGIN, choose_rate
+    from hilo.schemas.errors import ConfigError
+    floor = 0.20
+    # 3e-3 has the best mean, but 0.01 collapses on one seed of three: 3e-3 is not eligible, 1e-3 is chosen
+    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32], 0.01: [0.30, 0.05, 0.31]}, floor, 1e-3) == (1e-3, None)
+    # the same scores with 0.01 stable on every seed (within the margin of the floor): 3e-3 wins
+    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32], 0.01: [0.30, floor - COLLAPSE_MARGIN / 2, 0.31]},
+                       floor, 1e-3) == (3e-3, None)
+    # the grid's top would win but the rate above it was never run: ask for it before choosing
+    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32]}, floor, 1e-3) == (None, 0.01)
+    # a non-finite score is a collapse too; nothing eligible: ask for the rate below the smallest, down to two below
+    # the grid, then give up naming why
+    assert choose_rate({1e-3: [0.30, float("nan"), 0.29], 3e-3: [0.10, 0.1, 0.1]}, floor, 1e-3) == (None, 3e-4)
+    assert choose_rate({3e-4: [0.1] * 3, 1e-3: [0.1] * 3, 3e-3: [0.1] * 3}, floor, 1e-3) == (None, 1e-4)
+    with pytest.raises(ConfigError, match="every rate from 0.0001 up collapses"):
+        choose_rate({1e-4: [0.1] * 3, 3e-4: [0.1] * 3, 1e-3: [0.1] * 3, 3e-3: [0.1] * 3}, floor, 1e-3)
+    # a tie goes to the smaller rate
+    assert choose_rate({1e-3: [0.3] * 3, 3e-3: [0.3] * 3, 0.01: [0.25] * 3}, floor, 1e-3) == (1e-3, None)
+
+
+def test_a_run_is_identified_by_its_base_models_weights_not_only_their_specs():
+    from hilo.ops.bench.onpolicy import RunConfig
+    from hilo.ops.bench.pretrain import weights_digest
+    from hilo.ops.bench.quality import _run_id
+    from hilo.ops.tiny_trainer import build_base
+    a, b = build_base(seed=1, hidden=32, layers=1), build_base(seed=1, hidden=32, layers=1)
+    assert weights_digest(a) == weights_digest(b)          # the same weights hash the same in any process
+    with torch.no_grad():
+        next(b.parameters()).view(-1)[0] += 1e-6            # one value of another training run
+    assert weights_digest(a) != weights_digest(b)
+    cfg = RunConfig("rl", "muon", "spar4", 1e-3, seed=1000)
+    ida = _run_id(cfg, {"student": weights_digest(a), "teacher": "t"})
+    assert ida == _run_id(cfg, {"student": weights_digest(a), "teacher": "t"})
+    assert ida != _run_id(cfg, {"student": weights_digest(b), "teacher": "t"})  # saved runs of the other student never match
+
+
+@pytest.mark.slow
+def test_probe_sees_full_sync_step_exactly_as_the_shadow_and_spar4_part_from_it():
+    from hilo.ops.bench.probe import ProbeConfig, probe
+    full = probe(ProbeConfig(task="distill", optimizers=("muon",), lrs=(1e-3,), sync="full", seeds=(1000,), steps=3), lambda *a: None)
+    m = full["optimizers"]["muon"]
+    # dense fp32 gradients: the replica's step is the shadow's step (every block with a gradient is sent: all but
+    # LoRA's A blocks at the first version, whose gradient is zero while B is still zero)
+    assert m["sent_fraction"] == pytest.approx(1 - 0.5 / 3) and m["block_rank"] == 16
+    assert m["step_cosine_sent"] == pytest.approx(1.0, abs=1e-6) and m["norm_ratio_sent"] == pytest.approx(1.0, abs=1e-6)
+    assert m["residual_ratio_mean"] == 0.0
+    lossy = probe(ProbeConfig(task="distill", optimizers=("muon",), lrs=(1e-3,), sync="spar4", seeds=(1000,), steps=3), lambda *a: None)
+    s = lossy["optimizers"]["muon"]
+    assert s["decoded_rank_sent"] < m["decoded_rank_sent"] and s["step_cosine_sent"] < 0.99 and s["residual_ratio_mean"] > 0
+    assert len(s["runs"][0]["residual_by_version"]) == 3
+
+
+@pytest.mark.slow
+def test_post_mode_sites_add_the_trainers_compressed_step_and_stay_identical():
+    from hilo.ops.bench.onpolicy import RunConfig, run
+    from hilo.ops.bench.pretrain import STUDENT, TEACHER, pretrained
+    student, teacher = pretrained(STUDENT), pretrained(TEACHER)
+    probes = []
+    r = run(RunConfig("rl", "muon", "post", 1e-3, seed=1000, steps=3, eval_split="val", eval_samples=4), student, teacher, probes)
+    assert r["rollout_digest_equal_versions"] == 3 and r["lag_mean"] is not None and r["lag_mean"] > 0
+    assert r["bytes_per_step"] <= 0.016 * r["adapter_bytes"]
+    assert -1 <= r["shadow_cosine"] <= 1 and len(probes) == 3
+
+
+@pytest.mark.slow
+def test_tuning_runs_every_rate_on_three_seeds_and_records_the_rule(tmp_path, capsys):
+    from hilo.ops.bench.quality import LR_GRID, TUNE_SEEDS, SweepConfig, choose_rate, main
+    cfg = SweepConfig(steps=8, seeds=1, tasks=("distill",), optimizers=("adamw",), syncs=("full",), workers=2)
+    assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = res["tuning"]
+    assert {r["lr"] for r in rows} >= set(LR_GRID["adamw"])
+    assert all(len(r["val_pass1_seeds"]) == len(TUNE_SEEDS) for r in rows)
+    floor = res["untrained_val"]["pass1"]
+    chosen = [r["lr"] for r in rows if r["chosen"]]
+    assert chosen == [choose_rate({r["lr"]: r["val_pass1_seeds"] for r in rows}, floor, min(LR_GRID["adamw"]))[0]]
+    assert chosen == [res["cells"][0]["lr"]]
+    assert len(res["bases"]["student"]) == 64
