@@ -42,6 +42,9 @@ class PretrainSpec:
 # machine of the first sweep and 0.14 under this machine's torch/transformers: hence a stop rule on val accuracy.
 STUDENT = PretrainSpec("student", steps=1500, seed=1, until_val_acc=0.33)
 CHECK_EVERY = 25
+# students of the quality sweep by shape (`hilo bench quality --student`): the same stop rule at every size
+STUDENTS = {"h256-l4": STUDENT,
+            "h512-l8": PretrainSpec("student-h512-l8", hidden=512, layers=8, steps=1500, seed=1, until_val_acc=0.33)}
 TEACHER = PretrainSpec("teacher", steps=1000, seed=2)
 # `hilo rl --base student` (ops/rl_bases.py): at 500 steps greedy test accuracy 0.63 and sampled (T = 1) 0.39, so most
 # GRPO groups of 8 hold both a right and a wrong answer; the quality sweep's 350-step student samples 0.06, too sparse

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
-from hilo.ops.bench.pretrain import STUDENT, TEACHER, greedy_accuracy, pretrained, weights_digest
+from hilo.ops.bench.pretrain import STUDENTS, TEACHER, greedy_accuracy, pretrained, weights_digest
 from hilo.ops.bench.report import mean_ci
 from hilo.ops.bench.runstore import RunStore
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
@@ -73,12 +73,18 @@ class SweepConfig:
     syncs: tuple | None = None   # default: QUICK_SYNCS quick, every PLAN key otherwise
     budgets: tuple | None = None  # every lossy sync at each of these; default: each sync's budgets in PLAN
     saved_only: bool = False     # compute nothing: report the runs saved so far
+    student: str = "h256-l4"     # a key of pretrain.STUDENTS: the student's shape
+    lrs_from: str | None = None  # a quality.json: every cell takes the rate tuned there (no tuning; another shape)
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("optimizers", OPTIMIZERS), ("syncs", tuple(SYNCS))):
             bad = [v for v in getattr(self, name) or () if v not in allowed]
             if bad or getattr(self, name) == ():
                 raise ConfigError(f"quality: {name} {list(getattr(self, name))} must be a non-empty subset of {list(allowed)}")
+        if self.student not in STUDENTS:
+            raise ConfigError(f"quality: student {self.student!r} must be one of {list(STUDENTS)}")
+        if self.lrs_from is not None and not os.path.isfile(self.lrs_from):
+            raise ConfigError(f"quality: lrs_from {self.lrs_from!r} is not a file (a quality.json of an earlier sweep)")
         if self.workers < 1:
             raise ConfigError(f"quality: workers must be >= 1, got {self.workers}")
         for name in ("steps", "seeds"):
@@ -110,17 +116,17 @@ def _say(*a):
 _MODELS = None  # (student, teacher) of this worker process
 
 
-def _worker_init():
+def _worker_init(student):
     """One torch thread per worker: tiny models scale better across processes than across threads."""
     global _MODELS
     torch.set_num_threads(1)
-    _MODELS = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
+    _MODELS = pretrained(student, _say), pretrained(TEACHER, _say)
 
 
-def _run_id(cfg: RunConfig, bases: dict) -> str:
+def _run_id(cfg: RunConfig, bases: dict, student=STUDENTS["h256-l4"]) -> str:
     # the pretrained models' weights are part of a run's identity: runs from another student are never mixed in
     # (`bases`: {"student": digest, "teacher": digest}; a spec alone trained to another model elsewhere)
-    ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(STUDENT), "teacher": asdict(TEACHER), "bases": bases}
+    ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(student), "teacher": asdict(TEACHER), "bases": bases}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}"
 
@@ -130,10 +136,11 @@ def _run_one(cfg: RunConfig) -> dict:
     return run(cfg, *_MODELS)
 
 
-def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, compute: bool = True) -> list:
+def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, compute: bool = True,
+            student=STUDENTS["h256-l4"]) -> list:
     """Results of `cfgs` in order: read from `runs` where a finished run is saved, the rest computed in a pool
     and saved as each finishes (or None where compute is False)."""
-    ids = [_run_id(c, bases) for c in cfgs]
+    ids = [_run_id(c, bases, student) for c in cfgs]
     results = {i: runs.get(r) for i, r in enumerate(ids) if runs.get(r) is not None}
     todo = [i for i in range(len(cfgs)) if i not in results]
     if results:
@@ -141,7 +148,8 @@ def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, c
     if not compute:
         return [results.get(i) for i in range(len(cfgs))]
     t0 = time.time()
-    with ProcessPoolExecutor(min(workers, len(todo)) or 1, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(min(workers, len(todo)) or 1, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                             initargs=(student,)) as pool:
         futures = {pool.submit(_run_one, cfgs[i]): i for i in todo}
         for n, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
@@ -179,7 +187,7 @@ def choose_rate(scores: dict, floor: float, grid_min: float) -> tuple:
     return None, LADDER[i - 1]
 
 
-def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases: dict) -> tuple:
+def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases: dict, student) -> tuple:
     """({cell key: chosen rate}, tuning rows) for {cell key: (RunConfig of the cell, starting rates)}: every rate on
     every TUNE_SEED, then round by round the rates `choose_rate` asks for, each round's runs in one pool."""
     results = {key: {} for key in cells}   # key -> rate -> [run result per tuning seed]
@@ -187,7 +195,7 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
     best = {}
     while todo:
         flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key, lrs in todo.items() for lr in lrs for s in TUNE_SEEDS]
-        got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute=compute)
+        got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute, student)
         for (key, lr, c), r in zip(flat, got):
             if r is None:
                 raise ConfigError(f"quality: {runs.path} lacks the tuning run {c.task}/{c.optimizer}/{c.sync}@{c.budget} lr={c.lr:g} "
@@ -211,6 +219,14 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
                          "val_pass4": statistics.mean(r["pass4"] for r in rs),
                          "stable": all(math.isfinite(x) and x >= floor - COLLAPSE_MARGIN for x in p1), "chosen": lr == best[key]})
     return best, rows
+
+
+def _rate_from(path: str, task: str, optimizer: str, sync: str, budget) -> float:
+    """The learning rate the sweep in `path` (its quality.json) chose for this cell; ConfigError naming it if none."""
+    for c in json.loads(pathlib.Path(path).read_text())["cells"]:
+        if (c["task"], c["optimizer"], c["sync"], c["budget"]) == (task, optimizer, sync, None if sync == "full" else budget):
+            return c["lr"]
+    raise ConfigError(f"quality: {path} has no cell {task}/{optimizer}/{sync}@{budget} to take a learning rate from")
 
 
 def _sd(xs: list) -> float:
@@ -262,8 +278,9 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     t0 = time.time()
     quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
     evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
-    student, teacher = pretrained(STUDENT, _say), pretrained(TEACHER, _say)
-    base = {"student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
+    spec = STUDENTS[cfg.student]
+    student, teacher = pretrained(spec, _say), pretrained(TEACHER, _say)
+    base = {"student": cfg.student, "student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
             "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99)),
             # the tuning rule's collapse line: a run that ends below where it started on val
@@ -286,12 +303,14 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
         try:
             if quick:
                 lrs = {(t, o, sync): DEFAULT_LR[o] for t in tasks for o in optimizers for sync in stage}
+            elif cfg.lrs_from:
+                lrs = {(t, o, sync_): _rate_from(cfg.lrs_from, t, o, sync_, budget) for t in tasks for o in optimizers}
             else:
                 grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val", eval_samples=evals, budget=b),
                                         LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
                 lrs, rows = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}", base["untrained_val"]["pass1"],
-                                  bases)
+                                  bases, spec)
                 tuning += rows
                 full_lr.update({(t, o): lr for (t, o, sync), lr in lrs.items() if sync == "full"})
         except ConfigError as e:
@@ -303,7 +322,7 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
         cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b)
                     for t in tasks for o in optimizers for s in stage]
         flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
-        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", bases, compute=not saved_only)
+        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", bases, not saved_only, spec)
         for j, rc in enumerate(cellcfgs):
             got = [(i, r) for i, r in enumerate(results[j::len(cellcfgs)]) if r is not None]
             if got:

@@ -19,7 +19,7 @@ def quality(a):
     from hilo.ops.bench.quality import SweepConfig, main
     lists = {k: tuple(getattr(a, k).split(",")) for k in ("tasks", "optimizers", "syncs") if getattr(a, k)}
     cfg = SweepConfig(quick=a.quick, steps=a.steps, seeds=a.seeds, workers=a.workers, budgets=a.budgets,
-                      saved_only=a.saved_only, **lists)
+                      saved_only=a.saved_only, student=a.student, lrs_from=a.lrs_from, **lists)
     return main(cfg, a.json, a.out)
 
 
@@ -110,6 +110,10 @@ def register(sub):
     q.add_argument("--saved-only", action="store_true",
                    help="compute nothing: report the runs already saved under --out (a sweep in progress or stopped)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
+    from hilo.ops.bench.pretrain import STUDENTS
+    q.add_argument("--student", choices=list(STUDENTS), default="h256-l4", help="the student's shape (default: %(default)s)")
+    q.add_argument("--lrs-from", metavar="QUALITY_JSON", help="take every cell's learning rate from an earlier sweep's "
+                   "quality.json instead of tuning (another student shape at a fraction of the cost)")
     q.set_defaults(fn=quality)
     s = bsub.add_parser("serve", help="publish -> first vLLM request served by the new version (apply, export, reload), per version")
     s.add_argument("--shapes", type=names(list(SERVE_SHAPES)), default="tiny,qwen3-0.6b",

@@ -78,7 +78,8 @@ def test_saved_only_with_nothing_saved_is_a_named_error_not_a_crash(tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("workers", 0), ("steps", 0), ("seeds", -1), ("tasks", ("distill", "sft")),
-                                          ("optimizers", ()), ("syncs", ("spar", "zip")), ("budgets", (0.016, 0.0))])
+                                          ("optimizers", ()), ("syncs", ("spar", "zip")), ("budgets", (0.016, 0.0)),
+                                          ("student", "h1024-l32"), ("lrs_from", "/nonexistent/quality.json")])
 def test_sweep_config_names_the_bad_field(field, value):
     from hilo.ops.bench.quality import SweepConfig
     from hilo.schemas.errors import ConfigError
@@ -230,3 +231,15 @@ def test_tuning_runs_every_rate_on_three_seeds_and_records_the_rule(tmp_path, ca
     assert chosen == [choose_rate({r["lr"]: r["val_pass1_seeds"] for r in rows}, floor, min(LR_GRID["adamw"]))[0]]
     assert chosen == [res["cells"][0]["lr"]]
     assert len(res["bases"]["student"]) == 64
+
+
+def test_another_shape_takes_each_cells_rate_from_an_earlier_sweep(tmp_path):
+    from hilo.ops.bench.quality import _rate_from
+    from hilo.schemas.errors import ConfigError
+    q = tmp_path / "quality.json"
+    q.write_text(json.dumps({"cells": [{"task": "rl", "optimizer": "muon", "sync": "full", "budget": None, "lr": 0.001},
+                                       {"task": "rl", "optimizer": "muon", "sync": "spar4", "budget": 0.016, "lr": 0.003}]}))
+    assert _rate_from(str(q), "rl", "muon", "full", None) == 0.001
+    assert _rate_from(str(q), "rl", "muon", "spar4", 0.016) == 0.003
+    with pytest.raises(ConfigError, match="no cell rl/muon/spar4@0.01 "):
+        _rate_from(str(q), "rl", "muon", "spar4", 0.01)
