@@ -188,37 +188,43 @@ def choose_rate(scores: dict, floor: float, grid_min: float) -> tuple:
 
 
 def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases: dict, student) -> tuple:
-    """({cell key: chosen rate}, tuning rows) for {cell key: (RunConfig of the cell, starting rates)}: every rate on
-    every TUNE_SEED, then round by round the rates `choose_rate` asks for, each round's runs in one pool."""
+    """({cell key: chosen rate}, tuning rows, [why each unfinished cell is]) for {cell key: (RunConfig of the cell,
+    starting rates)}: every rate on every TUNE_SEED, then round by round the rates `choose_rate` asks for, each
+    round's runs in one pool. Without `compute`, a cell missing a saved run is unfinished (left out)."""
     results = {key: {} for key in cells}   # key -> rate -> [run result per tuning seed]
     todo = {key: list(rates) for key, (_, rates) in cells.items()}
-    best = {}
+    best, unfinished = {}, {}
     while todo:
         flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key, lrs in todo.items() for lr in lrs for s in TUNE_SEEDS]
         got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute, student)
         for (key, lr, c), r in zip(flat, got):
             if r is None:
-                raise ConfigError(f"quality: {runs.path} lacks the tuning run {c.task}/{c.optimizer}/{c.sync}@{c.budget} lr={c.lr:g} "
-                                  f"seed={c.seed}; run without --saved-only to finish it")
-            results[key].setdefault(lr, []).append(r)
+                unfinished.setdefault(key, f"quality: {runs.path} lacks the tuning run {c.task}/{c.optimizer}/{c.sync}@{c.budget} "
+                                           f"lr={c.lr:g} seed={c.seed}; run without --saved-only to finish it")
+            else:
+                results[key].setdefault(lr, []).append(r)
         todo = {}
         for key in cells:
-            if key not in best:
-                chosen, nxt = choose_rate({lr: [r["pass1"] for r in rs] for lr, rs in results[key].items()}, floor,
-                                          min(cells[key][1]))
+            if key not in best and key not in unfinished:
+                try:
+                    chosen, nxt = choose_rate({lr: [r["pass1"] for r in rs] for lr, rs in results[key].items()}, floor,
+                                              min(cells[key][1]))
+                except ConfigError as e:  # no rate trains this cell: reported, the others go on
+                    unfinished[key] = f"{'/'.join(map(str, key))}: {e}"
+                    continue
                 if chosen is None:
                     todo[key] = [nxt]
                 else:
                     best[key] = chosen
     rows = []
     for key, (c, _) in cells.items():
-        for lr, rs in sorted(results[key].items()):
+        for lr, rs in sorted(results[key].items()) if key in best else ():
             p1 = [r["pass1"] for r in rs]
             rows.append({"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
                          "lr": lr, "val_pass1": statistics.mean(p1), "val_pass1_seeds": p1,
                          "val_pass4": statistics.mean(r["pass4"] for r in rs),
                          "stable": all(math.isfinite(x) and x >= floor - COLLAPSE_MARGIN for x in p1), "chosen": lr == best[key]})
-    return best, rows
+    return best, rows, list(unfinished.values())
 
 
 def _rate_from(path: str, task: str, optimizer: str, sync: str, budget) -> float:
@@ -273,7 +279,7 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     Per budget in PRIORITY order: tune every cell of that budget on val (TUNE_SEEDS, `choose_rate`; full sync on its LR_GRID,
     every other method on the 3 rates around full sync's choice), then run its test seeds (seed-major, so a sweep
     stopped early has every cell at the same number of seeds, give or take one). With saved_only, a cell's
-    `seeds` counts the runs it has so far, and a budget whose tuning is unfinished is left out.
+    `seeds` counts the runs it has so far, and a cell whose tuning is unfinished is left out (named in `unfinished`).
     """
     t0 = time.time()
     quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
@@ -309,9 +315,10 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
                 grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val", eval_samples=evals, budget=b),
                                         LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
-                lrs, rows = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}", base["untrained_val"]["pass1"],
-                                  bases, spec)
+                lrs, rows, unfinished = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}",
+                                              base["untrained_val"]["pass1"], bases, spec)
                 tuning += rows
+                missing += unfinished
                 full_lr.update({(t, o): lr for (t, o, sync), lr in lrs.items() if sync == "full"})
         except ConfigError as e:
             if not saved_only:
@@ -320,7 +327,9 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
             continue
         _say(f"quality: budget {budget}: learning rates " + ", ".join(f"{t}/{o}/{s}={lr:g}" for (t, o, s), lr in lrs.items()))
         cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b)
-                    for t in tasks for o in optimizers for s in stage]
+                    for t in tasks for o in optimizers for s in stage if (t, o, s) in lrs]
+        if not cellcfgs:
+            continue
         flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
         results = run_all(flat, runs, workers, f"test {sync_}@{budget}", bases, not saved_only, spec)
         for j, rc in enumerate(cellcfgs):

@@ -243,3 +243,24 @@ def test_another_shape_takes_each_cells_rate_from_an_earlier_sweep(tmp_path):
     assert _rate_from(str(q), "rl", "muon", "spar4", 0.016) == 0.003
     with pytest.raises(ConfigError, match="no cell rl/muon/spar4@0.01 "):
         _rate_from(str(q), "rl", "muon", "spar4", 0.01)
+
+
+def test_a_report_of_saved_runs_leaves_out_only_the_cells_whose_tuning_is_unfinished(tmp_path):
+    from dataclasses import replace
+
+    from hilo.ops.bench.onpolicy import RunConfig
+    from hilo.ops.bench.pretrain import STUDENTS
+    from hilo.ops.bench.quality import TUNE_SEEDS, _run_id, _tune
+    from hilo.ops.bench.runstore import RunStore
+    store, bases = RunStore(tmp_path), {"student": "s", "teacher": "t"}
+    done, half = RunConfig("rl", "muon", "spar4", 1e-3, eval_split="val"), RunConfig("rl", "adamw", "spar4", 1e-3, eval_split="val")
+    grid = (3e-4, 1e-3, 3e-3)
+    score = {3e-4: 0.30, 1e-3: 0.33, 3e-3: 0.31, 0.01: 0.05}
+    for lr in grid:
+        for s in TUNE_SEEDS:
+            store.put(_run_id(replace(done, lr=lr, seed=s), bases, STUDENTS["h256-l4"]), {"pass1": score[lr], "pass4": 0.6})
+            if lr != 3e-3:
+                store.put(_run_id(replace(half, lr=lr, seed=s), bases, STUDENTS["h256-l4"]), {"pass1": score[lr], "pass4": 0.6})
+    best, rows, unfinished = _tune({"done": (done, grid), "half": (half, grid)}, store, 1, False, "t", 0.2, bases, STUDENTS["h256-l4"])
+    assert best == {"done": 1e-3} and [r["lr"] for r in rows if r["chosen"]] == [1e-3]
+    assert len(unfinished) == 1 and "rl/adamw/spar4@0.016 lr=0.003" in unfinished[0]
