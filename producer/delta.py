@@ -17,9 +17,7 @@ from hilo.schemas.errors import ConfigError
 
 # What a message carries (ProducerConfig.mode); the CLI's --mode reads this table
 MODES = {"gradient": "the compressed gradient; every replica runs the optimizer on it (the default)",
-         "delta": "the compressed master - site difference; the trainer's master runs the optimizer, sites only add",
-         "post": "the compressed step the trainer's optimizer takes from the sites' params (its state is the trainer's "
-                 "alone); sites only add"}
+         "delta": "the compressed master - site difference; the trainer's master runs the optimizer, sites only add"}
 ADD = Add.name  # the sites' step in delta mode
 
 
@@ -48,15 +46,13 @@ class MasterCopy:
         """The master's parameters."""
         return self.state.params
 
-    def propose(self, grads: list, hparams: dict, start: list | None = None) -> tuple:
-        """(next MasterState, movement per block) for one optimizer step on `grads`, from the master's params or from
-        `start` (post mode: the sites' params); mutates nothing."""
+    def propose(self, grads: list, hparams: dict) -> tuple:
+        """(next MasterState, movement per block) for one optimizer step on `grads`; mutates nothing."""
         h = self.optimizer.check_hparams({k: float(v) for k, v in (self.optimizer.defaults() | hparams).items()}, "delta mode hparams")
         s = self.state
-        origin = s.params if start is None else start
-        params, slots, scalars = self.optimizer.step(origin, [g.detach().to("cpu", torch.float32) for g in grads],
+        params, slots, scalars = self.optimizer.step(s.params, [g.detach().to("cpu", torch.float32) for g in grads],
                                                      s.slots, s.scalars, h)
-        return MasterState(params, slots, scalars), [torch.sub(n, o) for n, o in zip(params, origin)]
+        return MasterState(params, slots, scalars), [torch.sub(n, o) for n, o in zip(params, s.params)]
 
     def commit(self, state: MasterState) -> None:
         """Adopt a proposed state."""

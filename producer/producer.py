@@ -90,10 +90,8 @@ class ProducerConfig:
     mode: what a message carries (MODES). "gradient": the compressed gradient; every replica runs `optimizer` on it.
         "delta": the trainer runs `optimizer` on its own master copy and publishes the compressed difference between
         the master and the sites' copy; sites apply it with the stateless "add" step (no optimizer state; their
-        policy trails the master by the lag each message reports). "post": the trainer's optimizer (its state the
-        trainer's alone) steps from the sites' params and the message is that step, compressed; sites add it. The
-        training model holds the sites' policy, as in gradient mode. Default: gradient
-    flush_lag: `flush()` (delta and post modes; also run by `close()`) publishes messages until the sites' relative lag behind
+        policy trails the master by the lag each message reports). Default: gradient
+    flush_lag: `flush()` (delta mode; also run by `close()`) publishes messages until the sites' relative lag behind
         the master is at most this. Default: 0.001
     flush_max: the most messages one flush publishes. Default: 64
     on_bad_record: skip | stop. What the trainer does with a record on RUN.updates that it did not write and that

@@ -1,15 +1,10 @@
-"""The sync modes as strategies behind one interface (ProducerConfig.mode picks one from SYNC_MODES).
+"""The two sync modes as two strategies behind one interface (ProducerConfig.mode picks one from SYNC_MODES).
 
 gradient: the message is the compressed gradient; every replica, the trainer's included, runs the run's
     optimizer on it, so the trainer's policy is the sites' policy.
 delta: the trainer runs the optimizer on its own master copy; the message is the compressed master - site
     difference and replicas apply it with the stateless "add" step. The sites trail the master by a lag that
     `flush()` can shrink with messages that carry no new step.
-post: compress after the optimizer, as delta mode does, but without a master: the trainer differentiates the
-    sites' params (strictly on-policy, as gradient mode) and its optimizer, whose state only the trainer holds,
-    steps from them; the message is that step, compressed with error feedback, and replicas add it. For an
-    optimizer whose step is far from linear in the gradient (Muon orthogonalises it), the codec then
-    approximates the step rather than the gradient the step is taken from.
 Both propose without mutating anything and commit only what the log acknowledged.
 """
 import torch
@@ -117,20 +112,4 @@ class DeltaSync(GradientSync):
         self.master.load_state_dict(objs["master.pt"], f"{where}/master.pt")
 
 
-class PostSync(DeltaSync):
-    """Post mode: the trainer's optimizer steps from the sites' params; replicas add its compressed step."""
-
-    name = "post"
-    lost_on_restart = " and the optimizer state (fresh)"
-
-    def propose(self, builder, grads, hparams, meta):
-        """The optimizer steps from the replica's params; the message carries that step, compressed."""
-        master_next, movement = self.master.propose(grads, hparams, start=builder.replica.state.params)
-        return builder.propose(movement, {}, meta, target=master_next.params), master_next
-
-    def policy(self, replica) -> list:
-        """The sites' params: gradients are taken where the rollouts came from."""
-        return replica.state.params
-
-
-SYNC_MODES = {cls.name: cls for cls in (GradientSync, DeltaSync, PostSync)}
+SYNC_MODES = {cls.name: cls for cls in (GradientSync, DeltaSync)}

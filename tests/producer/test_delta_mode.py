@@ -112,28 +112,3 @@ def test_gradient_mode_has_nothing_to_flush(tmp_path, caplog):
         assert producer.flush() == 0 and producer.lag() == 0.0
     assert "lag" not in producer.last_step or producer.last_step["lag"] == 0.0
     producer.close()
-
-
-def test_post_mode_steps_from_the_sites_params_and_sites_only_add(log_url, tmp_path):
-    from hilo.replica.optimizers import get_optimizer
-    run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, mode="post", codec="spar4", optimizer="muon",
-                                                           hparams={"lr": 0.02}))
-    publish_random(producer, 3, scale=0.05)
-    # the training model holds the sites' copy: gradients are taken where the rollouts come from
-    assert all(torch.equal(p.detach().float(), s) for p, s in zip(producer.params, producer.replica.state.params))
-    before = [p.clone() for p in producer.replica.state.params]
-    slots, scalars = producer.master.state.slots, producer.master.state.scalars
-    gen = torch.Generator().manual_seed(5)
-    grads = [torch.randn(p.shape, generator=gen) * 0.05 for p in producer.params]
-    for p, g in zip(producer.params, grads):
-        p.grad = g.clone()
-    producer.step(lr=0.02)
-    # the master's step is Muon's from the sites' params (not from the master's own), with the trainer's momentum
-    want, _, _ = get_optimizer("muon").step(before, grads, slots, scalars, get_optimizer("muon").defaults() | {"lr": 0.02})
-    assert all(torch.equal(m, w) for m, w in zip(producer.master.params, want))
-    assert 0 < producer.lag() < 1 and producer.last_step["lag"] == producer.lag()
-    site = follow(log_url, run, tmp_path, 4)
-    assert site.digest == producer.replica.digest
-    assert site.state.optimizer == "add" and site.state.slots == {}
-    producer.close()
