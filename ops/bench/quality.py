@@ -425,7 +425,9 @@ def plots(res: dict, out: pathlib.Path) -> list:
     tasks = sorted({c["task"] for c in res["cells"]})
     opts = sorted({c["optimizer"] for c in res["cells"]})
     syncs = [s for s in SYNCS if any(c["sync"] == s for c in res["cells"])]
-    colors = dict(zip(SYNCS, ("black", "tab:red", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple")))
+    palette = ("black", "tab:red", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan",
+               "tab:pink", "tab:gray")
+    colors = {s: palette[i % len(palette)] for i, s in enumerate(SYNCS)}  # every sync method has a colour
     markers = dict(zip(("adamw", "muon", "lion", "sgd"), "osD^"))
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
