@@ -22,9 +22,15 @@ def _last_record(log, topic: str, before: int, begin: int):
     width = 2
     while before > begin:
         start = max(begin, before - width)
-        recs = [r for r in log.read(topic, start, timeout_s=5.0, max_bytes=1 << 20) if r.offset < before]
-        if recs:
-            return recs[-1]
+        last, pos = None, start
+        while pos < before:  # one poll may return only part of the window: read it to its end
+            batch = log.read(topic, pos, timeout_s=5.0, max_bytes=1 << 20)
+            last = next((r for r in reversed(batch) if r.offset < before), last)
+            if batch.next_offset <= pos:
+                break
+            pos = batch.next_offset
+        if last is not None:
+            return last
         if start == begin:
             return None
         width *= 8

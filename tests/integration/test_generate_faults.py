@@ -66,9 +66,12 @@ def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rol
                 pump()
             killed[point] = victim.wait()
             if point == GENERATE_POINTS[1]:
-                running["b"] = _site(run, "b", tmp_path, vllm_url)[0]  # a second site joins mid-run ...
+                running["b"], b_log = _site(run, "b", tmp_path, vllm_url)  # a second site joins mid-run ...
             if point == GENERATE_POINTS[3]:
-                running["b"].send_signal(signal.SIGTERM)               # ... and leaves
+                # ... and leaves once it takes part (a SIGTERM before its handler is installed would kill it mid-import)
+                wait_until(lambda: "generating for run" in b_log.read_text() or running["b"].poll() is not None, 120,
+                           "the second site starts generating")
+                running["b"].send_signal(signal.SIGTERM)
                 assert running["b"].wait(timeout=120) == 0
         assert all(code == -signal.SIGKILL for code in killed.values()), killed
         last, last_log = _site(run, "a", tmp_path, vllm_url)

@@ -132,7 +132,8 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
     publish_random(producer, 2)
     site = open_site(log_url, run, tmp_path, export_adapters=False)  # bootstrapped at v2 (genesis checkpoint + replay to come)
     publish_random(producer, 3, seed=1)
-    site.refresh_head(force=True)
+    # Kafka writes a transaction's commit marker after the commit returns: v5 becomes readable moments later.
+    wait_until(lambda: site.refresh_head(force=True) or site.head[0] == 5, 30, "the site sees v5 at the head")
     with endpoint(site.metrics.registry, lambda: site.readiness(2), ready_max_lag=2) as url:
         m = scrape(url)
         applied = site.follower.replica.version
