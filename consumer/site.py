@@ -473,12 +473,18 @@ class Site:
             # The replica only ever holds a fully applied, digest-checked version: saving it is always safe.
             self.snapshot()
             self.commit()
-            self.committer.close()  # the final position gets a bounded time to land
-            self.committer = None
-            f.close()
-            if self.generator is not None and self.generator.queue is not None:
-                self.generator.queue.close()
+            self.close()
         return f.replica.version
+
+    def close(self) -> None:
+        """Let the last committed position land (bounded), stop the read-ahead, close the prompt queue. The log is
+        the caller's. Idempotent: `run()` ends with it; a site that is only polled calls it itself."""
+        if self.committer is not None:
+            self.committer.close()
+            self.committer = None
+        self.follower.close()
+        if self.generator is not None and self.generator.queue is not None:
+            self.generator.queue.close()
 
     def install_signal_handlers(self):
         """SIGTERM/SIGINT stop the loop between versions."""

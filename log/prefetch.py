@@ -92,8 +92,10 @@ class Prefetcher:
                     self._cv.notify_all()
 
     def close(self) -> None:
-        """Stop the thread and close the client."""
+        """Stop the thread and close the client (once; later calls do nothing)."""
         with self._cv:
+            if self._closed:
+                return
             self._closed = True
             self._cv.notify_all()
         self._thread.join(timeout=self.poll_s + 10)

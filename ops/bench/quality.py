@@ -161,6 +161,11 @@ def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, c
     return [results[i] for i in range(len(cfgs))]
 
 
+def collapsed(score: float, floor: float) -> bool:
+    """A tuning run collapsed: it ended more than COLLAPSE_MARGIN below `floor` (worse than it started) or at NaN/Inf."""
+    return not (math.isfinite(score) and score >= floor - COLLAPSE_MARGIN)
+
+
 def choose_rate(scores: dict, floor: float, grid_min: float) -> tuple:
     """(chosen rate, None) or (None, rate to run next) from {rate: [val pass@1 of each tuning seed]}.
 
@@ -170,7 +175,7 @@ def choose_rate(scores: dict, floor: float, grid_min: float) -> tuple:
     next rate has not been run, it is asked for first; where nothing is eligible, the rate below the smallest,
     down to two below `grid_min` (then the cell is reported as one no rate trains)."""
     def stable(lr):
-        return all(math.isfinite(x) and x >= floor - COLLAPSE_MARGIN for x in scores[lr])
+        return not any(collapsed(x, floor) for x in scores[lr])
 
     def up(lr):
         i = LADDER.index(lr)
@@ -223,7 +228,7 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
             rows.append({"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
                          "lr": lr, "val_pass1": statistics.mean(p1), "val_pass1_seeds": p1,
                          "val_pass4": statistics.mean(r["pass4"] for r in rs),
-                         "stable": all(math.isfinite(x) and x >= floor - COLLAPSE_MARGIN for x in p1), "chosen": lr == best[key]})
+                         "stable": not any(collapsed(x, floor) for x in p1), "chosen": lr == best[key]})
     return best, rows, list(unfinished.values())
 
 

@@ -113,6 +113,7 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.timing["export_s"],
                          "reload_s": site.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})
             _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload {site.timing['load_s']:.2f} s)")
+        site.close()
         producer.close()
     finally:
         subprocess.run([str(OPS / "vllm" / "stop.sh")], env=env, check=False)

@@ -71,3 +71,20 @@ def test_sites_with_and_without_prefetch_apply_the_same_versions(log_url, tmp_pa
     assert ahead.follower.reader.hits + ahead.follower.reader.misses > 0
     assert not ahead.follower.reader._thread.is_alive()  # run() closed it
     producer.close()
+
+
+def test_a_site_that_is_only_polled_stops_its_read_ahead_on_close(tmp_path):
+    url, run = f"file://{tmp_path}/log", new_run("prefetch-close")
+    from hilo.producer.producer import HiLoProducer
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=url))
+    publish_random(producer, 3)
+    site = open_site(url, run, tmp_path, "polled", export_adapters=False)
+    for event in site.follower.updates(timeout_s=1.0):  # polled as `hilo bench serve` and a metrics test do, never run()
+        site.on_event(event)
+    assert site.follower.replica.digest == producer.replica.digest
+    reader = site.follower.reader
+    assert reader._thread.is_alive()
+    site.close()
+    site.close()  # a second close does nothing
+    assert not reader._thread.is_alive()
+    producer.close()

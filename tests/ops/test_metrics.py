@@ -141,6 +141,7 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
         assert value(m, "hilo_site_lag_bytes") == producer.log_bytes - site.follower.log_bytes > 0
         status, body = get(url + "/readyz")
         assert status == 503 and "behind the head v5 (bound 2)" in body
+    site.close()
     producer.close()
 
 
