@@ -74,6 +74,14 @@ class AutoBudget:
         return Budget(self.floor).payload_bytes(manifest)
 
 
+def fit(cfg: AutoBudget, step_s: float, link_bps: float, adapter_bytes: int) -> tuple:
+    """(fraction, rule): the budget that crosses a `link_bps` link in `share` of `step_s`, within [floor, ceiling];
+    rule names which bound decided ("link", "floor" or "ceiling")."""
+    want = cfg.share * step_s * link_bps / adapter_bytes
+    fraction = min(cfg.ceiling, max(cfg.floor, want))
+    return fraction, "link" if fraction == want else ("ceiling" if want > cfg.ceiling else "floor")
+
+
 class LinkBudget:
     """Chooses each version's Budget by the AutoBudget rule from the run's site reports."""
 
@@ -113,9 +121,7 @@ class LinkBudget:
         else:
             site, bps = min(self.links.items(), key=lambda kv: kv[1])
             step_s = statistics.median(self.steps)
-            want = cfg.share * step_s * bps / self.adapter_bytes
-            fraction = min(cfg.ceiling, max(cfg.floor, want))
-            rule = "link" if fraction == want else ("ceiling" if want > cfg.ceiling else "floor")
+            fraction, rule = fit(cfg, step_s, bps, self.adapter_bytes)
             why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": round(step_s, 3), "share": cfg.share}
         why["fraction"] = round(fraction, 6)
         if abs(fraction - self.fraction) > 0.1 * self.fraction:

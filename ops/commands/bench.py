@@ -144,7 +144,7 @@ def register(sub):
     w.add_argument("--steps", type=at_least(1), default=2, help="messages per method and config (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
                    help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
-    w.add_argument("--links", default="100,1000", help="link rates in Mbit/s (default: %(default)s)")
+    w.add_argument("--links", default="10,100,1000", help="link rates in Mbit/s (default: %(default)s)")
     w.add_argument("--sites", default="1,4", help="site counts (default: %(default)s)")
     w.add_argument("--shape", default="qwen3-1.7b", choices=shapes, help="adapter shape (default: %(default)s)")
     w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
