@@ -1,6 +1,6 @@
 """`hilo bench wan`: policy freshness and step time over emulated slow links, with what ships now.
 
-    sudo hilo bench wan [--json] [--steps 2] [--compute-s 8] [--links 10,100,1000] [--sites 1,4]
+    sudo hilo bench wan [--json] [--steps 3] [--compute-s 8] [--links 10,100,1000] [--sites 1,4]
 
 1. CPU, on the quiet machine, at the Qwen3-1.7B rank-64 scale (69,730,304 params), one method at a time: the
    message bytes, the trainer's encode (HiLo: the encoder, the trainer's own apply, which the digest needs before
@@ -19,7 +19,7 @@
 4. `--budget auto` per config: the slowest site's effective rate as a site measures it (message bytes over publish
    to complete, for spar4 at 1.6%), the step time a trainer at 1.6% would see, and the producer's own rule
    (`link_budget.fit`) give the fraction; that fraction is then encoded and sent like the fixed ones. Two shares:
-   the default 0.5, and 0.05, sized for strict on-policy steps where link time adds to the step.
+   the default (0.05: in strict on-policy steps link time adds to the step), and 0.5.
 """
 import json
 import os
@@ -45,7 +45,7 @@ from hilo.schemas.framing import split_trailer
 from hilo.schemas.signing import Signer
 
 FIXED = {"full-adapter": None, "lossless-delta": None, "spar4 0.5%": 0.005, "spar4 1.6%": 0.016, "spar4 5%": 0.05}
-AUTO_SHARES = (0.5, 0.05)  # AutoBudget's default share, and one for strict on-policy steps
+AUTO_SHARES = (AutoBudget().share, 0.5)  # the default, and the share an overlapped (async) pipeline could afford
 OPS = pathlib.Path(__file__).resolve().parents[1]
 BROKER = "10.77.0.1:9192"
 LR = 1e-4

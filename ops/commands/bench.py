@@ -141,7 +141,7 @@ def register(sub):
     b.add_argument("--bytes", type=at_least(1), default=100_000, help="record size (default: %(default)s)")
     b.add_argument("--rounds", type=at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
-    w.add_argument("--steps", type=at_least(1), default=2, help="messages per method and config (default: %(default)s)")
+    w.add_argument("--steps", type=at_least(1), default=3, help="timed messages per method and config after a warm-up (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
                    help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
     w.add_argument("--links", default="10,100,1000", help="link rates in Mbit/s (default: %(default)s)")
