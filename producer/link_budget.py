@@ -9,7 +9,11 @@ flatters a link. Before each version the trainer reads the reports (at most ever
 recent one, and gives the message what that site receives in `share` of the trainer's step time (the median
 interval between its last steps):
 
-    bytes = share * step_s * slowest_bytes_per_s, within [floor, ceiling] of the bf16 adapter
+    fraction = share * step_s / (adapter_bytes / slowest_bytes_per_s + cpu_s_per_fraction), within [floor, ceiling]
+
+where cpu_s_per_fraction is the trainer's own encode + step seconds per unit of budget, a line fitted through the
+versions it published (counted once their fractions differ; a site's apply grows with the budget too and is not
+counted). Without it the rule buys, on a fast link, bytes whose encoding costs more than their transfer.
 
 Until a site reports (none yet; the file log has no timestamps; a message that waited for a busy or catching-up
 site measures nothing) the budget is `start`. Each message's meta says what was chosen and why ("budget_*"); the
@@ -29,6 +33,8 @@ from hilo.schemas.errors import ConfigError, HiloError
 
 logger = logging.getLogger(__name__)
 STEPS_KEPT = 8  # step intervals the step time is the median of
+CPU_KEPT = 16   # (fraction, trainer CPU seconds) pairs the CPU slope is fitted to
+MIN_SPREAD = 1.5  # the largest fraction seen must be this many times the smallest before a slope is fitted
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,21 @@ class AutoBudget:
         return Budget(self.floor).payload_bytes(manifest)
 
 
-def fit(cfg: AutoBudget, step_s: float, link_bps: float, adapter_bytes: int) -> tuple:
-    """(fraction, rule): the budget that crosses a `link_bps` link in `share` of `step_s`, within [floor, ceiling];
-    rule names which bound decided ("link", "floor" or "ceiling")."""
-    want = cfg.share * step_s * link_bps / adapter_bytes
+def cpu_slope(samples) -> float | None:
+    """The trainer's CPU seconds (encode + its own step) per unit of budget fraction, a least-squares line through
+    (fraction, seconds) pairs; None until the fractions seen differ enough to tell (all at `start`, say)."""
+    fs = [f for f, _ in samples]
+    if len(fs) < 2 or max(fs) < MIN_SPREAD * min(fs):
+        return None
+    mf, ms = statistics.mean(fs), statistics.mean(s for _, s in samples)
+    return max(0.0, sum((f - mf) * (s - ms) for f, s in samples) / sum((f - mf) ** 2 for f in fs))
+
+
+def fit(cfg: AutoBudget, step_s: float, link_bps: float, adapter_bytes: int, cpu_s_per_fraction: float = 0.0) -> tuple:
+    """(fraction, rule): the budget whose bytes cost at most `share` of `step_s`, crossing a `link_bps` link and,
+    when known, in the trainer's CPU; within [floor, ceiling]. rule names which bound decided ("link", "floor" or
+    "ceiling"). Counting the CPU matters on fast links, where encoding more costs more than sending it."""
+    want = cfg.share * step_s / (adapter_bytes / link_bps + cpu_s_per_fraction)
     fraction = min(cfg.ceiling, max(cfg.floor, want))
     return fraction, "link" if fraction == want else ("ceiling" if want > cfg.ceiling else "floor")
 
@@ -94,6 +111,11 @@ class LinkBudget:
         self.last_step = None
         self.links, self.read_at = {}, None  # site -> bytes/s, from the last read of the reports
         self.fraction = cfg.start
+        self.cpu = collections.deque(maxlen=CPU_KEPT)  # (fraction, trainer CPU seconds) of the last versions
+
+    def observe(self, fraction: float, cpu_s: float) -> None:
+        """What a published version at `fraction` cost the trainer's CPU (encode + its own step)."""
+        self.cpu.append((fraction, cpu_s))
 
     def _read(self) -> dict:
         """site -> reported bytes/s, for the sites that applied something within max_age_s."""
@@ -122,9 +144,11 @@ class LinkBudget:
             why = {"rule": "start", "reason": "no site has reported its link yet" if not self.links else "first step"}
         else:
             site, bps = min(self.links.items(), key=lambda kv: kv[1])
-            step_s = statistics.median(self.steps)
-            fraction, rule = fit(cfg, step_s, bps, self.adapter_bytes)
+            step_s, slope = statistics.median(self.steps), cpu_slope(self.cpu)
+            fraction, rule = fit(cfg, step_s, bps, self.adapter_bytes, slope or 0.0)
             why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": round(step_s, 3), "share": cfg.share}
+            if slope is not None:
+                why["cpu_s_per_fraction"] = round(slope, 3)
         why["fraction"] = round(fraction, 6)
         if abs(fraction - self.fraction) > 0.1 * self.fraction:
             logger.info("run %s: --budget auto: %.3f%% of the adapter (was %.3f%%): %s", self.run, 100 * fraction,

@@ -347,6 +347,8 @@ class HiLoProducer:
             meta = dict(meta or {}) | {f"budget_{k}": v for k, v in why.items()}
         proposal, pending = self.sync.propose(self.builder, self.gradients(), self.config.hparams | hparams, meta)
         version = self._publish(proposal, pending, t0)
+        if self.link_budget is not None:
+            self.link_budget.observe(self.builder.encoder.budget.fraction, self.last_step["encode_s"] + self.last_step["apply_s"])
         if zero_grad:
             for p in self.params:
                 p.grad = None

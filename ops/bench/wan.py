@@ -18,8 +18,10 @@
    (strict on-policy: nothing overlaps the sync).
 4. `--budget auto` per config: the slowest site's effective rate as a site measures it (message bytes over publish
    to complete, for spar4 at 1.6%), the step time a trainer at 1.6% would see, and the producer's own rule
-   (`link_budget.fit`) give the fraction; that fraction is then encoded and sent like the fixed ones. Two shares:
-   the default (0.05: in strict on-policy steps link time adds to the step), and 0.5.
+   (`link_budget.fit`, with the trainer's CPU seconds per unit fraction fitted through the fixed rows' encode
+   times, as a trainer that has published at those budgets would) give the fraction; that fraction is then
+   encoded and sent like the fixed ones. Two shares: the default (0.05: in strict on-policy steps link time adds
+   to the step), and 0.5.
 """
 import json
 import os
@@ -36,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, full_adapter_payload, lossless_delta_payload
 from hilo.ops.bench.report import results_dir, save, save_figure
 from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
-from hilo.producer.link_budget import AutoBudget, fit
+from hilo.producer.link_budget import AutoBudget, cpu_slope, fit
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replica.codecs import Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
@@ -193,6 +195,8 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
         _say(f"bench wan: {m}: {c.nbytes:,.0f} B/step, encode {c.encode_s:.3f} s, sign {c.sign_s:.4f} s, "
              f"verify {c.verify_s:.4f} s, apply {c.apply_s:.3f} s")
     auto_costs = {}  # fraction -> MethodCost, encoded after the network phase tells the fraction
+    # What a trainer that has published at these budgets knows of its CPU per unit fraction (the rule's line fit)
+    slope = cpu_slope([(frac, costs[m].encode_s) for m, frac in FIXED.items() if frac is not None]) or 0.0
     env = dict(os.environ, HILO_KAFKA_HOST=BROKER.split(":")[0], HILO_KAFKA_PORT=BROKER.split(":")[1],
                HILO_KAFKA_DIR=os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")), "kafka-wan"))
     rows = []
@@ -217,14 +221,15 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
                 base = next(r for r in rows[-len(fixed):] if r["method"] == "spar4 1.6%")
                 link_bps = base["bytes_per_step"] / base["network_s"]
                 for share in AUTO_SHARES:
-                    frac, rule = fit(AutoBudget(share=share), base["step_s"], link_bps, adapter_bytes)
+                    frac, rule = fit(AutoBudget(share=share), base["step_s"], link_bps, adapter_bytes, slope)
                     key = round(frac, 5)
                     if key not in auto_costs:
                         auto_costs[key] = spar4_cost(manifest, steps, key, signer)
                     c = auto_costs[key]
                     net = statistics.median(measure_network(c.messages, n, mbit, shared, f"wan-{tag}-{len(rows)}-auto"))
                     rows.append(_row(f"auto (share {share})", c, n, mbit, shared, net, "measured", compute_s,
-                                     auto={"fraction": key, "rule": rule, "link_bps": round(link_bps), "step_s": base["step_s"]}))
+                                     auto={"fraction": key, "rule": rule, "link_bps": round(link_bps), "step_s": base["step_s"],
+                                           "cpu_s_per_fraction": round(slope, 3)}))
     finally:
         subprocess.run([str(OPS / "kafka" / "stop.sh"), "--wipe"], env=env)
         subprocess.run([str(OPS / "wan" / "teardown.sh")])

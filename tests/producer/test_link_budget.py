@@ -7,7 +7,7 @@ import pytest
 from hilo.log import open_log, site_group, updates_topic
 from hilo.log.site_reports import LINK_BPS, site_reports
 from hilo.log.tail import last_message
-from hilo.producer.link_budget import AutoBudget, LinkBudget
+from hilo.producer.link_budget import AutoBudget, LinkBudget, cpu_slope
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.records import decode_record
@@ -47,6 +47,38 @@ def test_the_slowest_recent_site_gets_its_share_of_the_step_time_within_floor_an
     now[0] += 4.0
     budget, why = rule.choose()
     assert why["rule"] == "floor" and why["site"] == "slow" and budget.fraction == 0.001
+
+
+def test_on_a_fast_link_the_trainers_cpu_per_fraction_holds_the_budget_back(tmp_path):
+    log, run = open_log(f"file://{tmp_path}/log"), new_run("cpu")
+    log.create_topics(run)
+    wall = 1_000_000.0
+    _report(log, run, "near", applied_at=wall, **{LINK_BPS: 55 * MB})  # 1 Gbit/s as a site measures it
+    now = [0.0]
+    rule = LinkBudget(AutoBudget(share=0.05, refresh_s=0), log, run, adapter_bytes=139 * MB,
+                      clock=lambda: now[0], wall=lambda: wall)
+    rule.choose()
+    for cpu_s in (1.9, 2.0, 1.95):  # every version so far at the start budget: no slope can be told
+        rule.observe(0.016, cpu_s)
+        now[0] += 10.0
+        budget, why = rule.choose()
+    assert "cpu_s_per_fraction" not in why and budget.fraction == pytest.approx(0.05 * 10 * 55 / 139)  # link only: 20%
+    assert cpu_slope(rule.cpu) is None
+    rule.observe(budget.fraction, 1.95 + 21 * (budget.fraction - 0.016))  # encoding 20% cost 4.2 s more
+    now[0] += 10.0
+    budget, why = rule.choose()
+    assert why["cpu_s_per_fraction"] == pytest.approx(21, rel=1e-3)
+    assert budget.fraction == pytest.approx(0.05 * 10 / (139 / 55 + 21))  # 2.1%: the bytes' CPU counts too
+    assert why["rule"] == "link" and why["fraction"] == pytest.approx(budget.fraction, abs=1e-6)
+
+
+def test_a_producer_tells_the_rule_what_each_version_cost_its_cpu(tmp_path):
+    run = new_run("cpu-producer")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log", budget=AutoBudget(start=0.5, floor=0.1, ceiling=1.0)))
+    publish_random(producer, 3)
+    assert [f for f, _ in producer.link_budget.cpu] == [0.5] * 3  # no site reports on the file log: the start budget
+    assert producer.link_budget.cpu[-1][1] == producer.last_step["encode_s"] + producer.last_step["apply_s"] > 0
+    producer.close()
 
 
 def test_without_any_report_the_budget_is_the_start_and_bad_settings_name_the_field(tmp_path):
