@@ -88,8 +88,7 @@ def cpu_slope(samples) -> float | None:
     fs = [f for f, _ in samples]
     if len(fs) < 2 or max(fs) < MIN_SPREAD * min(fs):
         return None
-    mf, ms = statistics.mean(fs), statistics.mean(s for _, s in samples)
-    return max(0.0, sum((f - mf) * (s - ms) for f, s in samples) / sum((f - mf) ** 2 for f in fs))
+    return max(0.0, statistics.linear_regression(fs, [s for _, s in samples]).slope)
 
 
 def fit(cfg: AutoBudget, step_s: float, link_bps: float, adapter_bytes: int, cpu_s_per_fraction: float = 0.0) -> tuple:
