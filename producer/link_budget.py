@@ -44,7 +44,7 @@ class AutoBudget:
     start: the budget until a site reports its link. Default: 0.016
     share: the share of the step time a version may take to cross the slowest site's link. Default: 0.05 (in
         strict on-policy training the transfer adds to every step; `hilo bench wan` measures what a larger share
-        costs: 1.6-2.0x the step time at 0.5. Raise it where the sync overlaps the trainer's compute.)
+        costs. Raise it where the sync overlaps the trainer's compute.)
     floor: the smallest budget chosen. Default: 0.002
     ceiling: the largest budget chosen. Default: 0.25
     refresh_s: seconds between reads of the sites' reports. Default: 10
