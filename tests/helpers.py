@@ -1,4 +1,5 @@
 """Helpers the tests share: waiting on another thread or process, starting `hilo` processes, opening a site."""
+import collections
 import contextlib
 import re
 import subprocess
@@ -25,12 +26,15 @@ def hilo(*args, **kw) -> subprocess.Popen:
 def wait_for_line(proc, pattern, timeout_s=120):
     """Read the process's stderr until a line matches (the process is then known to be past that point)."""
     deadline = time.monotonic() + timeout_s
+    seen = collections.deque(maxlen=20)  # the last lines read, so a failure shows where the process was
     for line in proc.stderr:
         if re.search(pattern, line):
             return line
+        seen.append(line.rstrip())
         if time.monotonic() > deadline:
             break
-    raise AssertionError(f"process never printed {pattern!r} (exit {proc.poll()})")
+    last = "\n  ".join(seen) or "(nothing)"
+    raise AssertionError(f"process never printed {pattern!r} (exit {proc.poll()}); its last lines:\n  {last}")
 
 
 def open_site(url, run, tmp_path, name="s", **kw):
