@@ -1,7 +1,9 @@
 """Helpers the tests share: waiting on another thread or process, starting `hilo` processes, opening a site."""
 import collections
 import contextlib
+import os
 import re
+import selectors
 import subprocess
 import sys
 import time
@@ -24,17 +26,33 @@ def hilo(*args, **kw) -> subprocess.Popen:
 
 
 def wait_for_line(proc, pattern, timeout_s=120):
-    """Read the process's stderr until a line matches (the process is then known to be past that point)."""
+    """Read the process's stderr until a line matches (the process is then known to be past that point).
+
+    Waits on the pipe with a deadline (a process that goes silent fails the test after `timeout_s`, it does not
+    hang it); lines read past the match are kept on `proc` for the next call."""
     deadline = time.monotonic() + timeout_s
     seen = collections.deque(maxlen=20)  # the last lines read, so a failure shows where the process was
-    for line in proc.stderr:
-        if re.search(pattern, line):
-            return line
-        seen.append(line.rstrip())
-        if time.monotonic() > deadline:
-            break
+    fd = proc.stderr.fileno()
+    buf = getattr(proc, "_unread_stderr", b"")
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            *lines, buf = buf.split(b"\n")
+            for i, raw in enumerate(lines):
+                line = raw.decode(errors="replace")
+                if re.search(pattern, line):
+                    proc._unread_stderr = b"\n".join(lines[i + 1:] + [buf])
+                    return line + "\n"
+                seen.append(line)
+            left = deadline - time.monotonic()
+            chunk = os.read(fd, 1 << 16) if left > 0 and sel.select(left) else None
+            if not chunk:  # deadline passed (None) or end of stream (b"")
+                break
+            buf += chunk
+    proc._unread_stderr = buf
+    why = "the process closed stderr" if chunk == b"" else f"not within {timeout_s:.0f}s"
     last = "\n  ".join(seen) or "(nothing)"
-    raise AssertionError(f"process never printed {pattern!r} (exit {proc.poll()}); its last lines:\n  {last}")
+    raise AssertionError(f"process never printed {pattern!r} ({why}; exit {proc.poll()}); its last lines:\n  {last}")
 
 
 def open_site(url, run, tmp_path, name="s", **kw):
