@@ -145,9 +145,11 @@ class LinkBudget:
             site, bps = min(self.links.items(), key=lambda kv: kv[1])
             step_s, slope = statistics.median(self.steps), cpu_slope(self.cpu)
             fraction, rule = fit(cfg, step_s, bps, self.adapter_bytes, slope or 0.0)
-            why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": round(step_s, 3), "share": cfg.share}
+            # 4 significant digits, not fixed decimals: a reader recomputes the fraction from these within 1e-3 even
+            # when a step takes milliseconds
+            why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": float(f"{step_s:.4g}"), "share": cfg.share}
             if slope is not None:
-                why["cpu_s_per_fraction"] = round(slope, 3)
+                why["cpu_s_per_fraction"] = float(f"{slope:.4g}")
         why["fraction"] = round(fraction, 6)
         if abs(fraction - self.fraction) > 0.1 * self.fraction:
             logger.info("run %s: --budget auto: %.3f%% of the adapter (was %.3f%%): %s", self.run, 100 * fraction,

@@ -72,6 +72,23 @@ def test_on_a_fast_link_the_trainers_cpu_per_fraction_holds_the_budget_back(tmp_
     assert why["rule"] == "link" and why["fraction"] == pytest.approx(budget.fraction, abs=1e-6)
 
 
+
+def test_a_versions_budget_can_be_recomputed_from_its_meta_when_steps_take_milliseconds(tmp_path):
+    log, run = open_log(f"file://{tmp_path}/log"), new_run("ms")
+    log.create_topics(run)
+    wall = 1_000_000.0
+    _report(log, run, "near", applied_at=wall, **{LINK_BPS: 55 * MB})
+    now = [0.0]
+    rule = LinkBudget(AutoBudget(share=0.5, refresh_s=0, floor=1e-4), log, run, adapter_bytes=MB, clock=lambda: now[0],
+                      wall=lambda: wall)
+    rule.choose()
+    for fraction in (0.016, 0.016, 0.05):  # a 12.34 ms step; encoding costs 0.01234 s per unit of budget
+        rule.observe(fraction, 0.002 + 0.01234 * fraction)
+        now[0] += 0.01234
+        _, why = rule.choose()
+    cost_s = MB / why["link_bps"] + why["cpu_s_per_fraction"]
+    assert why["fraction"] == pytest.approx(why["share"] * why["step_s"] / cost_s, rel=1e-3), why
+
 def test_a_producer_tells_the_rule_what_each_version_cost_its_cpu(tmp_path):
     run = new_run("cpu-producer")
     producer = HiLoProducer(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log", budget=AutoBudget(start=0.5, floor=0.1, ceiling=1.0)))
@@ -121,7 +138,7 @@ def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budge
         meta, adapter = decode_record(data, "v8").meta, producer.manifest.adapter_bytes()
         assert meta["budget_rule"] in ("link", "ceiling") and meta["budget_site"] in links
         assert 0.1 <= meta["budget_fraction"] <= 2.0 and len(data) <= meta["budget_fraction"] * adapter  # the codec kept to it
-        if meta["budget_rule"] == "link":  # (the meta rounds the step time to ms); the CPU term once it is fitted
+        if meta["budget_rule"] == "link":  # the CPU term once it is fitted
             cost_s = adapter / meta["budget_link_bps"] + meta.get("budget_cpu_s_per_fraction", 0.0)
             assert meta["budget_fraction"] == pytest.approx(meta["budget_share"] * meta["budget_step_s"] / cost_s, rel=1e-2)
         wait_until(lambda: all(r.get("digest") == producer.replica.digest.hex() for r in reports().values()), 60,
