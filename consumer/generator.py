@@ -146,11 +146,13 @@ class Generator:
         return len(out)
 
     def _pause(self, why: str) -> None:
-        """Leave the queue (Kafka: the group, so the other sites get this site's partitions), saying so once."""
-        if self.queue is None:
+        """Leave the queue (Kafka: the group, so the other sites get this site's partitions), saying so once. Said
+        also when the queue was never opened (vLLM went away before this site took its first prompt)."""
+        if self.paused:
             return
         logger.warning("site %s: %s; this site takes no prompts until its vLLM answers again", self.site, why)
-        self.queue.close()
+        if self.queue is not None:
+            self.queue.close()
         self.queue, self.paused, self.retry_at = None, True, self.clock() + self.retry.next()
 
     def _ensure_queue(self) -> bool:

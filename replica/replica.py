@@ -1,5 +1,6 @@
 """PolicyReplica: the replicated state machine. `apply(message)` is the transition every site runs bit-for-bit."""
 import collections
+import logging
 import math
 
 import torch
@@ -15,6 +16,7 @@ from .optimizers import get_optimizer
 from .optimizers.base import Buffers
 from .state import ReplicaState
 
+logger = logging.getLogger(__name__)
 RECENT = 4096  # versions whose digests are remembered, to tell a harmless duplicate from a fork
 
 
@@ -169,9 +171,29 @@ class PolicyReplica:
         state = self.compute(msg, what)
         digest = state.digest()
         if digest != msg.digest:
-            raise DivergenceError(f"{what}: version {msg.version} produced digest {digest.hex()}, message promises {msg.digest.hex()}")
+            state, digest = self._second_opinion(msg, what, digest)
         self.commit(state, digest)
         return True
+
+    def _second_opinion(self, msg: UpdateMessage, what: str, first: bytes) -> tuple:
+        """A step that missed the promised digest, looked at again before it stops anything: the held state must still
+        hash to its verified digest (else it changed in memory), and the step is computed once more. A second result
+        with the promised digest is adopted (it is verified, like any state), loudly; anything else raises, saying which."""
+        held = self.state.digest()
+        if held != self.digest:
+            raise DivergenceError(f"{what}: v{self.version}, the state version {msg.version} starts from, changed in memory after "
+                                  f"it was verified (hashes to {held.hex()}, verified as {self.digest.hex()}): a bug or a memory "
+                                  f"fault on this host; restart it (its snapshot is checked when loaded)")
+        state = self.compute(msg, what)
+        digest = state.digest()
+        if digest != msg.digest:
+            again = "the same again" if digest == first else f"{digest.hex()}"
+            raise DivergenceError(f"{what}: version {msg.version} produced digest {first.hex()}, message promises "
+                                  f"{msg.digest.hex()} (computed twice: {again})")
+        logger.error("%s: version %d produced digest %s the first time and the promised %s the second: this host computed "
+                     "one step two ways (a memory or CPU fault, or a race); the verified result is kept", what, msg.version,
+                     first.hex(), digest.hex())
+        return state, digest
 
     def apply_bytes(self, data: bytes, what: str = "message") -> bool:
         """Parse and apply one framed update record."""

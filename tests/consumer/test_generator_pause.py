@@ -1,0 +1,31 @@
+"""A generating site whose vLLM stops answering says so once, whether or not it had opened the prompt queue yet."""
+import logging
+import socket
+
+from hilo.consumer.generator import GenerateConfig, Generator
+from hilo.consumer.vllm_serving import VllmServer
+from tests.conftest import new_run
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released): a connection to it is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_gone_before_the_queue_was_opened_is_said_once_and_checked_again_later(tmp_path, caplog):
+    # The site's loads fail (serving_ok False) before it ever took a prompt: the old generator returned silently
+    # because it had no queue to leave, so an operator never learnt the site had stopped generating.
+    opened = []
+    clock = [100.0]
+    gen = Generator(GenerateConfig(reward="hilo.ops.digit_task:reward"), lambda: opened.append(1),
+                    VllmServer(f"http://127.0.0.1:{_closed_port()}", timeout_s=5), new_run("pause"), "a",
+                    serving=lambda: 3, serving_ok=lambda: False, clock=lambda: clock[0])
+    with caplog.at_level(logging.WARNING, logger="hilo.consumer.generator"):
+        for _ in range(3):
+            assert gen.step() == 0
+            clock[0] += 1000.0  # past any backoff: the pause is not said again while it lasts
+    said = [r.getMessage() for r in caplog.records if "takes no prompts until its vLLM answers again" in r.getMessage()]
+    assert len(said) == 1 and "vLLM does not take the newest version" in said[0], said
+    assert gen.paused and gen.queue is None and not opened  # the queue is not opened while the server is down
