@@ -187,7 +187,7 @@ class PolicyReplica:
         state = self.compute(msg, what)
         digest = state.digest()
         if digest != msg.digest:
-            again = "the same again" if digest == first else f"{digest.hex()}"
+            again = "the same again" if digest == first else digest.hex()
             raise DivergenceError(f"{what}: version {msg.version} produced digest {first.hex()}, message promises "
                                   f"{msg.digest.hex()} (computed twice: {again})")
         logger.error("%s: version %d produced digest %s the first time and the promised %s the second: this host computed "
