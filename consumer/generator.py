@@ -5,8 +5,9 @@
 One batch at a time, between versions, in the site's own loop: the adapter is never reloaded in the middle of a
 request group, and each rollout records the version served when its request started and when it ended (equal
 here by construction; the record keeps both so a pipelined site could say otherwise). A prompt that asks for a
-newer policy than this site serves is given back until the site has applied it. The batch's rollouts and the
-prompts they answer are settled atomically (log/prompt_queue.py), so a kill at any instant loses no prompt and
+newer policy than this site serves waits (on Kafka its partition pauses) until the site has applied it, while the
+rest of the batch and the other partitions are answered: a site never holds servable prompts hostage. The batch's
+rollouts and the prompts they answer are settled atomically (log/prompt_queue.py), so a kill at any instant loses no prompt and
 duplicates no rollout.
 """
 import importlib
@@ -88,6 +89,7 @@ class Generator:
         self.settled = self.rollouts = 0
         self.refused = {}       # reason -> prompts refused (not decodable, not the trainer's, another run's)
         self.waiting_for = None  # the version a prompt asked for that this site does not serve yet
+        self.deferred_at = None  # the version served when prompts were deferred (a newer one resumes them)
 
     def step(self, timeout_s: float = 0.2) -> int:
         """Take one batch, answer it and settle it; the number of rollouts settled (0 when there was nothing to do)."""
@@ -99,21 +101,29 @@ class Generator:
             return 0
         if not self._ensure_queue():
             return 0
-        if self.waiting_for is not None and version < self.waiting_for:
-            return 0  # the prompts ask for a version this site has not applied yet
+        if self.deferred_at is not None and version > self.deferred_at:
+            self.queue.resume()  # a newer policy serves now: the deferred prompts come again
+            self.deferred_at = None
         lease = self.queue.take(self.cfg.batch_prompts, timeout_s)
         if not lease.records:
             return 0
         crashpoints.reach("generate.taken")
-        prompts = [p for p in (self._prompt(r) for r in lease.records) if p is not None]
-        newest = max((p.min_version for p in prompts), default=0)
-        if newest > version:  # asked for a policy this site has not applied yet: give the batch back and catch up
+        parsed = [(r, self._prompt(r)) for r in lease.records]
+        later = [(r, p) for r, p in parsed if p is not None and p.min_version > version]
+        if later:  # asked for a policy this site has not applied yet: those wait, the rest is answered now
+            newest = max(p.min_version for _, p in later)
             if self.waiting_for != newest:
-                logger.info("site %s: prompts ask for v%d, serving v%d: catching up first", self.site, newest, version)
-            self.waiting_for = newest
-            self.queue.release(lease)
-            return 0
-        self.waiting_for = None
+                logger.info("site %s: prompts ask for v%d, serving v%d: answering the others, catching up for those",
+                            self.site, newest, version)
+            self.waiting_for, self.deferred_at = newest, version
+            lease = self.queue.defer(lease, [r for r, _ in later])
+            kept = {id(r) for r in lease.records}
+            parsed = [(r, p) for r, p in parsed if id(r) in kept]
+            if not lease.records:
+                return 0
+        else:
+            self.waiting_for = None
+        prompts = [p for _, p in parsed if p is not None]
         out = []
         try:
             for i, p in enumerate(prompts):

@@ -114,3 +114,15 @@ class FilePromptQueue(PromptQueue):
         if lease.records:
             with self._state() as st:
                 st["leases"].pop(lease.handle, None)
+
+    def defer(self, lease, later):
+        """Free the deferred prompts at once (any site may take them); the lease keeps the rest."""
+        drop = {r.offset for r in later}
+        kept = [r for r in lease.records if r.offset not in drop]
+        with self._state() as st:
+            mine = st["leases"].get(lease.handle)
+            if mine is not None:
+                mine["offsets"] = [o for o in mine["offsets"] if o not in drop]
+                if not mine["offsets"]:
+                    del st["leases"][lease.handle]
+        return Lease(kept, lease.handle if kept else None)

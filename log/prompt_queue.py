@@ -32,6 +32,7 @@ class Lease:
     records: list
     handle: object = None
     partitions: dict = field(default_factory=dict)  # Kafka: partition -> next offset once settled
+    sources: list = field(default_factory=list)     # Kafka: the partition of each record
 
     def __len__(self):
         return len(self.records)
@@ -51,6 +52,15 @@ class PromptQueue:
 
     def release(self, lease: Lease) -> None:
         """Give the lease's prompts back unanswered (another site, or this one, takes them again)."""
+
+    def defer(self, lease: Lease, later: list) -> Lease:
+        """Give back the records `later` of `lease` (they ask for a policy this site does not serve yet) and return the
+        lease of the rest, to answer now. Kafka: a partition with a deferred record is rewound to it and paused, and
+        the lease keeps only what precedes it there (offsets commit in order); the other partitions go on."""
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        """Take from the partitions `defer` paused again (the site serves a newer policy now)."""
 
     def close(self) -> None:
         """Leave the group / release files."""

@@ -72,17 +72,41 @@ class KafkaPromptQueue(PromptQueue):
         """One poll of the group's partitions assigned to this site."""
         self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
         got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
-        if not any(got.values()):
+        if not any(got.values()) and not self.consumer.paused():  # a paused partition waits for a version, not stuck
             self._watch()
         else:
             self.idle_since, self.idle_backlog = time.monotonic(), None
-        records, nxt = [], {}
+        records, nxt, sources = [], {}, []
         for tp, recs in got.items():
             for r in recs:
                 records.append(Record(r.offset, r.key, r.value,
                                       {k: v.decode() for k, v in (r.headers or [])}))
+                sources.append(tp.partition)
                 nxt[tp.partition] = r.offset + 1
-        return Lease(records, None, nxt)
+        return Lease(records, None, nxt, sources)
+
+    def defer(self, lease, later):
+        """Rewind each partition to its first deferred record and pause it; the lease keeps what precedes it."""
+        later = {id(r) for r in later}
+        first = {}  # partition -> its first deferred offset
+        for r, part in zip(lease.records, lease.sources):
+            if id(r) in later:
+                first[part] = min(first.get(part, r.offset), r.offset)
+        kept = [(r, part) for r, part in zip(lease.records, lease.sources) if part not in first or r.offset < first[part]]
+        nxt = {}
+        for r, part in kept:
+            nxt[part] = max(nxt.get(part, 0), r.offset + 1)
+        for part, offset in first.items():
+            tp = TopicPartition(self.prompts, part)
+            self.consumer.seek(tp, offset)
+            self.consumer.pause(tp)
+        return Lease([r for r, _ in kept], None, nxt, [part for _, part in kept])
+
+    def resume(self):
+        """Unpause what `defer` paused (a rebalance unpauses on its own: the new owner reads from the committed offset)."""
+        paused = self.consumer.paused()
+        if paused:
+            self.consumer.resume(*paused)
 
     def _watch(self):
         """A member that gets nothing for STUCK_S while the group's backlog (prompts past its committed offsets) stays

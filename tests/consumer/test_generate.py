@@ -3,8 +3,10 @@
 Version truth: the behaviour log-probabilities vLLM returns for a rollout stamped v equal the trainer's own
 recomputation under v within test_vllm's tolerance (1e-4, fp32 adapters), and differ from the next version's.
 """
+import itertools
 import os
 import signal
+import subprocess
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ from hilo.producer.producer import HiLoProducer
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.schemas.rollouts import PromptRecord, Sampling
-from tests.conftest import new_run, producer_config
+from tests.conftest import KAFKA_URL, new_run, producer_config
 from tests.consumer.test_vllm import TOL, tiny_model
 from tests.helpers import hilo, wait_until
 
@@ -94,6 +96,37 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     finally:
         if site.poll() is None:
             site.kill()
+        producer.close()
+
+
+@pytest.mark.kafka
+def test_a_prompt_for_a_newer_policy_does_not_hold_back_the_prompt_before_it(vllm, tmp_path):
+    """One prompt partition on Kafka, a batch of 2 that mixes a prompt for the served v1 with one for v2: the site
+    answers the first now and the second once it serves v2. It used to give both back and stop taking until v2, still
+    holding the partition, so nobody answered the first and a trainer waiting for it never published v2 (the hang of
+    the vLLM-gone RL test)."""
+    vllm_url, _ = vllm
+    run = new_run("defer")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
+    gen = torch.Generator().manual_seed(2)
+    _train_step(producer, gen)  # the site will serve v1
+    asks = iter([1, 2])
+    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=1), prompt_partitions=1)
+    sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
+    assert exchange.issue(itertools.islice(prompts(run, sampling, min_version=lambda: next(asks)), 2)) == 2
+    exchange.source = iter(())
+    site = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "d", "--state-dir", str(tmp_path / "d"), "--vllm", vllm_url,
+                "--lora-name", "defer-d", "--generate", "--reward", "hilo.ops.digit_task:reward", "--generate-batch", "2", "--no-progress",
+                "--wait-checkpoint", "120", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        first = _groups(exchange, producer, 1, timeout_s=120)  # the trainer is still at v1
+        assert [g.prompt.prompt_id for g in first] == ["p-0"] and {r.version_start for r in first[0].rollouts} == {1}
+        _train_step(producer, gen)
+        second = _groups(exchange, producer, 1, timeout_s=120)
+        assert [g.prompt.prompt_id for g in second] == ["p-1"] and {r.version_start for r in second[0].rollouts} == {2}
+    finally:
+        site.kill()
+        site.wait()
         producer.close()
 
 

@@ -107,3 +107,40 @@ def test_a_site_restarted_under_its_name_frees_its_dead_incarnations_leases(tmp_
     assert [r.key for r in again.take(2, timeout_s=0).records] == [b"p0", b"p1"]
     with pytest.raises(LeaseLost):                           # the old incarnation, if it was only stalled, settles nothing
         dead.settle(lease, _rollouts(lease, "a"))
+
+
+def test_a_deferred_prompt_waits_the_rest_is_answered_and_every_prompt_is_answered_once(log_url):
+    """A site that cannot serve one prompt yet answers the others now; on Kafka the deferred prompt's partition waits
+    (offsets commit in order, so what follows it there waits too) until `resume`; on the embedded log it is free at once."""
+    run, n = new_run("defer"), 6
+    log = _setup(log_url, run, n, partitions=1)
+    q = log.prompt_queue(run, "a", 60.0)
+    kafka = log_url.startswith("kafka")
+    try:
+        got = []
+        wait_until(lambda: got.append(q.take(4, timeout_s=0.5)) or len(got[-1]) >= 3, 120, "a batch of 3 prompts")
+        lease = got[-1]
+        recs = sorted(lease.records, key=lambda r: r.offset)
+        later = recs[1]
+        now = q.defer(lease, [later])
+        assert [r.offset for r in now.records] == ([recs[0].offset] if kafka else [r.offset for r in recs if r is not later])
+        q.settle(now, _rollouts(now, "a"))
+        again = q.take(4, timeout_s=1.0)
+        if kafka:
+            assert not again.records  # the partition waits at the deferred prompt
+            q.resume()
+            wait_until(lambda: got.append(q.take(4, timeout_s=0.5)) or bool(got[-1].records), 60, "the deferred prompt again")
+            again = got[-1]
+        assert min(r.offset for r in again.records) == later.offset
+        q.settle(again, _rollouts(again, "a"))
+
+        def drain():
+            lease = q.take(4, timeout_s=0.5)
+            if lease.records:
+                q.settle(lease, _rollouts(lease, "a"))
+            return len(_answers(log, run)) == n
+        wait_until(drain, 120, "every prompt settled", every_s=0)
+    finally:
+        q.close()
+    assert _answers(log, run) == {f"p{i}": 1 for i in range(n)}
+    log.close()
