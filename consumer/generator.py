@@ -7,8 +7,8 @@ request group, and each rollout records the version served when its request star
 here by construction; the record keeps both so a pipelined site could say otherwise). A prompt that asks for a
 newer policy than this site serves waits (on Kafka its partition pauses) until the site has applied it, while the
 rest of the batch and the other partitions are answered: a site never holds servable prompts hostage. The batch's
-rollouts and the prompts they answer are settled atomically (log/prompt_queue.py), so a kill at any instant loses no prompt and
-duplicates no rollout.
+rollouts and the prompts they answer are settled atomically (log/prompt_queue.py), so a kill at any instant loses
+no prompt and duplicates no rollout.
 """
 import importlib
 import logging
