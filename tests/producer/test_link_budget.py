@@ -72,7 +72,6 @@ def test_on_a_fast_link_the_trainers_cpu_per_fraction_holds_the_budget_back(tmp_
     assert why["rule"] == "link" and why["fraction"] == pytest.approx(budget.fraction, abs=1e-6)
 
 
-
 def test_a_versions_budget_can_be_recomputed_from_its_meta_when_steps_take_milliseconds(tmp_path):
     log, run = open_log(f"file://{tmp_path}/log"), new_run("ms")
     log.create_topics(run)
@@ -88,6 +87,7 @@ def test_a_versions_budget_can_be_recomputed_from_its_meta_when_steps_take_milli
         _, why = rule.choose()
     cost_s = MB / why["link_bps"] + why["cpu_s_per_fraction"]
     assert why["fraction"] == pytest.approx(why["share"] * why["step_s"] / cost_s, rel=1e-3), why
+
 
 def test_a_producer_tells_the_rule_what_each_version_cost_its_cpu(tmp_path):
     run = new_run("cpu-producer")
