@@ -2,7 +2,8 @@
 
 DIR/v00000017/{adapter_config.json, adapter_model.safetensors}; written to a temp dir and renamed, so a
 reader never sees half an adapter. The newest `keep` versions are kept, and any directory in `protect`
-(the one an inference server is serving from) whatever its age.
+(the one an inference server is serving from) whatever its age, and always the one just written: a dead
+incarnation may have left newer directories than the version a restart exports (`discard_beyond` removes them).
 """
 import json
 import os
@@ -43,13 +44,31 @@ def export_adapter(replica, out_root, dtype: str = "bfloat16", keep: int = 3, pr
     shutil.rmtree(final, ignore_errors=True)
     crashpoints.reach("export.written")
     os.replace(tmp, final)
-    prune_adapters(root, keep, protect)
+    prune_adapters(root, keep, (*protect, final))  # never the directory about to be loaded, whatever else is there
     return final
 
 
 def prune_adapters(out_root, keep: int, protect=()) -> None:
     """Remove all but the newest `keep` version directories, never one in `protect`."""
     protected = {pathlib.Path(p).name for p in protect}
-    for old in sorted(p for p in pathlib.Path(out_root).iterdir() if p.name.startswith("v"))[:-keep]:
-        if old.name not in protected:
-            shutil.rmtree(old, ignore_errors=True)
+    dirs = version_dirs(out_root)
+    for v in sorted(dirs)[:-keep]:
+        if dirs[v].name not in protected:
+            shutil.rmtree(dirs[v], ignore_errors=True)
+
+
+def version_dirs(out_root) -> dict:
+    """{version: directory} of the adapter directories under out_root (temp dirs and other names are not versions)."""
+    root = pathlib.Path(out_root)
+    if not root.is_dir():
+        return {}
+    return {int(p.name[1:]): p for p in root.iterdir() if p.name.startswith("v") and p.name[1:].isdigit()}
+
+
+def discard_beyond(out_root, version: int) -> list:
+    """Remove the adapter directories newer than `version` (left by an incarnation that died after its snapshot; the
+    replay writes them again, bit for bit); returns the versions removed."""
+    gone = sorted(v for v in version_dirs(out_root) if v > version)
+    for v in gone:
+        shutil.rmtree(pathlib.Path(out_root) / f"v{v:08d}", ignore_errors=True)
+    return gone

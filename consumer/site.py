@@ -25,6 +25,7 @@ from tqdm import tqdm
 from hilo.log import checkpoints_topic, crashpoints, open_log, retry, site_group, updates_topic
 from hilo.log.prefetch import Prefetcher
 from hilo.log.base import check_run
+from hilo.log.outage import Outage
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.site_reports import LINK_BPS
 from hilo.log.tail import head
@@ -34,13 +35,14 @@ from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
 from hilo.replay.start import Source, choose_start
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, HiloError, LogError, NoSuchTopic
+from hilo.schemas.errors import ConfigError, HiloError, LogError, LogUnavailable, NoSuchTopic
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
 from hilo.schemas.signing import Signer, Verifier
 
-from .adapter_export import DTYPES, export_adapter, prune_adapters
+from .adapter_export import DTYPES, discard_beyond, export_adapter, prune_adapters
 from .group_commit import GroupCommitter
+from .lag_view import LagView
 from .serving_state import ServingState
 from .shell_hook import run_hook
 from .vllm_serving import VllmDown, VllmError, VllmServer
@@ -150,13 +152,15 @@ class Site:
         self.state = ServingState(cfg.retry_serve_s)
         self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
         self.stop_reason = None       # the error that stopped the site, once one has
-        self.head = (None, None)      # (version, log bytes) of the log's head, refreshed by `refresh_head`
-        self.head_checked = 0.0       # monotonic time of that refresh
+        self.view = LagView.at(0, 0)  # head and applied position, replaced whole (a scrape reads one consistent view)
+        self.head_checked = 0.0       # monotonic time of the newest head refresh
+        self.outage = Outage(f"site {cfg.site}", self.metrics)  # the log reached before and unreachable now
         self.last_applied_at = clock()
         self.deliveries = collections.deque(maxlen=8)  # bytes/s of the last messages written while it waited (Applied.delivery)
         self.generator = None         # answers the run's prompts between versions, once `generate` is called
         self.metrics.set_function("seconds_since_applied", lambda: self.clock() - self.last_applied_at)
         self.metrics.set("serving_version", -1)
+        self.metrics.set_view(lambda: self.view.gauges(), LagView.GAUGES)
 
     @classmethod
     def open(cls, cfg: SiteConfig, log_backend=None, clock=time.time, metrics: Metrics | None = None) -> "Site":
@@ -167,7 +171,8 @@ class Site:
         verifier = Verifier.load(cfg.trust) if cfg.trust else None
         site = cls(cfg, log, store, None, verifier, clock, metrics)
         site.follower = site._bootstrap()
-        site.metrics.set("applied_version", site.follower.replica.version)
+        site._discard_newer_adapters()
+        site.view = LagView.at(site.follower.replica.version, site.follower.log_bytes)
         site.refresh_head(force=True)
         if site.history:
             r = site.follower.replica
@@ -175,6 +180,20 @@ class Site:
         if site.server:
             site._start_serving()
         return site
+
+    @property
+    def adapters_dir(self) -> str:
+        """Where the exported adapter directories live."""
+        return f"{self.cfg.state_dir}/adapters"
+
+    def _discard_newer_adapters(self):
+        """Adapters newer than the bootstrapped version are a dead incarnation's (it died after its snapshot): gone,
+        so nothing serves, hooks or prunes by them; the replay exports what is needed again."""
+        version = self.follower.replica.version
+        gone = discard_beyond(self.adapters_dir, version)
+        if gone:
+            logger.warning("site %s: removed adapter dirs v%d..v%d left beyond the bootstrapped v%d (written before a crash; "
+                           "replayed versions are exported again)", self.cfg.site, gone[0], gone[-1], version)
 
     def _start_serving(self):
         """Check the server and load the bootstrapped version now: a wrong server or adapter fails here, in one line."""
@@ -303,7 +322,7 @@ class Site:
             self.history.record(applied.version, applied.digest, applied.last_offset, w=applied.written_at,
                                 b=applied.record_bytes, a=round(work, 5))
         m = self.metrics
-        m.set("applied_version", applied.version)
+        self.view = self.view.applied(applied.version, self.follower.log_bytes)
         m.inc("versions_applied")
         self.last_applied_at = self.clock()
         m.set("last_applied_timestamp_seconds", self.last_applied_at)
@@ -333,7 +352,7 @@ class Site:
         t0 = time.perf_counter()
         if self.state.needs_export(r.version):
             keep = [self.state.serving[1]] if self.state.serving else []
-            out = export_adapter(r, f"{cfg.state_dir}/adapters", cfg.export_dtype, cfg.keep_adapters, protect=keep)
+            out = export_adapter(r, self.adapters_dir, cfg.export_dtype, cfg.keep_adapters, protect=keep)
             self.state.on_exported(r.version, out)
             self.timing = {"version": r.version, "export_s": time.perf_counter() - t0}
             self.metrics.observe("stage_seconds", self.timing["export_s"], stage="export")
@@ -393,21 +412,18 @@ class Site:
                 log_bytes = max(log_bytes, int(h.get(H.LOG_BYTES, log_bytes)))
             except ValueError:  # a forged header: keep what is known
                 pass
-        self.head = (version, log_bytes)
-        m = self.metrics
-        m.set("head_version", version)
-        m.set("lag_versions", version - f.replica.version)
-        m.set("lag_bytes", log_bytes - f.log_bytes)
+        self.view = self.view.with_head(version, log_bytes)
 
     def readiness(self, max_lag: int) -> tuple:
         """(ready, why): bootstrapped, not stopped by an error, at most `max_lag` versions behind the head."""
+        view = self.view
         if self.stop_reason is not None:
             return False, f"stopped: {self.stop_reason}"
-        head_version = self.head[0]
-        lag = 0 if head_version is None else head_version - self.follower.replica.version
-        if lag > max_lag:
-            return False, f"v{self.follower.replica.version} is {lag} versions behind the head v{head_version} (bound {max_lag})"
-        return True, f"v{self.follower.replica.version}, {lag} behind the head"
+        if self.outage.down:
+            return False, f"v{view.applied_version}: {self.outage.reason()}"
+        if view.lag_versions > max_lag:
+            return False, f"v{view.applied_version} is {view.lag_versions} versions behind the head v{view.head_version} (bound {max_lag})"
+        return True, f"v{view.applied_version}, {view.lag_versions} behind the head"
 
     def commit(self):
         """Hand the position (and what it means) to the background committer of this site's consumer group.
@@ -432,7 +448,7 @@ class Site:
         """Follow until SIGTERM, --until-version or --idle-exit; returns the final version."""
         cfg, f = self.cfg, self.follower
         self.refresh_head(force=True)
-        start_head = self.head[0]
+        start_head = self.view.head_version
         behind = max(0, start_head - f.replica.version)
         bar = tqdm(total=behind, desc=f"{cfg.site} catching up", unit="v", file=sys.stderr,
                    disable=(not behind) if progress is None else not progress)
@@ -442,28 +458,17 @@ class Site:
             while not self.stopping:
                 if cfg.until_version is not None and f.replica.version >= cfg.until_version:
                     break
-                n = 0
-                for event in f.updates(timeout_s=0.05 if self.generator else 1.0):
-                    self.on_event(event)
-                    if isinstance(event, Skipped):
-                        continue
-                    n += 1
-                    if event.version <= start_head:
-                        self.metrics.inc("versions_replayed")
-                    if self.stopping or (cfg.until_version is not None and event.version >= cfg.until_version):
-                        break
-                if n or (self.server and self.state.retry_due(time.monotonic())):
-                    self.publish_newest()
+                try:
+                    n = self._follow_once(start_head, bar)
+                except LogUnavailable as e:  # a log reached before: wait it out, never exit for it
+                    self.outage.wait(e, lambda: self.stopping)
+                    continue
+                self.outage.over()
                 if n:
                     last_new = time.monotonic()
-                    bar.update(min(n, max(0, bar.total - bar.n)))
-                    logger.info("site %s: v%d digest %s", cfg.site, f.replica.version, f.replica.digest.hex()[:12])
                 elif cfg.idle_exit_s is not None and time.monotonic() - last_new > cfg.idle_exit_s:
                     logger.info("site %s: idle for %.0fs, exiting", cfg.site, cfg.idle_exit_s)
                     break
-                self.refresh_head(force=bool(n))
-                if self.generator is not None and not self.stopping:
-                    self.generator.step()
         except HiloError as e:  # a gap after a skip, a fork, a divergence: the state stays at the last good version
             self.stop_reason = str(e)
             self.metrics.set("stopped", 1)
@@ -475,6 +480,28 @@ class Site:
             self.commit()
             self.close()
         return f.replica.version
+
+    def _follow_once(self, start_head: int, bar) -> int:
+        """One read: apply what it brought, serve the newest, refresh the head, answer prompts; versions applied."""
+        cfg, f, n = self.cfg, self.follower, 0
+        for event in f.updates(timeout_s=0.05 if self.generator else 1.0):
+            self.on_event(event)
+            if isinstance(event, Skipped):
+                continue
+            n += 1
+            if event.version <= start_head:
+                self.metrics.inc("versions_replayed")
+            if self.stopping or (cfg.until_version is not None and event.version >= cfg.until_version):
+                break
+        if n or (self.server and self.state.retry_due(time.monotonic())):
+            self.publish_newest()
+        if n:
+            bar.update(min(n, max(0, bar.total - bar.n)))
+            logger.info("site %s: v%d digest %s", cfg.site, f.replica.version, f.replica.digest.hex()[:12])
+        self.refresh_head(force=bool(n) or self.outage.down)
+        if self.generator is not None and not self.stopping:
+            self.generator.step()
+        return n
 
     def close(self) -> None:
         """Let the last committed position land (bounded), stop the read-ahead, close the prompt queue. The log is

@@ -45,6 +45,10 @@ class LogError(HiloError):
     """The log (topic) is missing, misconfigured or holds records that do not belong to this run."""
 
 
+class LogUnavailable(LogError):
+    """A log reached before does not answer now (a broker restarting, a network partition): worth waiting out."""
+
+
 class NoSuchTopic(LogError):
     """The topic is not on the log (never created, or deleted)."""
 

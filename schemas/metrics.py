@@ -10,6 +10,7 @@ labels (`run`, and `site` at a site) so one Prometheus can scrape a fleet; a few
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from .errors import ConfigError
 
@@ -50,12 +51,18 @@ def _site(key, kind, help, labels=(), buckets=None):
 def _trainer(key, kind, help, labels=(), buckets=None):
     return Metric("trainer", key, kind, help, labels, buckets)
 
+def _outage(role, who):
+    return (Metric(role, "log_unavailable", "gauge", f"1 while the {who}'s log, reached before, does not answer (it waits)."),
+            Metric(role, "log_outages", "counter", f"Outages of the log the {who} waited out (or is waiting out)."),
+            Metric(role, "log_outage_seconds", "histogram", f"Length of each ended outage the {who} waited out.", (),
+                   STAGE_BUCKETS + (300.0, 900.0, 3600.0)))
+
 
 TABLE = (
     _site("applied_version", "gauge", "Newest version applied to the site's replica."),
     _site("serving_version", "gauge", "Version vLLM serves (-1: none loaded, or no vLLM configured)."),
     _site("head_version", "gauge", "Newest version on the run's updates topic, as last seen by the site."),
-    _site("lag_versions", "gauge", "head_version - applied_version."),
+    _site("lag_versions", "gauge", "head_version - applied_version (the three are read together at each scrape)."),
     _site("lag_bytes", "gauge", "Update bytes on the log past the applied version."),
     _site("last_applied_timestamp_seconds", "gauge", "Unix time the newest version was applied."),
     _site("seconds_since_applied", "gauge", "Seconds since the newest version was applied (computed at scrape)."),
@@ -79,6 +86,9 @@ TABLE = (
     _site("prompts_refused", "counter", "Prompts taken and not answered, by reason (malformed, other-run, "
           "engine-refused: vLLM refused the request, lease_lost: the prompts went to another site before this one "
           "settled).", ("reason",)),
+    *_outage("site", "site"),
+    _site("rebootstraps", "counter", "Times a running site fell behind retention (its next versions expired) and "
+          "bootstrapped again from the newest checkpoint."),
     _trainer("published_version", "gauge", "Newest version the trainer published (committed on the log)."),
     _trainer("last_published_timestamp_seconds", "gauge", "Unix time of the newest publish."),
     _trainer("versions_published", "counter", "Versions published since the process started."),
@@ -102,6 +112,7 @@ TABLE = (
              "it <= (S + 1) * B)."),
     _trainer("importance_truncated_fraction", "gauge", "Share of tokens whose importance weight was capped, in "
              "the newest group."),
+    *_outage("trainer", "trainer"),
 )
 
 
@@ -141,6 +152,13 @@ class Metrics:
         """A gauge computed when scraped."""
         self._child(key, labels).set_function(fn)
 
+    def set_view(self, fn, keys) -> None:
+        """Gauges computed together at scrape: `fn()` -> {key: value} is called once per scrape, so they agree."""
+        for key in keys:
+            self._child(key, {})  # known, unlabelled gauges only
+            self.registry.unregister(self._metrics[key])
+        self.registry.register(_View(self, tuple(keys), fn))
+
     def inc(self, key: str, amount: float = 1.0, **labels) -> None:
         """Add to a counter."""
         self._child(key, labels).inc(amount)
@@ -148,6 +166,30 @@ class Metrics:
     def observe(self, key: str, value: float, **labels) -> None:
         """One observation of a histogram."""
         self._child(key, labels).observe(value)
+
+
+class _View:
+    """A prometheus_client collector for `Metrics.set_view`: one call of `fn` per scrape yields every gauge of `keys`."""
+
+    def __init__(self, metrics: Metrics, keys: tuple, fn):
+        self.metrics, self.keys, self.fn = metrics, keys, fn
+
+    def _families(self, values: dict | None):
+        m = self.metrics
+        for key in self.keys:
+            spec = m._specs[key]
+            family = GaugeMetricFamily(spec.name, spec.help, labels=list(m.identity))
+            if values is not None:
+                family.add_metric(list(m.identity.values()), values[key])
+            yield family
+
+    def describe(self):
+        """The families without values (what registering asks for)."""
+        return list(self._families(None))
+
+    def collect(self):
+        """The families, from one call of `fn`."""
+        return list(self._families(self.fn()))
 
 
 def markdown_table() -> str:

@@ -8,7 +8,7 @@ import enum
 
 from kafka.errors import KafkaError
 
-from hilo.schemas.errors import LogError
+from hilo.schemas.errors import LogError, LogUnavailable
 
 from . import causes
 
@@ -53,7 +53,8 @@ class Connector:
                 if cause is None:
                     cause = (f"cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); is the broker "
                              f"running and reachable? (ops/kafka/start.sh starts a local one)")
-                failure = LogError(f"{self.url}: {cause}")
+                # a cluster reached before is restarting (or cut off): its callers wait; one never reached is a wrong address
+                failure = (LogUnavailable if self.reach is Reach.REACHED else LogError)(f"{self.url}: {cause}")
                 if self.reach is Reach.NEVER:
                     self.reach, self.error = Reach.UNREACHABLE, failure
                 raise failure from None

@@ -1,7 +1,7 @@
 """kafka-python's errors, classified by their types and `retriable` flag, and said in one line."""
 import kafka.errors as K
 
-from hilo.schemas.errors import LogError
+from hilo.schemas.errors import LogError, LogUnavailable
 
 _RESOURCES = {K.TopicAuthorizationFailedError: "topic", K.ClusterAuthorizationFailedError: "cluster",
               K.GroupAuthorizationFailedError: "consumer group", K.TransactionalIdAuthorizationFailedError: "transactional id"}
@@ -47,4 +47,5 @@ def failure(what: str, e: Exception) -> LogError:
         resource = next((r for cls, r in _RESOURCES.items() if isinstance(e, cls)), "resource")
         return LogError(f"{what}: the broker refused it: this principal is not authorised on the {resource} "
                         f"({type(e).__name__}); an operator grants a run's ACLs with `hilo acls grant`")
-    return LogError(f"{what}: {type(e).__name__}: {e}")
+    # a retriable error that outlived its retries (a timeout, no leader) is an outage: worth waiting out, not a verdict
+    return (LogUnavailable if is_retriable(e) else LogError)(f"{what}: {type(e).__name__}: {e}")

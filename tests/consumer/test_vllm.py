@@ -23,7 +23,7 @@ from hilo.log import open_log
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random
-from tests.helpers import wait_until
+from tests.helpers import hilo, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -124,6 +124,33 @@ def test_a_site_that_fell_behind_serves_the_newest_version_only(vllm, tmp_path):
     s = make_site(url, run, tmp_path, vllm_url, until_version=6)
     s.run(progress=False)
     assert s.state.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
+    producer.close()
+
+
+def test_a_serving_site_sigkilled_after_its_snapshot_restarts_and_serves(vllm, tmp_path):
+    """A site SIGKILLed versions after its snapshot left newer adapter dirs; restarted under its name it serves again.
+    It used to prune the directory it had just exported for its snapshot's version (keeping the dead incarnation's
+    newer ones), and vLLM refused the load: a crash loop under a supervisor."""
+    vllm_url, _ = vllm
+    url, run = f"file://{tmp_path}/log", new_run("killed")
+    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    publish_random(producer, 4)
+    make_site(url, run, tmp_path, vllm_url, until_version=4, keep_adapters=1).run(progress=False)  # its snapshot: v4
+    publish_random(producer, 3)
+    adapters = tmp_path / "s" / "adapters"
+    proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--vllm", vllm_url,
+                "--export-dtype", "float32", "--keep-adapters", "1", "--no-progress", stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (adapters / "v00000007").is_dir() or proc.poll() is not None, 120, "the site exports v7")
+    finally:
+        proc.kill()  # SIGKILL: no snapshot at exit, v7's directory stays behind
+        proc.wait()
+    assert (adapters / "v00000007").is_dir(), "the first incarnation never exported v7"
+    s = make_site(url, run, tmp_path, vllm_url, until_version=7, keep_adapters=1)  # bootstraps from the v4 snapshot
+    assert s.state.serving[0] == 4 and s.state.serving[1].is_dir()
+    s.run(progress=False)
+    assert s.state.serving[0] == 7 and s.follower.replica.digest == producer.replica.digest
     producer.close()
 
 

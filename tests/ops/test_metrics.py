@@ -133,7 +133,7 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
     site = open_site(log_url, run, tmp_path, export_adapters=False)  # bootstrapped at v2 (genesis checkpoint + replay to come)
     publish_random(producer, 3, seed=1)
     # Kafka writes a transaction's commit marker after the commit returns: v5 becomes readable moments later.
-    wait_until(lambda: site.refresh_head(force=True) or site.head[0] == 5, 30, "the site sees v5 at the head")
+    wait_until(lambda: site.refresh_head(force=True) or site.view.head_version == 5, 30, "the site sees v5 at the head")
     with endpoint(site.metrics.registry, lambda: site.readiness(2), ready_max_lag=2) as url:
         m = scrape(url)
         applied = site.follower.replica.version
@@ -238,3 +238,42 @@ def test_json_logs_and_lag_watch(tmp_path):
     assert w.wait(timeout=30) == 0
     assert second["time"] > first["time"] and [r["site"] for r in first["sites"]] == ["s"]
     assert first["sites"][0]["applied_version"] == 2 and first["sites"][0]["lag"] == 0
+
+
+def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_stopped(tmp_path):
+    """Scraped back to back while a site catches up and after it stops on a record: lag == head - applied in every
+    scrape, and /readyz says the same. (The lag was set only when the head was read, so a catching-up site exported a
+    stale lag, and a stopped one kept it.)"""
+    import threading
+    url, run = f"file://{tmp_path}/log", new_run("lagview")
+    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=16), producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
+    publish_random(producer, 100)
+    site = open_site(url, run, tmp_path, export_adapters=False, on_bad_record="stop")  # bootstrapped at v0
+    open_log(url).append(updates_topic(run), split(os.urandom(300), run, "update", 101))  # junk: the site stops on it
+    errors = []
+
+    def follow():
+        try:
+            site.run(progress=False)
+        except Exception as e:  # noqa: BLE001  (the stop is expected; the test reads it)
+            errors.append(e)
+    with endpoint(site.metrics.registry, lambda: site.readiness(1000)) as base:
+        t = threading.Thread(target=follow)
+        t.start()
+        seen = []
+        while t.is_alive() or not seen:
+            m = scrape(base)
+            seen.append(m)
+            head, applied = value(m, "hilo_site_head_version"), value(m, "hilo_site_applied_version")
+            assert value(m, "hilo_site_lag_versions") == head - applied, m
+            assert value(m, "hilo_site_lag_bytes") >= 0
+        t.join()
+        assert errors and site.stop_reason  # stopped on the junk record
+        m = scrape(base)
+        assert value(m, "hilo_site_applied_version") == 100 == producer.version
+        assert value(m, "hilo_site_lag_versions") == value(m, "hilo_site_head_version") - 100
+        assert value(m, "hilo_site_lag_bytes") == 0  # every update byte before the junk is applied
+        status, body = get(base + "/readyz")
+        assert status == 503 and body.startswith("stopped:")
+    assert len({value(m, "hilo_site_applied_version") for m in seen}) > 1, "no scrape landed while the site caught up"
+    producer.close()
