@@ -174,12 +174,16 @@ class HiLoProducer:
         # served by `hilo produce --metrics-port`, or by ops/metrics_server.py from the user's own loop
         self.metrics = metrics or Metrics("trainer", run=config.run)
         self.fenced = False
-        # Fence every earlier trainer of the run first (Kafka: its open transaction is aborted), then read the log.
+        # Every refusal first, by reading the log only: a trainer that would be refused (another model, optimizer,
+        # history or key) must not fence the one that runs. Then fence every earlier trainer of the run (Kafka: its
+        # open transaction is aborted), then publish what the start needs and catch up to the head.
+        snapshot, verifier = self.store.load() if self.store else None, self.signer and self.signer.verifier()
+        start = TrainerStart(self.log, config, self.manifest, self.site_optimizer, self._publish_checkpoint)
+        decided = start.decide(snapshot, verifier)
         at = str((head(self.log, self.updates, config.run) or {}).get(H.VERSION, 0))  # a stray record may say anything
         at = int(at) if at.isdigit() else 0
         self.fencing_token = self.log.become_writer(config.run, at)
-        started = TrainerStart(self.log, config, self.manifest, self.site_optimizer, self._publish_checkpoint).run(
-            self.store.load() if self.store else None, self.params, self.signer and self.signer.verifier())
+        started = start.run(snapshot, self.params, verifier, decided)
         replica, self.log_bytes, self.next_offset = started.replica, started.position.log_bytes, started.position.next_offset
         self.snapshot_version = started.snapshot_version  # the trainer snapshot this start used, if any
         self._count_skips(started.skips)

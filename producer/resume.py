@@ -1,6 +1,8 @@
 """Where a trainer starts: genesis on an empty log, its own snapshot, or the newest checkpoint; then the log head.
 
-Fencing comes first (HiLoProducer.__init__), so no earlier trainer writes while this one reads. Then:
+`decide` reads the log and makes every refusal before the trainer takes the run's transactional id, so a trainer
+that would be refused never fences the running one; `run` comes after fencing, so no earlier trainer writes while
+this one catches up. The decision:
 - no checkpoint on the log: genesis (published as the first checkpoint), unless the log once held the run and
   everything expired, where only the trainer's snapshot (or new_history) may go on;
 - otherwise the shared start decision (replay/start.py): the snapshot if the log still holds what follows it,
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from hilo.log import checkpoints_topic, site_group, updates_topic
 from hilo.log.tail import head
 from hilo.replay.follower import Follower
-from hilo.replay.start import Source, choose_start
+from hilo.replay.start import Source, Start, choose_start
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, LogError
@@ -46,18 +48,33 @@ def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "s
     return follower
 
 
-class TrainerStart:
-    """The start decision of one trainer. publish_checkpoint(replica, updates_offset, log_bytes) publishes one."""
+@dataclass(frozen=True)
+class Decision:
+    """How a trainer will start, decided by reading the log only: "genesis", "expired" (continue an expired log from
+    the snapshot) or "resume" (from `start`). `checkpoints_end` is where RUN.checkpoints ended when it was decided."""
 
-    def __init__(self, log, config, manifest, site_optimizer: str, publish_checkpoint):
+    how: str
+    checkpoints_end: int
+    start: Start | None = None
+    had: int = 0   # genesis: the highest offset the run's topics ever reached (0: a new run)
+
+
+class TrainerStart:
+    """The start decision of one trainer. publish_checkpoint(replica, updates_offset, log_bytes) publishes one.
+
+    `decide` makes every refusal by reading the log only, so a trainer that would be refused is refused before it
+    fences the one that runs; `run` then (after fencing) publishes what the start needs and catches up."""
+
+    def __init__(self, log, config, manifest, site_optimizer: str, publish_checkpoint=None):
         self.log, self.config, self.manifest = log, config, manifest
         self.site_optimizer, self.publish_checkpoint = site_optimizer, publish_checkpoint
         self.run_id = config.run
         self.updates, self.checkpoints = updates_topic(config.run), checkpoints_topic(config.run)
 
-    def run(self, snapshot, params: list, verifier=None) -> Resumed:
-        """Start from `snapshot` ((replica, Position) of the trainer's state dir, or None) and the model's `params`."""
+    def decide(self, snapshot, verifier=None) -> Decision:
+        """Every check against the log (history, manifest, optimizer, signing key, retention), writing nothing."""
         run, log = self.run_id, self.log
+        end = log.end_offset(self.checkpoints)
         if snapshot is not None and snapshot[0].run != run:
             raise ConfigError(f"run {run}: the trainer's state dir holds a snapshot of run {snapshot[0].run!r}: give each run "
                               f"its own state dir")
@@ -66,38 +83,53 @@ class TrainerStart:
         if head(log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
             if log.end_offset(self.updates) > log.begin_offset(self.updates):
                 raise LogError(f"{log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
-            had = max(log.end_offset(self.updates), log.end_offset(self.checkpoints))  # offsets survive retention
+            had = max(log.end_offset(self.updates), end)  # offsets survive retention
             if had and snapshot is not None:
-                return self._continue_expired(*snapshot)
+                self._check_no_site_ahead(snapshot[0])
+                return Decision("expired", end)
             if had and not self.config.new_history:
                 raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records have all expired, "
                                f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
                                f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
                                f"to start over (sites that followed the old history refuse the new one until their state is reset)")
-            # A fresh nonce: a history started again from the same weights (the same seed) is still another history.
-            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer,
-                                            nonce=os.urandom(NONCE_BYTES))
-            offset = log.end_offset(self.updates)
-            self.publish_checkpoint(replica, offset, 0)
-            if had:
-                logger.warning("run %s: STARTED A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run, replica.genesis.hex()[:12])
-            logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
-            return Resumed(replica, Position(offset, 0), None)
+            return Decision("genesis", end, had=had)
         theirs = head(log, self.checkpoints, run).get(H.GENESIS)
         if snapshot is not None and theirs is not None and theirs != snapshot[0].genesis.hex():
             raise ConfigError(f"run {run}: the trainer's state dir holds v{snapshot[0].version} of history "
                               f"{snapshot[0].genesis.hex()[:12]}, the log's checkpoints are of history {theirs[:12]} (another "
                               f"trainer started the run again): give this trainer the state dir of the history on the log, or none")
         begin = log.begin_offset(self.updates)
-        start = choose_start(log, run, snapshot, verifier=verifier)
-        replica, position = start.replica, start.position
+        start = choose_start(log, run, snapshot, verifier=verifier)  # a checkpoint another key signed is refused here
         if start.source is not Source.SNAPSHOT:
+            replica, position = start.replica, start.position
             self.check_layout(replica)
             if not log.retained(self.updates, position.next_offset):
                 raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position.next_offset}.."
                                f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
                                f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
                                f"state dir, or start over with new_history=True (--new-history)")
+        return Decision("resume", end, start)
+
+    def run(self, snapshot, params: list, verifier=None, decided: Decision | None = None) -> Resumed:
+        """Start from `snapshot` ((replica, Position) of the trainer's state dir, or None) and the model's `params`;
+        `decided` (by `decide`, before fencing) is used when no checkpoint was published since, else decided again."""
+        run, log = self.run_id, self.log
+        if decided is None or decided.checkpoints_end != log.end_offset(self.checkpoints):
+            decided = self.decide(snapshot, verifier)
+        if decided.how == "expired":
+            return self._continue_expired(*snapshot)
+        if decided.how == "genesis":
+            # A fresh nonce: a history started again from the same weights (the same seed) is still another history.
+            replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer,
+                                            nonce=os.urandom(NONCE_BYTES))
+            offset = log.end_offset(self.updates)
+            self.publish_checkpoint(replica, offset, 0)
+            if decided.had:
+                logger.warning("run %s: STARTED A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run, replica.genesis.hex()[:12])
+            logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
+            return Resumed(replica, Position(offset, 0), None)
+        start = decided.start
+        replica, position = start.replica, start.position
         snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
         if verifier is not None:  # a signed run: the trainer applies only what its key signed, whatever it started from
             replica.verifier = verifier
@@ -120,8 +152,8 @@ class TrainerStart:
                 return "mode delta (sites apply 'add')" if o == ADD else f"mode gradient, optimizer {o!r}"
             raise ConfigError(f"run {run} is a {says(replica.state.optimizer)} run; this config says {says(self.site_optimizer)}")
 
-    def _continue_expired(self, replica, position):
-        """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
+    def _check_no_site_ahead(self, replica):
+        """Continuing an expired log from `replica` must not fork a site that is already past it."""
         run = self.run_id
         for group in self.log.groups(site_group(run, "")):  # sites' committed positions outlive the records
             c = self.log.committed(group, self.updates)
@@ -132,6 +164,10 @@ class TrainerStart:
             if seen > replica.version:
                 raise LogError(f"run {run}: site group {group} is at v{seen}, beyond this trainer's snapshot v{replica.version}; "
                                f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
+
+    def _continue_expired(self, replica, position):
+        """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
+        run = self.run_id
         offset = self.log.end_offset(self.updates)
         self.publish_checkpoint(replica, offset, position.log_bytes)
         logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",

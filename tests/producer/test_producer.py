@@ -209,3 +209,21 @@ def test_a_second_trainer_fences_the_first(log_url, tmp_path):
     # Read after the site got v5 (so every commit marker is written): B's five versions, nothing from A.
     records = open_log(log_url).read(f"{run}.updates", 0, timeout_s=5.0)
     assert [r.headers["hilo-version"] for r in records] == ["1", "2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize("other", ["model", "optimizer"])
+def test_a_trainer_that_would_be_refused_fences_nobody(log_url, tmp_path, other):
+    """A second trainer started by mistake for a running run, with another model or optimizer: refused in one line,
+    and the running trainer goes on publishing. (It used to take the run's transactional id first, fencing the
+    running trainer, and only then be refused: the run was left with no trainer.)"""
+    from hilo.schemas.errors import HiloError
+    run = new_run("refused")
+    a = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    publish_random(a, 2)
+    model, kw = (small_model(hidden=32), {}) if other == "model" else (small_model(), {"optimizer": "sgd"})
+    with pytest.raises(HiloError, match=f"run {run}") as refused:
+        HiLoProducer(model, producer_config(run=run, log=log_url, **kw))
+    assert "\n" not in str(refused.value)
+    publish_random(a, 2, seed=1)  # not fenced
+    assert a.version == 4 and not a.fenced and _site_digest(log_url, run, tmp_path, 4) == a.replica.digest
+    a.close()
