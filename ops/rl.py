@@ -136,6 +136,27 @@ def grpo_loss(model, exchange, groups) -> tuple:
                   "mismatch_kl": sum(kl) / len(kl)}
 
 
+def gather(exchange, source, version: int, ready: list, batch_prompts: int, check=lambda: None, poll_s: float = 0.2) -> list:
+    """The `batch_prompts` complete groups the step at `version` trains on, collected in `ready` (the caller's
+    min_version counts them as queued ahead); issues prompts while admission control has room and calls check()
+    between polls (it raises to give up). It takes no more groups than the step needs: the exchange keeps the rest
+    and checks their staleness against the version that trains them (held here, they were trained a version later
+    than checked, one more behind than reported)."""
+    while len(ready) < batch_prompts:
+        exchange.issue(source)
+        ready += exchange.poll(version, timeout_s=poll_s, most=batch_prompts - len(ready))
+        check()
+    groups = list(ready)
+    ready.clear()
+    return groups
+
+
+def staleness_row(groups) -> dict:
+    """What a step's row reports of the staleness it trained with: the mean and the count of each value."""
+    stale = [s for g in groups for s in g.staleness]
+    return {"staleness": round(sum(stale) / len(stale), 2), "staleness_counts": {str(k): stale.count(k) for k in sorted(set(stale))}}
+
+
 def check_servers(cfg: RLConfig) -> None:
     """Every server answers, is vLLM and serves cfg.base (else a HiloError naming the server and what it serves)."""
     want = rl_base(cfg.base).dir_name
@@ -195,27 +216,24 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     try:
         while producer.version < cfg.steps:
             waited = time.monotonic()
-            while len(ready) < cfg.batch_prompts:
-                exchange.issue(source)
-                ready += exchange.poll(producer.version, timeout_s=0.2)
+
+            def going():
                 dead = [n for n, p in procs.items() if p.poll() is not None]
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")
                 if time.monotonic() - waited > STALL_S:
                     raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
                                     f"logs are in {work}")
+            groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)
             wait_s = time.monotonic() - waited
             idle += wait_s
-            groups, ready = ready[:cfg.batch_prompts], ready[cfg.batch_prompts:]
             exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)
             loss, stats = grpo_loss(model, exchange, groups)
             loss.backward()
             producer.step(lr=cfg.lr)
             published_at, nbytes = time.time(), producer.last_step["bytes"]
             lags = {r["site"]: r["lag"] for r in lag_rows(producer.log, run)}
-            stale = [s for g in groups for s in g.staleness]
-            row = {"step": producer.version, "reward": round(stats["reward"], 4), "staleness": round(sum(stale) / len(stale), 2),
-                   "staleness_counts": {str(k): stale.count(k) for k in sorted(set(stale))},
+            row = {"step": producer.version, "reward": round(stats["reward"], 4), **staleness_row(groups),
                    "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
                    "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names}, "wait_s": round(wait_s, 3),
                    "bytes": nbytes, "rollouts": sum(len(g.rollouts) for g in groups), "published_at": published_at,
@@ -238,8 +256,9 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     ok = all(d == mine for d in digests.values())
     wall = time.monotonic() - t0
     summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2), "version": producer.version,
-               "restored": exchange.restored, "issued": exchange.issued, "in_flight": sorted(exchange.book.in_flight),
-               "complete_unused": sorted(g.prompt.prompt_id for g in ready),  # complete after the last step needed them
+               "restored": exchange.restored, "issued": exchange.issued,
+               "in_flight": sorted(set(exchange.book.in_flight) - set(exchange.book.complete())),
+               "complete_unused": sorted(exchange.book.complete()),  # complete after the last step needed them
                "trainer_idle_fraction": round(idle / wall, 3), "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
                "dropped": dict(exchange.book.dropped), "adapter_bytes": producer.manifest.adapter_bytes(), "work_dir": work,
                "trainer_digest": mine, "site_digests": digests, "ok": ok}

@@ -3,14 +3,17 @@
     book = RolloutBook("exp1", RolloutPolicy(batch_prompts=8, max_staleness=4))
     while book.room():                       # admission control: at most (S + 1) * B prompts in flight
         publish(book.issue(next_prompt()))
-    for r in received: book.offer(r, trainer.version)
-    for group in book.complete_groups(): ...  # all n samples of a prompt, each with its staleness
+    for r, offset in received: book.offer(r, trainer.version, offset)
+    for group in book.complete_groups(trainer.version, most=B): ...  # train these now, at trainer.version
 
 Bounded staleness as the field does it (TRL AsyncGRPO and SkyRL: S = 4; prime-rl ages a group out together):
-a sample whose policy is more than S versions behind the trainer's when it arrives is dropped with reason
-"stale", and with it the rest of its group (a GRPO group must come from one prompt's complete set), which
-frees the prompt's room so a fresh one can be issued. Admission control (AReaL) keeps at most (S + 1) * B
-prompts in flight, which paces generation instead of discarding work. Every refusal is counted by reason.
+a sample whose policy is more than S versions behind the trainer's is dropped with reason "stale", and with it
+the rest of its group (a GRPO group must come from one prompt's complete set), which frees the prompt's room so
+a fresh one can be issued. It is checked when the sample arrives and again when its group is handed out to be
+trained, against the version that trains it: a complete group waiting for a later step can age out meanwhile, and
+a group's staleness is what it is trained with. Admission control (AReaL) keeps at most (S + 1) * B prompts
+issued and not yet handed out, which paces generation instead of discarding work. Every refusal is counted by
+reason.
 """
 import collections
 from dataclasses import dataclass
@@ -48,7 +51,8 @@ class RolloutPolicy:
 
 @dataclass(frozen=True)
 class Group:
-    """All n samples of one prompt, in sample order; staleness[i]: trainer version - sample i's version_start."""
+    """All n samples of one prompt, in sample order; staleness[i]: the version that trains it (the trainer's when it
+    was handed out) - sample i's version_start."""
 
     prompt: PromptRecord
     rollouts: tuple
@@ -61,14 +65,14 @@ class RolloutBook:
     def __init__(self, run: str, policy: RolloutPolicy):
         self.run, self.policy = run, policy
         self.in_flight = {}                      # prompt id -> PromptRecord
-        self.received = {}                       # prompt id -> {sample: (RolloutRecord, staleness)}
+        self.received = {}                       # prompt id -> {sample: RolloutRecord}
         self.done = set()                        # prompt ids completed: a late sample of one is a duplicate (ids are small)
         self.retired = set()                     # prompt ids aged out: a late sample of one is stale too
         self.dropped = collections.Counter()     # reason -> rollouts not trained on
         self.accepted = 0
 
     def room(self) -> int:
-        """How many more prompts admission control allows now."""
+        """How many more prompts admission control allows now (a complete group not yet handed out still counts)."""
         return self.policy.max_in_flight - len(self.in_flight)
 
     def issue(self, prompt: PromptRecord) -> PromptRecord:
@@ -89,11 +93,12 @@ class RolloutBook:
         self.in_flight[prompt.prompt_id] = prompt
         self.received[prompt.prompt_id] = {}
 
-    def offer(self, r: RolloutRecord, trainer_version: int) -> str | None:
-        """Take one received rollout; returns None if accepted, else the reason it is dropped (and counted)."""
-        reason = self._check(r, trainer_version)
+    def offer(self, r: RolloutRecord, trainer_version: int, offset: int | None = None) -> str | None:
+        """Take one received rollout, read at `offset` of RUN.rollouts; returns None if accepted, else the reason it is
+        dropped (and counted)."""
+        reason = self._check(r, trainer_version, offset)
         if reason is None:
-            self.received[r.prompt_id][r.sample] = (r, trainer_version - r.version_start)
+            self.received[r.prompt_id][r.sample] = r
             self.accepted += 1
             return None
         self.dropped[reason] += 1
@@ -101,7 +106,7 @@ class RolloutBook:
             self._retire(r.prompt_id)
         return reason
 
-    def _check(self, r: RolloutRecord, trainer_version: int) -> str | None:
+    def _check(self, r: RolloutRecord, trainer_version: int, offset: int | None) -> str | None:
         if r.run != self.run:
             return "other-run"
         if r.prompt_id in self.retired:
@@ -111,6 +116,8 @@ class RolloutBook:
         prompt = self.in_flight.get(r.prompt_id)
         if prompt is None:
             return "unknown-prompt"
+        if offset is not None and offset < prompt.rollouts_from:
+            return "unknown-prompt"  # written before the prompt was issued: whenever it is read, as a running trainer refuses it
         if r.sample >= prompt.sampling.n:
             return "unknown-sample"
         if len(r.completion_ids) > prompt.sampling.max_tokens:
@@ -129,13 +136,31 @@ class RolloutBook:
             self.dropped["stale"] += aged
         self.retired.add(prompt_id)
 
-    def complete_groups(self) -> list:
-        """Groups whose n samples have all been accepted, each returned once (its prompt leaves flight)."""
+    def age_out(self, trainer_version: int) -> list:
+        """Retire every prompt holding a sample more than S versions behind `trainer_version` (its group could only be
+        trained staler than S); [(prompt id, samples dropped, their oldest version_start)], in issue order."""
         out = []
-        for pid in [p for p, got in self.received.items() if len(got) == self.in_flight[p].sampling.n]:
+        for pid, got in list(self.received.items()):
+            oldest = min((r.version_start for r in got.values()), default=trainer_version)
+            if trainer_version - oldest > self.policy.max_staleness:
+                out.append((pid, len(got), oldest))
+                self._retire(pid)
+        return out
+
+    def complete(self) -> list:
+        """Prompt ids whose groups are complete and not yet handed out, in issue order."""
+        return [p for p, got in self.received.items() if len(got) == self.in_flight[p].sampling.n]
+
+    def complete_groups(self, trainer_version: int, most: int | None = None) -> list:
+        """At most `most` (default: all) complete groups, oldest issued first, to be trained at `trainer_version`: each
+        is checked against it (those aged out are dropped, see age_out) and returned once (its prompt leaves flight);
+        the rest wait, checked again when handed out."""
+        self.age_out(trainer_version)
+        out = []
+        for pid in self.complete()[:most]:
             got = self.received.pop(pid)
             prompt = self.in_flight.pop(pid)
             self.done.add(pid)
-            samples = [got[i] for i in range(prompt.sampling.n)]
-            out.append(Group(prompt, tuple(r for r, _ in samples), tuple(s for _, s in samples)))
+            samples = tuple(got[i] for i in range(prompt.sampling.n))
+            out.append(Group(prompt, samples, tuple(trainer_version - r.version_start for r in samples)))
         return out

@@ -2,15 +2,18 @@
 
     exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4))
     exchange.issue(prompt_source)                      # as many prompts as (S + 1) * B allows
-    groups = exchange.poll(producer.version)           # complete groups, stale ones dropped and counted
+    groups = exchange.poll(producer.version, most=8)   # complete groups to train at this version, stale ones dropped
     for g in groups: weights = exchange.weights(g, my_logprobs_of(g))
 
 Prompts go to RUN.prompts spread over its partitions (one consumer group of sites shares them); rollouts come
 back on RUN.rollouts, read with read_committed (Kafka), so a site's aborted batch is never seen. Every rollout is
 checked (decodes, within limits, finite, signed by a trusted site key when the trainer trusts keys, this run's,
-an issued prompt's, not a duplicate, not stale) and a refusal is counted by reason with one warning line per
-reason and minute.
+an issued prompt's and written after that prompt was issued, not a duplicate, not stale) and a refusal is counted
+by reason with one warning line per reason and minute. A group is checked for staleness again when `poll` hands
+it out, against the version that trains it: train what poll returns at the version given, and ask for no more
+groups than the step needs (the exchange keeps the rest and checks them when they are handed out).
 """
+import dataclasses
 import logging
 import pathlib
 import time
@@ -69,24 +72,26 @@ class RolloutExchange:
         self.book.done |= trained
         self.book.retired |= retired
         self._retired_recorded |= retired
-        issued = 0
+        issued, back = 0, []
         for part in range(self.partitions):
-            for rec in records(self.log, self.prompts, part, start=0):
+            for k, rec in enumerate(records(self.log, self.prompts, part, start=0)):
                 issued += 1
                 try:
                     p = decode_rollout_record(rec.value, f"{self.prompts}[{part}] offset {rec.offset}")
                 except HiloError:
                     continue
                 if isinstance(p, PromptRecord) and p.run == self.run and p.prompt_id not in trained | retired:
-                    self.book.restore(p)
+                    back.append((k * self.partitions + part, p))  # issued in turn over the partitions: its place in issue order
+        for _, p in sorted(back, key=lambda e: e[0]):  # oldest issued first, as the running trainer held them
+            self.book.restore(p)
         self.issued = issued
         replayed, end = 0, self.log.end_offset(self.rollouts)
         for rec in records(self.log, self.rollouts, start=self.next_offset):
+            end = max(end, rec.offset + 1)  # a read may run past the end asked for: never offer a record twice
             pid = rec.key.decode(errors="replace") if rec.key else ""
             if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
                 r = self._rollout(rec)
-                if r is not None and r.prompt_id in self.book.in_flight:
-                    self.book.offer(r, trainer_version)
+                if r is not None and r.prompt_id in self.book.in_flight and self._offer(rec, r, trainer_version) is None:
                     replayed += 1
         self.next_offset = max(self.next_offset, end)
         self.restored = {"trained": len(trained), "retired": len(retired), "in_flight": len(self.book.in_flight),
@@ -104,12 +109,16 @@ class RolloutExchange:
         self._retired_recorded |= new
 
     def issue(self, source) -> int:
-        """Publish prompts from the iterator `source` while admission control has room; how many were issued."""
-        n = 0
+        """Publish prompts from the iterator `source` while admission control has room; how many were issued. Each
+        carries rollouts_from, the end of RUN.rollouts now: an answer can only come after it (see RolloutBook._check)."""
+        n, since = 0, None
         while self.book.room() > 0:
             prompt = next(source, None)
             if prompt is None:
                 break
+            if since is None:  # asked once per call: every prompt of the call is published after it
+                since = self.log.end_offset(self.rollouts)
+            prompt = dataclasses.replace(prompt, rollouts_from=since)
             self.book.issue(prompt)
             self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer), {H.RUN: self.run, H.KIND: "prompt",
                                                                                             H.PROMPT: prompt.prompt_id})],
@@ -121,18 +130,20 @@ class RolloutExchange:
             self.metrics.set("prompts_in_flight", len(self.book.in_flight))
         return n
 
-    def poll(self, trainer_version: int, timeout_s: float = 1.0) -> list:
-        """Read the rollouts that arrived, offer each to the book; the groups that are now complete."""
+    def poll(self, trainer_version: int, timeout_s: float = 1.0, most: int | None = None) -> list:
+        """Read the rollouts that arrived, offer each to the book; at most `most` (default: all) complete groups, to
+        be trained at `trainer_version`: each checked against it, its staleness relative to it."""
         batch = self.log.read(self.rollouts, self.next_offset, timeout_s=timeout_s)
         for rec in batch:
             r = self._rollout(rec)
             if r is not None:
-                reason = self.book.offer(r, trainer_version)
-                if reason is not None:
-                    self._refused(reason, f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} "
-                                          f"from site {r.site} (v{r.version_start}, trainer at v{trainer_version})", counted=True)
+                self._offer(rec, r, trainer_version)
         self.next_offset = batch.next_offset
-        groups = self.book.complete_groups()
+        for pid, n, oldest in self.book.age_out(trainer_version):  # complete or not, these can no longer be trained
+            self._refused("stale", f"prompt {pid}: its group ({n} samples so far) aged out before it was trained: a sample of "
+                                   f"v{oldest} is {trainer_version - oldest} versions behind trainer v{trainer_version} "
+                                   f"(S = {self.book.policy.max_staleness})", counted=True, n=n)
+        groups = self.book.complete_groups(trainer_version, most)
         if self.metrics is not None:
             self.metrics.set("prompts_in_flight", len(self.book.in_flight))
             for g in groups:
@@ -140,6 +151,14 @@ class RolloutExchange:
                 for st in g.staleness:
                     self.metrics.observe("rollout_staleness", st)
         return groups
+
+    def _offer(self, rec, r: RolloutRecord, trainer_version: int) -> str | None:
+        """Offer `r`, read at `rec`, to the book; a refusal is said (the book counted it)."""
+        reason = self.book.offer(r, trainer_version, rec.offset)
+        if reason is not None:
+            self._refused(reason, f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} from site "
+                                  f"{r.site} (v{r.version_start}, trainer at v{trainer_version})", counted=True)
+        return reason
 
     def _rollout(self, rec) -> RolloutRecord | None:
         what = f"{self.rollouts} offset {rec.offset}"
@@ -165,12 +184,12 @@ class RolloutExchange:
             return self._refused("malformed", f"{what}: a prompt record on the rollouts topic")
         return r
 
-    def _refused(self, reason, detail, counted=False):
-        """Count a rollout not trained on (unless the book did); one warning line per reason and minute."""
+    def _refused(self, reason, detail, counted=False, n=1):
+        """Count `n` rollouts not trained on (unless the book did); one warning line per reason and minute."""
         if not counted:
-            self.book.dropped[reason] += 1
+            self.book.dropped[reason] += n
         if self.metrics is not None:
-            self.metrics.inc("rollouts_dropped", reason=reason)
+            self.metrics.inc("rollouts_dropped", n, reason=reason)
         now = self.clock()
         if now - self._warned.get(reason, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned[reason] = now

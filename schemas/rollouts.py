@@ -68,18 +68,24 @@ class Sampling:
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt the trainer issues: answer it `sampling.n` times with a policy version >= `min_version`."""
+    """One prompt the trainer issues: answer it `sampling.n` times with a policy version >= `min_version`.
+
+    rollouts_from: the end of RUN.rollouts when the trainer issued it; a rollout for it at a lower offset was written
+    before the prompt existed (forged: no site could have seen it) and is never accepted, live or after a restart.
+    """
 
     run: str
     prompt_id: str
     token_ids: tuple
     sampling: Sampling
     min_version: int
+    rollouts_from: int = 0
 
     def to_bytes(self, signer=None) -> bytes:
         """Frame as a prompt record (signed by the trainer's key in a signed run)."""
         return frame(KIND_PROMPT, {"run": self.run, "prompt_id": self.prompt_id, "token_ids": _pack_tokens(self.token_ids),
-                                   "sampling": self.sampling.to_dict(), "min_version": self.min_version}, signer=signer)
+                                   "sampling": self.sampling.to_dict(), "min_version": self.min_version,
+                                   "rollouts_from": self.rollouts_from}, signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "PromptRecord":
@@ -89,8 +95,11 @@ class PromptRecord:
         tokens = _tokens(F.get_bytes(body, "token_ids", what), "token_ids", what, limits.max_prompt_tokens)
         if not len(tokens):
             raise MalformedMessage(f"{what}: field 'token_ids' is empty")
+        # rollouts_from is absent from prompts written before it existed: no bound then
+        since = F.get_int(body, "rollouts_from", what) if "rollouts_from" in body else 0
         return PromptRecord(F.get_str(body, "run", what, limits.max_name_bytes), pid, tuple(int(t) for t in tokens),
-                            Sampling.from_dict(F.req(body, "sampling", what), what, limits), F.get_int(body, "min_version", what))
+                            Sampling.from_dict(F.req(body, "sampling", what), what, limits), F.get_int(body, "min_version", what),
+                            since)
 
 
 @dataclass(frozen=True)
