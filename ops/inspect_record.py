@@ -1,18 +1,21 @@
-"""`hilo inspect --offset N`: one record of RUN.updates by offset: its headers, and what a reader makes of it.
+"""`hilo inspect --offset N`: one record of RUN.updates by offset: its headers, and what a site makes of it.
 
-The record is reassembled (with the chunks that follow it) and checked as a follower checks it, minus the chain:
-signature (with --trust), framing and limits, run. A record a reader skips gets the reason sites log, count
-and write to their history (replay/bad_records.py); whether a valid message is the next version (or a gap or
-fork) depends on the reader's state and is not judged here.
+The record is reassembled (with the chunks that follow it) and put through every check a site's follower runs that
+needs no chain, with the site's code (replay/checks.py, PolicyReplica.compute), limits and memory bound: the size its
+adapter's manifest allows, kind, signature (with --trust), framing, header against body, run, manifest, optimizer,
+hyperparameters, codec, NaN/Inf. Like a new site, it takes the manifest and the state from the newest checkpoint it can
+verify; the step is computed from that state (a site steps from the record's parent: a state made non-finite only by
+one particular parent is not seen). A record a site skips gets the reason sites log, count and write to their history
+(replay/bad_records.py) and the same one-line error; whether a valid message is the next version (or a gap or fork)
+depends on the reader's state and is not judged here.
 """
 from hilo.log import updates_topic
 from hilo.replay.bad_records import reason_of
-from hilo.replica.codecs import update_size_bound
+from hilo.replay.checks import message_what, unframe_key, unframe_update, update_reassembler
+from hilo.replay.follower import bootstrap_from_log
 from hilo.schemas import headers as H
-from hilo.schemas.chunks import Reassembler
-from hilo.schemas.errors import HiloError, LogError, OtherRun
-from hilo.schemas.framing import frame_bound, split_trailer
-from hilo.schemas.records import Checkpoint, KeyRotation, UpdateMessage, decode_record
+from hilo.schemas.errors import Fork, Gap, HiloError, LogError
+from hilo.schemas.records import UpdateMessage
 
 
 def _records(log, topic, offset, most):
@@ -27,7 +30,20 @@ def _records(log, topic, offset, most):
     return out
 
 
-def inspect_offset(log, run: str, offset: int, verifier=None, manifest=None) -> dict:
+def check_message(replica, msg, run: str, what: str):
+    """The message `msg` holds if a follower at `replica` would take it as its next version; raises what it would skip."""
+    if msg.kind == "key":
+        return unframe_key(replica.verifier, msg, run, what)
+    upd = unframe_update(replica, msg, what)
+    try:
+        replica.classify(upd, what)  # another run's message is refused here, before the chain
+    except (Gap, Fork):
+        pass  # where it sits in the chain depends on the reader's state, not on the record
+    replica.compute(upd, what)  # manifest, optimizer, hyperparameters, codec, NaN/Inf: the step a site would take
+    return upd
+
+
+def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
     """The record at `offset`: headers, and verdict ("valid" or "skipped") with the reason and the one-line error."""
     topic = updates_topic(run)
     begin, end = log.begin_offset(topic), log.end_offset(topic)
@@ -43,8 +59,8 @@ def inspect_offset(log, run: str, offset: int, verifier=None, manifest=None) -> 
     if chunk and not chunk.startswith("0/"):
         return out | {"verdict": "continuation", "reason": None,
                       "detail": f"chunk {chunk} of a message that starts at an earlier offset (inspect that one)"}
-    bound = frame_bound(update_size_bound(manifest)) if manifest is not None else None
-    r = Reassembler(run, topic, max_bytes=bound)
+    replica, _ = bootstrap_from_log(log, run, verifier=verifier)  # what a new site starts from, and its limits
+    r = update_reassembler(run, topic, replica.manifest)
     try:
         msg = None
         for rec in _records(log, topic, offset, min(n, 1 << 16)):
@@ -53,18 +69,15 @@ def inspect_offset(log, run: str, offset: int, verifier=None, manifest=None) -> 
                 break
         if msg is None:
             return out | {"verdict": "incomplete", "reason": None, "detail": f"the {n} chunks of the message are not all retained or written"}
-        what = f"{topic} offset {offset} (v{msg.version})"
-        if verifier is not None:
-            verifier.verify(*split_trailer(msg.data, what), what)
-        body = decode_record(msg.data, what)
-        if body.run != run:
-            raise OtherRun(f"{what}: message belongs to run {body.run!r}, not {run!r}")
+        body = check_message(replica, msg, run, message_what(topic, msg))
     except HiloError as e:
         reason = reason_of(e)
         return out | {"verdict": "skipped" if reason else "refused", "reason": reason, "detail": str(e)}
-    kind = {UpdateMessage: "update", Checkpoint: "checkpoint", KeyRotation: "key"}.get(type(body), type(body).__name__)
+    kind = "update" if isinstance(body, UpdateMessage) else "key"
     info = {"kind": kind, "version": msg.version, "offsets": [msg.first_offset, msg.last_offset], "message_bytes": len(msg.data)}
     if isinstance(body, UpdateMessage):
         info |= {"parent_digest": body.parent_digest.hex(), "digest": body.digest.hex(), "codec": body.codec, "optimizer": body.optimizer}
-    return out | {"verdict": "valid", "reason": None, "detail": "decodes" + (", signed by the trusted key" if verifier else "")
+    checked = f"passes every check a site runs before the chain (the step from checkpoint v{replica.version} is finite)" \
+        if kind == "update" else "a key record of this run"
+    return out | {"verdict": "valid", "reason": None, "detail": checked + (", signed by the trusted key" if verifier else "")
                   + "; whether it is the next version depends on the reader's state", "message": info}

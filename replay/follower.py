@@ -10,14 +10,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
-from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import ConfigError, DivergenceError, Gap, HiloError, LogError, MalformedMessage
-from hilo.schemas.framing import frame_bound, split_trailer
+from hilo.schemas.framing import split_trailer
 from hilo.schemas.position import Position
-from hilo.schemas.records import Checkpoint, KeyRotation, UpdateMessage, decode_record
+from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 from hilo.schemas.signing import SignatureError, Verifier
 
 from hilo.log import crashpoints
@@ -25,18 +23,9 @@ from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message, locate
 
 from .bad_records import POLICIES, Skipped, reason_of
+from .checks import message_what, unframe_key, unframe_update, update_reassembler, warn_if_signed
 
 logger = logging.getLogger(__name__)
-_warned_unverified = set()  # runs this process follows signed but unverified: said once each
-
-
-def warn_if_signed(data: bytes, run: str, what: str) -> None:
-    """Once per run: a signed record read without a trusted key (the site should be started with --trust)."""
-    trailer = split_trailer(data, what)[1]
-    if trailer is not None and run not in _warned_unverified:
-        _warned_unverified.add(run)
-        logger.warning("%s: run %s is signed (key %s) but this reader verifies nothing: start it with --trust TRAINER.pub "
-                       "to refuse forged checkpoints and updates", what, run, trailer[:8].hex())
 
 
 def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, verifier=None):
@@ -124,7 +113,7 @@ class Follower:
         self.read_offset = next_offset     # where the next read starts (may be inside a message)
         self.log_bytes = position.log_bytes  # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
-        self.reassembler = Reassembler(run, self.topic, max_bytes=frame_bound(update_size_bound(replica.manifest)))
+        self.reassembler = update_reassembler(run, self.topic, replica.manifest)
         if on_bad_record not in POLICIES:
             raise ConfigError(f"on_bad_record = {on_bad_record!r}: expected one of {POLICIES}")
         self.on_bad_record = on_bad_record
@@ -220,26 +209,18 @@ class Follower:
 
     def _handle(self, msg) -> Applied | None:
         """A complete message: rotate keys, or apply the next version."""
-        what = f"{self.topic} offset {msg.first_offset} (v{msg.version})"
+        what = message_what(self.topic, msg)
         if msg.kind == "key":
             self._rotate(msg, what)
             return None
-        if msg.kind != "update":
-            raise MalformedMessage(f"{what}: a {msg.kind!r} record in the updates topic")
-        if self.replica.verifier is None:
-            warn_if_signed(msg.data, self.run, what)
-        t0 = time.perf_counter()
-        self.replica.verify(msg.data, what)
-        t1 = time.perf_counter()
-        upd: UpdateMessage = self.replica.decode(msg.data, what)
-        if upd.version != msg.version:
-            raise MalformedMessage(f"{what}: record header says v{msg.version}, message body says v{upd.version}")
+        timing = {"fetch": self.fetch_s}
+        upd: UpdateMessage = unframe_update(self.replica, msg, what, timing)  # the checks `hilo inspect` runs too
         crashpoints.reach("follower.applying")
         t2 = time.perf_counter()
         if not self.replica.apply(upd, what):  # a duplicate of an applied version
             self.next_offset = max(self.next_offset, msg.last_offset + 1)
             return None
-        timing = {"fetch": self.fetch_s, "verify": t1 - t0, "decode": t2 - t1, "apply": time.perf_counter() - t2}
+        timing["apply"] = time.perf_counter() - t2
         self.fetch_s = 0.0
         crashpoints.reach("follower.applied")
         self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
@@ -257,13 +238,8 @@ class Follower:
 
     def _rotate(self, msg, what):
         """A signed 'next key' record: verified with the key trusted now, it moves trust to the new key."""
-        what = f"{self.topic} offset {msg.first_offset} (key record)"
         verifier = self.replica.verifier
-        if verifier is not None:
-            verifier.verify(*split_trailer(msg.data, what), what)
-        rot = decode_record(msg.data, what)
-        if not isinstance(rot, KeyRotation) or rot.run != self.run:
-            raise MalformedMessage(f"{what}: not a key record of run {self.run!r}")
+        rot = unframe_key(verifier, msg, self.run, what)
         if rot.from_version <= self.replica.version:
             return  # an old rotation this replica is already past (replaying): trust is already the new key
         if verifier is None:

@@ -1,5 +1,5 @@
 """`hilo inspect --version V`: one update's header fields and per-block rank/k and bytes; `--offset N`: one record by
-offset, its headers and what a reader makes of it (why a site skipped it)."""
+offset, its headers and the verdict a site gives it (why a site skipped it: the same reason and error)."""
 import json
 
 from . import COMMANDS
@@ -14,10 +14,10 @@ def run(a):
     from hilo.schemas.records import decode_record
     log = open_from(a)
     existing_run(log, a.run)
+    if a.offset is not None:
+        return show_record(log, a)
     ck = last_message(log, checkpoints_topic(a.run), a.run)
     manifest = decode_record(ck.data, "checkpoint").manifest if ck else None
-    if a.offset is not None:
-        return show_record(log, a, manifest)
     d = describe(log, a.run, a.version, manifest)
     if a.json:
         print(json.dumps(d, indent=2))
@@ -31,11 +31,11 @@ def run(a):
     return 0
 
 
-def show_record(log, a, manifest):
-    """Print one record's headers and verdict."""
+def show_record(log, a):
+    """Print one record's headers and the verdict a site gives it."""
     from hilo.ops.inspect_record import inspect_offset
     from hilo.schemas.signing import Verifier
-    d = inspect_offset(log, a.run, a.offset, Verifier.load(a.trust) if a.trust else None, manifest)
+    d = inspect_offset(log, a.run, a.offset, Verifier.load(a.trust) if a.trust else None)
     if a.json:
         print(json.dumps(d, indent=2))
         return 0
