@@ -17,6 +17,7 @@ import torch
 
 from hilo.log import checkpoints_topic, crashpoints, open_log, retry, updates_topic
 from hilo.log.base import check_run
+from hilo.log.outage import Outage
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.tail import head
 from hilo.replay.bad_records import POLICIES
@@ -27,7 +28,7 @@ from hilo.replica.optimizers import OPTIMIZERS
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES, split
-from hilo.schemas.errors import ConfigError, FencedError, LogError, TrainerError
+from hilo.schemas.errors import ConfigError, FencedError, LogError, LogUnavailable, TrainerError
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
 from hilo.schemas.records import KeyRotation
@@ -57,10 +58,12 @@ class _NotOnLog(Exception):
     """A publish failed and the log does not hold it (args[0]: the transport's error): safe to try again."""
 
 
-# A publish the log does not hold is tried this often, a fresh producer each time, waiting 0.25 s, 0.5 s, ... 4 s
-# between tries, before step() raises. On Kafka one try waits at most writer.ATTEMPT_TIMEOUT_S on the cluster, so
-# the tries span a broker's election (seconds) and a restart of the whole cluster (tens of seconds).
-PUBLISH_ATTEMPTS = 6
+class _Deadline(Exception):
+    """A publish failed and the log could not be read before the deadline (args[0]: the transport's error)."""
+
+
+# A publish the log does not hold is tried again, a fresh producer each time, waiting 0.25 s, 0.5 s, ... 4 s between
+# tries, until ProducerConfig.publish_deadline_s. On Kafka one try waits at most writer.ATTEMPT_TIMEOUT_S on the cluster.
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,10 @@ class ProducerConfig:
     flush_lag: `flush()` (delta mode; also run by `close()`) publishes messages until the sites' relative lag behind
         the master is at most this. Default: 0.001
     flush_max: the most messages one flush publishes. Default: 64
+    publish_deadline_s: how long one step may wait for the log to take its message (a broker restart, a rolling upgrade,
+        a network partition): it retries and waits out the outage meanwhile, saying so once and then every minute. Past
+        it step() raises one line and the trainer stays at its last committed version; a restart resumes exactly.
+        Default: 600 (a single broker's restart takes about a minute, a 3-node rolling upgrade a few)
     on_bad_record: skip | stop. What the trainer does with a record on RUN.updates that it did not write and that
         cannot be a valid message of the run, when it reads the log (start, resync): skip it with one warning and
         publish after it, or stop. A conflicting message it did sign stops it either way. Default: skip
@@ -118,9 +125,12 @@ class ProducerConfig:
     flush_lag: float = 1e-3
     flush_max: int = 64
     on_bad_record: str = "skip"
+    publish_deadline_s: float = 600.0
 
     def __post_init__(self):
         check_run(self.run, "ProducerConfig.run")
+        if not self.publish_deadline_s > 0:
+            raise ConfigError(f"ProducerConfig.publish_deadline_s = {self.publish_deadline_s}: must be > 0")
         check_kafka_config(self.log, self.kafka_config)
         if not isinstance(self.budget, (Budget, AutoBudget)):
             raise ConfigError(f"ProducerConfig.budget = {self.budget!r}: expected a Budget or an AutoBudget")
@@ -174,6 +184,7 @@ class HiLoProducer:
         # served by `hilo produce --metrics-port`, or by ops/metrics_server.py from the user's own loop
         self.metrics = metrics or Metrics("trainer", run=config.run)
         self.fenced = False
+        self.outage = Outage(f"run {config.run}: trainer", self.metrics)  # publishes waiting for a log reached before
         # Every refusal first, by reading the log only: a trainer that would be refused (another model, optimizer,
         # history or key) must not fence the one that runs. Then fence every earlier trainer of the run (Kafka: its
         # open transaction is aborted), then publish what the start needs and catch up to the head.
@@ -302,21 +313,27 @@ class HiLoProducer:
             for p, src in zip(self.params, self.sync.policy(self.replica)):
                 p.copy_(src.to(p.dtype))
 
-    def _settle(self, proposal: Proposal, error: Exception) -> tuple:
-        """After a failed publish, ask the log what happened: (Outcome, offsets of `proposal` when COMMITTED).
-        FencedError when the log holds another message for that version (another trainer writes the run)."""
+    def _settle(self, proposal: Proposal, error: Exception, deadline: float) -> tuple:
+        """After a failed publish, ask the log what happened: (Outcome, offsets of `proposal` when COMMITTED). A log
+        that cannot be read is asked again until `deadline` (monotonic) and is IN_DOUBT after it. FencedError when the
+        log holds another message for that version (another trainer writes the run)."""
         msg = proposal.message
-        try:
-            h = head(self.log, self.updates, self.config.run) or {}
-            landed = h.get(H.VERSION) == str(msg.version) and h.get(H.DIGEST) == msg.digest.hex()
-            end = self.log.end_offset(self.updates) if landed else None
-        except Exception as e:  # noqa: BLE001  (any failure here leaves the outcome unknown)
-            logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
-                           "the next step resyncs from the log", self.config.run, msg.version, error, e, self.version)
-            return Outcome.IN_DOUBT, None
-        if not landed and int(h.get(H.VERSION, -1)) >= msg.version:  # someone else moved the run meanwhile
+        while True:
+            try:
+                h = head(self.log, self.updates, self.config.run) or {}
+                landed = h.get(H.VERSION) == str(msg.version) and h.get(H.DIGEST) == msg.digest.hex()
+                end = self.log.end_offset(self.updates) if landed else None
+                break
+            except Exception as e:  # noqa: BLE001  (any failure here leaves the outcome unknown)
+                if time.monotonic() >= deadline:
+                    logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
+                                   "the next step resyncs from the log", self.config.run, msg.version, error, e, self.version)
+                    return Outcome.IN_DOUBT, None
+                self.outage.wait(e)
+        found = h.get(H.VERSION, "")
+        if not landed and found.isdigit() and int(found) >= msg.version:  # someone else moved the run meanwhile
             raise FencedError(f"run {self.config.run}: publishing v{msg.version} failed ({error}), and the log holds another "
-                              f"v{h[H.VERSION]} (digest {h.get(H.DIGEST, '?')[:12]}): another trainer writes this run; "
+                              f"v{found} (digest {h.get(H.DIGEST, '?')[:12]}): another trainer writes this run; "
                               f"this one publishes nothing more") from None
         if not landed:
             return Outcome.NOT_ON_LOG, None
@@ -396,32 +413,40 @@ class HiLoProducer:
             checkpoint = True
             logger.info("run %s: checkpoint with v%d, before the updates after the newest one can expire: %s", self.config.run,
                         msg.version, why)
+        deadline = time.monotonic() + self.config.publish_deadline_s
+
         def attempt():
             try:
                 return self._append(proposal, data, extra, checkpoint)
             except FencedError:
                 raise  # certain: nothing more will be written
             except Exception as e:  # noqa: BLE001  (whatever the transport raised, the broker may hold it: the log decides)
-                outcome, offsets = self._settle(proposal, e)
+                outcome, offsets = self._settle(proposal, e, deadline)
                 if outcome is Outcome.COMMITTED:
                     return offsets, None
                 if outcome is Outcome.IN_DOUBT:
                     self.in_doubt = proposal
-                    raise
+                    raise _Deadline(e) from None
                 raise _NotOnLog(e) from e
 
         def again(e, n):
             self.metrics.inc("publish_retries", cause=type(e.args[0]).__name__)
-            logger.warning("run %s: publishing v%d failed (%s) and the log does not hold it; trying again (%d/%d)",
-                           self.config.run, msg.version, e.args[0], n + 1, PUBLISH_ATTEMPTS)
+            self.outage.failed(e.args[0])  # said once, then every minute, while it lasts
+            logger.debug("run %s: publishing v%d failed (%s) and the log does not hold it; try %d", self.config.run,
+                         msg.version, e.args[0], n + 1)
         try:  # each try with a fresh producer (the writer drops a failed one)
-            offsets, checkpoint_offsets = retry.call(attempt, retriable=lambda e: isinstance(e, _NotOnLog),
-                                                     attempts=PUBLISH_ATTEMPTS, first_s=0.25, longest_s=4.0, on_retry=again)
-        except _NotOnLog as e:
-            raise e.args[0] from None
+            offsets, checkpoint_offsets = retry.call(attempt, retriable=lambda e: isinstance(e, _NotOnLog), attempts=None,
+                                                     within_s=self.config.publish_deadline_s, first_s=0.25, longest_s=4.0,
+                                                     on_retry=again)
+        except (_NotOnLog, _Deadline) as e:
+            where = "it is not on the log" if isinstance(e, _NotOnLog) else "whether the log holds it is not known yet"
+            raise LogUnavailable(f"run {self.config.run}: v{msg.version} was not published within publish_deadline_s = "
+                                 f"{self.config.publish_deadline_s:g}s ({where}; last error: {e.args[0]}); the trainer stays "
+                                 f"at v{self.version}: the next step (or a restart) resumes from the log") from None
         except FencedError:
             self._fenced()
             raise
+        self.outage.over()
         self._observe(proposal, len(data), sign_s=t_tx - t_sign, transaction_s=time.perf_counter() - t_tx)
         self.builder.commit(proposal)
         self.sync.commit(pending)

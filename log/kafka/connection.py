@@ -47,7 +47,8 @@ class Connector:
         self.check()
         with causes.watch() as lines:
             try:
-                connected = client(bootstrap_servers=self.bootstrap, **self.security, **kwargs)
+                connected = client(bootstrap_servers=self.bootstrap, **({"bootstrap_timeout_ms": self.connect_timeout_ms} | self.security
+                                                                        | kwargs))
             except KafkaError as e:
                 cause = causes.explain(lines, self.config)
                 if cause is None:

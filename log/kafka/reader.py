@@ -12,7 +12,9 @@ Replacement policy (each rule covers a kafka-python behaviour seen here, with th
 - after STALE_S of empty reads the end offset is checked: records the reader does not get mean a wedged client
   (kafka-python kept polling a SIGKILLed leader: tests/integration/test_cluster.py::test_the_updates_leader_sigkilled_mid_run_loses_nothing);
 - an offsets request that times out twice in a row replaces the client (same restart test).
-A failed read waits before returning, but never longer than the read's own timeout.
+A failed read waits before returning, but never longer than the read's own timeout. Reads that have failed for
+UNAVAILABLE_AFTER_S in a row raise LogUnavailable instead (so does an offsets request after OFFSETS_PATIENCE_S): the
+caller is told of an outage it should wait out, and says so (log/outage.py), instead of seeing a quiet log.
 """
 import logging
 import time
@@ -23,7 +25,7 @@ from kafka.errors import KafkaError
 from hilo.log import retry
 from hilo.log.base import Batch
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import LogError
+from hilo.schemas.errors import LogError, LogUnavailable
 
 from .errors import failure, is_retriable
 
@@ -31,6 +33,8 @@ logger = logging.getLogger(__name__)
 STALE_S = 10.0  # empty reads this long make a reader check that it is not wedged
 OFFSETS_TIMEOUT_MS = 10_000  # one ListOffsets attempt; retried (with a fresh consumer) after that
 RETRIABLE_TRIES = 20
+OFFSETS_PATIENCE_S = 25.0  # an election on a 3-node cluster answers within it (a fresh client included)
+UNAVAILABLE_AFTER_S = 10.0  # reads failing this long in a row are an outage, said to the caller
 
 
 class ReaderSupervisor:
@@ -49,6 +53,7 @@ class ReaderSupervisor:
         self.failures = retry.Backoff(0.05, 2.0)  # consecutive failed reads, and the wait after each
         self.idle_since = {}    # TopicPartition -> when reads of it started returning nothing
         self.replaced = 0       # clients replaced so far
+        self.failing_since = None  # when the reads that are failing now began failing (None: the last one worked)
 
     @property
     def consumer(self) -> KafkaConsumer:
@@ -89,12 +94,19 @@ class ReaderSupervisor:
             if isinstance(e, KafkaError) and not is_retriable(e):
                 raise failure(f"{self.url}: reading {topic!r} at offset {offset}", e) from None
             self.positions.pop(tp, None)  # whatever the consumer fetched is dropped: the next read seeks again
+            if self.failing_since is None:
+                self.failing_since = t0
+            elif self.clock() - self.failing_since >= UNAVAILABLE_AFTER_S:
+                self.replace()
+                raise LogUnavailable(f"{self.url}: reading {topic!r} has failed for {self.clock() - self.failing_since:.0f}s "
+                                     f"({type(e).__name__}: {e})") from None
             wait = self.failures.next()
             if self.failures.failures % 2 == 0:
                 self.replace()
             self.sleep(max(0.0, min(wait, timeout_s - (self.clock() - t0))))  # backoff, within this read's timeout
             return Batch([], offset)
         self.failures.reset()
+        self.failing_since = None
         if not polled.get(tp) and position <= offset and self._stale(tp, offset):
             return Batch([], offset)
         self.idle_since.pop(tp, None)
@@ -134,7 +146,8 @@ class ReaderSupervisor:
             if attempt % 2 == 0:
                 self.replace()
         try:
-            return retry.call(ask, retriable=is_retriable, attempts=RETRIABLE_TRIES, on_retry=on_retry, sleep=self.sleep)
+            return retry.call(ask, retriable=is_retriable, attempts=RETRIABLE_TRIES, within_s=OFFSETS_PATIENCE_S,
+                              on_retry=on_retry, sleep=self.sleep)
         except KafkaError as e:
             raise failure(f"{'end' if end else 'beginning'} offset of {topic}", e) from None
 

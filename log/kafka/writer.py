@@ -37,6 +37,23 @@ class WriterState(enum.Enum):
     FENCED = "fenced"      # a newer producer of the run took over: nothing more is written
 
 
+DISCARD_JOIN_S = 2.0  # how long a dropped producer's I/O thread is given to fail what it holds and close its sockets
+
+
+def discard(producer: KafkaProducer) -> None:
+    """Close a producer whose unsent records are not wanted (the log decides what landed), without waiting on the
+    cluster. `close(timeout=0)` alone flushes first, which raises while records are pending; the producer then stayed
+    open and its `__del__` printed a traceback later. Failing the pending records first lets close finish."""
+    sender = getattr(producer, "_sender", None)  # kafka-python's I/O thread: no public close-without-flush
+    try:
+        if sender is not None:
+            sender.force_close()  # fails every pending batch, wakes the waiters, closes the network client
+            sender.join(DISCARD_JOIN_S)
+        producer.close(timeout=0)
+    except Exception:  # noqa: BLE001  (closing a broken client; nothing to report)
+        producer._closed = True  # what close() would have ended with: its __del__ must not try (and print) again
+
+
 class Writer:
     """The producer of one KafkaLog (connection.Connector), sized for records of `record_bytes`."""
 
@@ -82,10 +99,7 @@ class Writer:
         After an indefinite error (a timeout) a transactional producer's state cannot be trusted (Jepsen found
         anomalies there): a fresh one, plus the log head, decides what happened."""
         if self._producer is not None:
-            try:
-                self._producer.close(timeout=0)
-            except Exception:  # noqa: BLE001  (closing a broken client; nothing to report)
-                pass
+            discard(self._producer)
         self._producer = None
 
     def send(self, topic, records, partition=0) -> list:

@@ -2,7 +2,8 @@
 from . import COMMANDS
 from .args import at_least, budget, common, config_from_args, config_options, metrics_options, metrics_server
 
-FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history", "on_bad_record")
+FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history", "on_bad_record",
+          "publish_deadline_s")
 
 
 def run(a):

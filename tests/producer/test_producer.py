@@ -81,7 +81,7 @@ def _at_v2(tmp_path):
     """(url, flaky log, producer) after two clean versions."""
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url), log_backend=log)
+    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
     for v in (1, 2):
         _step(producer, _grads(v))
     return url, log, producer
@@ -122,7 +122,7 @@ def test_publish_stored_but_unacknowledged_is_adopted_from_the_log_with_its_erro
 def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url), log_backend=log)
+    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
     publish_random(producer, 2)
     digest, residual = producer.replica.digest, [e.clone() for e in producer.builder.encoder.residual]
     log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated: broker refused"))

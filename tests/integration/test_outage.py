@@ -1,0 +1,116 @@
+"""A single broker stopped mid-run (no wipe) and started again: the trainer and two sites, real `hilo produce` and
+`hilo consume` processes, ride through it. Every acknowledged version is on the log exactly once, both sites end at
+the trainer's digest, no process prints a traceback, and /readyz is 503 during the outage and 200 after.
+
+The outage lasts 45 s (HILO_OUTAGE_S=180 tries the 3-minute one: about 4 minutes in all, not run in CI).
+"""
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from hilo.log import open_log, updates_topic
+from hilo.log.tail import records
+from tests.conftest import new_run
+from tests.helpers import hilo, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PORT = 19292
+OUTAGE_S = float(os.environ.get("HILO_OUTAGE_S", "45"))
+STEPS = 24
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple:
+    """(status, body) of a GET; (None, why) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return None, str(e)
+
+
+def applied(base: str) -> int:
+    """The site's applied version, from its /metrics (-1 while it does not answer)."""
+    status, body = get(base + "/metrics")
+    m = re.search(r"^hilo_site_applied_version\{[^}]*\} (\S+)$", body, re.M) if status == 200 else None
+    return int(float(m.group(1))) if m else -1
+
+
+@pytest.fixture
+def broker(tmp_path_factory):
+    """(URL, env for ops/kafka scripts) of a single broker of its own; stopped and wiped afterwards."""
+    env = dict(os.environ, HILO_KAFKA_PORT=str(PORT), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka-outage")))
+    subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+    yield f"kafka://127.0.0.1:{PORT}", env
+    subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+
+
+def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker, tmp_path):
+    url, env = broker
+    run = new_run("outage")
+    out = {name: open(tmp_path / f"{name}.out", "w+") for name in ("trainer", "a", "b")}
+    err = {name: open(tmp_path / f"{name}.err", "w+") for name in out}
+    trainer = hilo("produce", "--log", url, "--run", run, "--steps", str(STEPS), "--history", str(tmp_path / "trainer.jsonl"),
+                   stdout=out["trainer"], stderr=err["trainer"])
+    sites, bases = {}, {}
+    for name in ("a", "b"):
+        port = free_port()
+        bases[name] = f"http://127.0.0.1:{port}"
+        sites[name] = hilo("consume", "--log", url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name),
+                           "--no-export", "--no-progress", "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+                           "--wait-checkpoint", "120", stdout=out[name], stderr=err[name])
+    procs = [trainer, *sites.values()]
+    try:
+        wait_until(lambda: min(applied(b) for b in bases.values()) >= 3, 180, "both sites apply v3")
+        subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)  # no --wipe: a restart
+        down_at = time.monotonic()
+        wait_until(lambda: all(get(b + "/readyz")[0] == 503 for b in bases.values()), OUTAGE_S + 60,
+                   "both sites answer /readyz 503 while the broker is down")
+        during = {n: get(b + "/readyz")[1] for n, b in bases.items()}
+        assert all(p.poll() is None for p in procs), "a process exited during the outage"
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage's length: the fault, not a wait on anything
+        subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+        assert trainer.wait(timeout=600) == 0
+        wait_until(lambda: all(applied(b) == STEPS and get(b + "/readyz")[0] == 200 for b in bases.values()), 300,
+                   f"both sites apply v{STEPS} and are ready again")
+        for p in sites.values():
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = {n: (f.seek(0), f.read())[1] for n, f in err.items()}
+    stdout = {n: (f.seek(0), f.read())[1] for n, f in out.items()}
+    for f in [*out.values(), *err.values()]:
+        f.close()
+    for name, t in text.items():
+        assert "Traceback" not in t, f"{name} printed a traceback:\n{t[-3000:]}"
+    assert all("unreachable" in r for r in during.values()), during
+    for name in sites:  # said once when the log went, once when it came back
+        assert text[name].count("the log is unreachable") == 1 and text[name].count("the log is back after") == 1, text[name][-3000:]
+    digest = re.search(r"done: v(\d+) digest ([0-9a-f]+)", stdout["trainer"])
+    assert digest and int(digest.group(1)) == STEPS
+    for name in sites:
+        assert f"{name}: v{STEPS} digest {digest.group(2)}" in stdout[name]
+    log = open_log(url)
+    firsts = [int(r.headers["hilo-version"]) for r in records(log, updates_topic(run)) if r.headers.get("hilo-chunk", "").startswith("0/")]
+    log.close()
+    assert firsts == list(range(1, STEPS + 1)), firsts  # every acknowledged version once, in order
