@@ -28,8 +28,9 @@ from hilo.log.base import check_run
 from hilo.log.outage import Outage
 from hilo.log.kafka_config import check_kafka_config
 from hilo.log.site_reports import LINK_BPS
-from hilo.log.tail import head
+from hilo.log.tail import head, newest
 from hilo.replay.bad_records import POLICIES, Skipped
+from hilo.replay.checks import accepts
 from hilo.replay.follower import Applied, Follower
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
@@ -154,6 +155,7 @@ class Site:
         self.stop_reason = None       # the error that stopped the site, once one has
         self.view = LagView.at(0, 0)  # head and applied position, replaced whole (a scrape reads one consistent view)
         self.head_checked = 0.0       # monotonic time of the newest head refresh
+        self.head_seen = (-1, None, -1, 0)  # (log end, first offset, version, log bytes) of the newest accepted message found
         self.outage = Outage(f"site {cfg.site}", self.metrics)  # the log reached before and unreachable now
         self.last_applied_at = clock()
         self.deliveries = collections.deque(maxlen=8)  # bytes/s of the last messages written while it waited (Applied.delivery)
@@ -250,18 +252,19 @@ class Site:
                            f"checkpoints are of history {theirs[:12]} (another history: the run was started again under the same name): refusing "
                            f"it (remove {cfg.state_dir} to follow the new history)")
         # by version, not offset: a mirror of the run holds the same versions at smaller offsets (no transaction markers);
-        # with every update expired there is no version to compare, and the offset is all there is
-        h = head(self.log, topic, cfg.run)
-        if h is None and pos.next_offset > self.log.end_offset(topic):
+        # with every update expired there is no version to compare, and the offset is all there is. Only messages this
+        # site would accept count: anyone who can write the topic can append a record that claims an old version.
+        found = newest(self.log, topic, cfg.run, accepts(replica, topic))
+        if found is None and pos.next_offset > self.log.end_offset(topic):
             raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos.next_offset}, the log ends at "
                            f"{self.log.end_offset(topic)} (the topic was deleted and made again?): refusing to move backwards "
                            f"(remove {cfg.state_dir} to start over)")
-        newest = int(h.get(H.VERSION, 0)) if h else replica.version
-        if newest < replica.version:
+        newest_version = found.version if found is not None else replica.version
+        if newest_version < replica.version:
             raise LogError(f"site {cfg.site}: its snapshot is at v{replica.version}, {topic} on {self.log.url} holds up to "
-                           f"v{newest} (a mirror that lags, or the topic was deleted and made again): refusing to move "
-                           f"backwards (wait for the mirror, point --log at another cluster of the run, or remove "
-                           f"{cfg.state_dir} to start over)")
+                           f"v{newest_version} (offset {found.first_offset}; a mirror that lags, or the topic was deleted and "
+                           f"made again): refusing to move backwards (wait for the mirror, point --log at another cluster of "
+                           f"the run, or remove {cfg.state_dir} to start over)")
 
     def _wait_for_topics(self):
         """Wait (up to wait_checkpoint_s) for the run's first checkpoint; a topic still missing then is NoSuchTopic, a
@@ -394,10 +397,11 @@ class Site:
         self.since_snapshot = 0
 
     def refresh_head(self, force: bool = False) -> None:
-        """Read where the log's head stands (at most once a second) and set the head and lag gauges.
+        """Read where the log's head stands (at most once a second) and update the view the lag gauges show.
 
-        A site that has read everything the log holds is at the head whatever the last record's headers claim
-        (a skipped record's headers are not the trainer's); otherwise the tail's headers say how far it is.
+        A site that has read everything the log holds is at the head whatever the last record's headers claim.
+        Otherwise the head is the newest message it would accept (log/tail.newest): a record it would skip (junk, a
+        replayed old version) says nothing of the head. Only messages past the last head found are read again.
         """
         now = time.monotonic()
         if not force and now - self.head_checked < 1.0:
@@ -405,13 +409,16 @@ class Site:
         self.head_checked = now
         f = self.follower
         version, log_bytes = f.replica.version, f.log_bytes
-        if f.read_offset < self.log.end_offset(f.topic):
-            h = head(self.log, f.topic, self.cfg.run) or {}
-            try:
-                version = max(version, int(h.get(H.VERSION, version)))
-                log_bytes = max(log_bytes, int(h.get(H.LOG_BYTES, log_bytes)))
-            except ValueError:  # a forged header: keep what is known
-                pass
+        end = self.log.end_offset(f.topic)
+        if f.read_offset < end and end != self.head_seen[0]:
+            found = newest(self.log, f.topic, self.cfg.run, accepts(f.replica, f.topic), after=self.head_seen[1])
+            if found is not None and found.version > self.head_seen[2]:
+                h = found.headers.get(H.LOG_BYTES, "")
+                self.head_seen = (end, found.first_offset, found.version, int(h) if h.isdigit() else 0)
+            else:
+                self.head_seen = (end, *self.head_seen[1:])
+        if f.read_offset < end:
+            version, log_bytes = max(version, self.head_seen[2]), max(log_bytes, self.head_seen[3])
         self.view = self.view.with_head(version, log_bytes)
 
     def readiness(self, max_lag: int) -> tuple:

@@ -108,6 +108,35 @@ def head(log, topic: str, run: str) -> dict | None:
     return None if msg is None else msg.headers
 
 
+NEWEST_WINDOW = 16   # accepted messages `newest` compares: a replayed old version at the tail is not the head
+NEWEST_SCAN = 256    # messages it reads at most (a flood of junk at the tail costs a bounded read)
+
+
+def newest(log, topic: str, run: str, accept, window: int = NEWEST_WINDOW, scan: int = NEWEST_SCAN,
+           after: int | None = None) -> Message | None:
+    """The message of the highest version among the newest `window` that `accept(msg)` takes (what a follower would
+    accept: verified, decoded, this run's), reading back from the end; None when none is found within `scan`.
+
+    The last record's headers may be anyone's (junk claiming an old version, a genuine old message appended again):
+    what a reader believes about the head must come from messages it would apply, and versions only grow along the
+    genuine sequence, so the highest accepted version near the tail is the head. `after`: only messages that start
+    after this offset are read (a caller that found a head before reads only what came since)."""
+    before, best, accepted = None, None, 0
+    for _ in range(scan):
+        msg = last_message(log, topic, run, before)
+        if msg is None or (after is not None and msg.first_offset <= after):
+            break
+        before = msg.first_offset
+        if not accept(msg):
+            continue
+        accepted += 1
+        if best is None or msg.version > best.version:
+            best = msg
+        if accepted >= window:
+            break
+    return best
+
+
 def _first_record(log, topic: str, run: str, offset: int, end: int):
     """The first record of `run` carrying a version header at or after `offset` (below `end`), or None."""
     while offset < end:
@@ -124,14 +153,14 @@ def _first_record(log, topic: str, run: str, offset: int, end: int):
 PATIENCE_S = 15.0  # how long a cluster that looks behind the replica is given to show what it holds
 
 
-def locate(log, topic: str, run: str, version: int, hint: int, patience_s: float = PATIENCE_S) -> int:
+def locate(log, topic: str, run: str, version: int, hint: int, patience_s: float = PATIENCE_S, accept=None) -> int:
     """`_locate`, given `patience_s` when the cluster looks behind the replica: a trainer's update and its checkpoint
     commit in one transaction, but Kafka writes the commit marker to each partition separately, so a reader can see
     the checkpoint of v before v itself on RUN.updates; and a mirror may be copying. LogError after that."""
     deadline = time.monotonic() + patience_s
     while True:
         try:
-            return _locate(log, topic, run, version, hint)
+            return _locate(log, topic, run, version, hint, accept)
         except _Behind as e:
             if time.monotonic() >= deadline:
                 raise LogError(str(e)) from None
@@ -142,25 +171,32 @@ class _Behind(Exception):
     """The cluster holds only versions before the replica's (for now)."""
 
 
-def _locate(log, topic: str, run: str, version: int, hint: int) -> int:
+def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> int:
     """The offset to read from on this cluster to get `version` of `run` next (its first chunk, or the end when
     `version` is not written yet). `hint` is a stored offset: right on the cluster it came from (one read confirms
     it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
     another offset there; versions only grow along the topic, so a binary search over the records' version headers
-    finds it. LogError when this cluster lacks the version (expired); _Behind when it holds less than version - 1."""
+    finds it. LogError when this cluster lacks the version (expired); _Behind when it holds less than version - 1.
+    `accept` (see `newest`): how far the cluster holds the run is read from messages it takes, not from the tail's
+    headers (default: the tail's headers)."""
     begin, end = log.begin_offset(topic), log.end_offset(topic)
 
     def is_start(rec):
         return rec is not None and int(rec.headers[H.VERSION]) == version and rec.headers.get(H.CHUNK, "").startswith("0/")
 
-    h = head(log, topic, run)
-    newest = int(h[H.VERSION]) if h and H.VERSION in h else 0  # the newest version here (0: no update retained)
+    if accept is None:
+        h = head(log, topic, run)
+        newest_version = int(h[H.VERSION]) if h and H.VERSION in h and h[H.VERSION].isdigit() else 0
+    else:
+        found = newest(log, topic, run, accept)
+        h = None if found is None else found.headers
+        newest_version = 0 if found is None else found.version  # the newest version here (0: no update retained)
     if begin <= hint <= end:
         rec = _first_record(log, topic, run, hint, end)
         # at or before the version's start (what is re-read first is an applied version: checked and skipped)
-        older = rec is not None and int(rec.headers[H.VERSION]) < version and newest >= version - 1
+        older = rec is not None and int(rec.headers[H.VERSION]) < version and newest_version >= version - 1
         # nothing retained at all (every update expired): nothing to compare, the offset is all there is
-        if is_start(rec) or older or (rec is None and (newest == version - 1 or h is None)):
+        if is_start(rec) or older or (rec is None and (newest_version == version - 1 or h is None)):
             return hint
     lo, hi = begin, end
     while lo < hi:  # the smallest offset whose next record of the run has a version >= `version`
@@ -173,10 +209,10 @@ def _locate(log, topic: str, run: str, version: int, hint: int) -> int:
     rec = _first_record(log, topic, run, lo, end)
     if is_start(rec):
         return rec.offset
-    if rec is None and newest == version - 1:
+    if rec is None and newest_version == version - 1:
         return lo
     if rec is None:
-        raise _Behind(f"{log.url}: {topic} holds run {run!r} up to v{newest}, behind this replica's v{version - 1}: a "
+        raise _Behind(f"{log.url}: {topic} holds run {run!r} up to v{newest_version}, behind this replica's v{version - 1}: a "
                       f"mirror that lags (wait for it, or use another cluster) or a cluster without this run's history")
     raise LogError(f"{log.url}: v{version} of run {run!r} is not on {topic} (the next version here is "
                    f"v{rec.headers[H.VERSION]} at offset {rec.offset}): expired, or a cluster that did not copy it")

@@ -11,7 +11,7 @@ import time
 from hilo.replica.codecs import update_size_bound
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import Message, Reassembler
-from hilo.schemas.errors import MalformedMessage
+from hilo.schemas.errors import HiloError, MalformedMessage
 from hilo.schemas.framing import frame_bound, split_trailer
 from hilo.schemas.records import KeyRotation, UpdateMessage, decode_record
 
@@ -65,3 +65,19 @@ def unframe_key(verifier, msg: Message, run: str, what: str) -> KeyRotation:
     if not isinstance(rot, KeyRotation) or rot.run != run:
         raise MalformedMessage(f"{what}: not a key record of run {run!r}")
     return rot
+
+
+def accepts(replica: PolicyReplica, topic: str):
+    """`msg -> bool`: whether a follower of `replica` would take `msg` as a message of its run (an update that passes
+    `unframe_update`, or a key record that passes `unframe_key`); never raises. What a reader of the tail
+    (log/tail.newest) believes a head by: a record it would skip says nothing about where the run is."""
+    def accept(msg: Message) -> bool:
+        what = message_what(topic, msg)
+        try:
+            if msg.kind == "key":
+                unframe_key(replica.verifier, msg, replica.run, what)
+                return True
+            return unframe_update(replica, msg, what).run == replica.run
+        except HiloError:
+            return False
+    return accept

@@ -23,7 +23,7 @@ from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message, locate
 
 from .bad_records import POLICIES, Skipped, reason_of
-from .checks import message_what, unframe_key, unframe_update, update_reassembler, warn_if_signed
+from .checks import accepts, message_what, unframe_key, unframe_update, update_reassembler, warn_if_signed
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Follower:
         next_offset = max(next_offset, self.log.begin_offset(self.topic))
         # An offset is a place on one cluster; the version is the place on every cluster of the run (a mirror holds
         # the same versions at other offsets): find where the next version is here.
-        located = locate(self.log, self.topic, run, replica.version + 1, next_offset)
+        located = locate(self.log, self.topic, run, replica.version + 1, next_offset, accept=accepts(replica, self.topic))
         if located != next_offset:
             logger.info("%s: v%d is at offset %d here (the stored position, offset %d, is another cluster's)", self.topic,
                         replica.version + 1, located, next_offset)

@@ -1,14 +1,17 @@
 """A site's (or the trainer's) local saved state: checkpoint bytes + log position, replaced atomically.
 
-DIR/snapshot/{state.ckpt, position.json}. A new snapshot is written to DIR/snapshot.tmp-PID and fsynced;
+DIR/snapshot/{state.ckpt, position.json, recent.msgpack}. A new snapshot is written to DIR/snapshot.tmp-PID and fsynced;
 the old one is renamed to DIR/snapshot.old-PID and the new one into place (POSIX cannot rename a
 directory over a non-empty one). A crash at any instant leaves a whole snapshot: the current one, or,
 between the two renames, the old one, which `load` finds. Disk I/O lives here, not in the state machine.
 """
+import collections
 import json
 import os
 import pathlib
 import shutil
+
+import msgpack
 
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.errors import ConfigError, MalformedMessage
@@ -60,6 +63,8 @@ class SnapshotStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         files = {"state.ckpt": replica.checkpoint().to_bytes(),
+                 # the digests of recent versions: a restarted replica still tells a replayed old version from a fork
+                 "recent.msgpack": msgpack.packb([[v, d] for v, d in replica.recent.items()]),
                  "position.json": json.dumps(position.to_json() | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
         for name, data in (files | (extra or {})).items():
             with open(tmp / name, "wb") as f:
@@ -103,4 +108,19 @@ class SnapshotStore:
         self.loaded_from = path
         if not isinstance(ckpt, Checkpoint):
             raise MalformedMessage(f"{what}/state.ckpt: holds an update record, expected a checkpoint")
-        return PolicyReplica.from_checkpoint(ckpt, f"{what}/state.ckpt"), position
+        replica = PolicyReplica.from_checkpoint(ckpt, f"{what}/state.ckpt")
+        if (path / "recent.msgpack").exists():  # snapshots from before it was kept have none: only the current digest
+            replica.recent = _recent((path / "recent.msgpack").read_bytes(), replica, f"{what}/recent.msgpack")
+        return replica, position
+
+
+def _recent(data: bytes, replica: PolicyReplica, what: str) -> collections.OrderedDict:
+    """The replica's recent {version: digest}, as saved; it must end at the replica's own version and digest."""
+    try:
+        pairs = msgpack.unpackb(data)
+        recent = collections.OrderedDict((int(v), bytes(d)) for v, d in pairs)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise MalformedMessage(f"{what}: corrupt ({e}); remove it (forks of older versions then go unnoticed)") from None
+    if recent.get(replica.version) != replica.digest:
+        raise MalformedMessage(f"{what}: does not end at the snapshot's v{replica.version}; remove it")
+    return recent
