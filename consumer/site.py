@@ -36,7 +36,7 @@ from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
 from hilo.replay.start import Source, choose_start
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, HiloError, LogError, LogUnavailable, NoSuchTopic
+from hilo.schemas.errors import ConfigError, Expired, HiloError, LogError, LogUnavailable, NoSuchTopic
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
 from hilo.schemas.signing import Signer, Verifier
@@ -208,16 +208,21 @@ class Site:
         logger.info("site %s: vLLM %s at %s serves %r", self.cfg.site, version, self.cfg.vllm, self.cfg.lora_name)
         self.publish_newest(strict=True)
 
-    def _bootstrap(self) -> Follower:
+    def _bootstrap(self, held=None) -> Follower:
+        """The follower to start with: from the snapshot, a checkpoint or --from-version at start; from the newest
+        checkpoint when a running site's next versions expired (`held`: its (replica, position))."""
         cfg = self.cfg
-        self._wait_for_topics()
-        local = None if cfg.from_version is not None else self.store.load()
-        if local is not None and local[0].run != cfg.run:
-            raise ConfigError(f"site {cfg.site}: state dir {cfg.state_dir} holds a snapshot of run {local[0].run!r}, not of run "
-                              f"{cfg.run!r}: give each run its own state dir")
-        if local is not None:
-            self._same_history(*local)
-        start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version)
+        if held is None:
+            self._wait_for_topics()
+            local = None if cfg.from_version is not None else self.store.load()
+            if local is not None and local[0].run != cfg.run:
+                raise ConfigError(f"site {cfg.site}: state dir {cfg.state_dir} holds a snapshot of run {local[0].run!r}, not of run "
+                                  f"{cfg.run!r}: give each run its own state dir")
+            if local is not None:
+                self._same_history(*local)
+        else:
+            local = held
+        start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version if held is None else None)
         replica, pos = start.replica, start.position
         self.metrics.set("bootstrap_info", 1, source=start.source.name.lower())
         if start.source is Source.CHECKPOINT_OVER_EXPIRED:
@@ -227,15 +232,20 @@ class Site:
                                f"history of run {cfg.run} ({replica.genesis.hex()[:12]}, v{replica.version}): refusing to switch "
                                f"histories (remove {cfg.state_dir} to follow the new one)")
             if replica.version < old.version:
-                raise LogError(f"site {cfg.site}: holds v{old.version}; the log kept only v{replica.version} of the same history: "
-                               f"refusing to move backwards (remove {cfg.state_dir} to follow what the log holds now)")
+                raise LogError(f"site {cfg.site}: holds v{old.version}, whose next versions expired; the newest checkpoint on the "
+                               f"log is v{replica.version}, older: nothing on the log can bring this site forward, and it never "
+                               f"moves backwards. Restart it once the trainer publishes a newer checkpoint (every checkpoint_every "
+                               f"versions, and when it restarts), or remove {cfg.state_dir} to follow from v{replica.version}")
+            if replica.version == old.version and replica.digest != old.digest:
+                raise LogError(f"site {cfg.site}: holds v{old.version} (digest {old.digest.hex()[:12]}); the log's checkpoint of "
+                               f"v{replica.version} has digest {replica.digest.hex()[:12]}: a fork, refusing it")
             logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
                            cfg.site, old.version, replica.version)
         replica.recycle = True  # read only between versions (export, snapshot), never kept: apply reuses its buffers
         replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
         if self.verifier is not None and pos.keys:  # key rotations this site verified before its restart
             replica.verifier = Verifier.from_raw(bytes.fromhex(pos.keys[-1][1]))
-        if cfg.from_offset is not None:
+        if cfg.from_offset is not None and held is None:
             pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                     cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
@@ -453,22 +463,25 @@ class Site:
     # -- loop ----------------------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> int:
         """Follow until SIGTERM, --until-version or --idle-exit; returns the final version."""
-        cfg, f = self.cfg, self.follower
+        cfg = self.cfg  # self.follower is read each time: falling behind retention replaces it (_rebootstrap)
         self.refresh_head(force=True)
         start_head = self.view.head_version
-        behind = max(0, start_head - f.replica.version)
+        behind = max(0, start_head - self.follower.replica.version)
         bar = tqdm(total=behind, desc=f"{cfg.site} catching up", unit="v", file=sys.stderr,
                    disable=(not behind) if progress is None else not progress)
         last_new = time.monotonic()
         self.commit()
         try:
             while not self.stopping:
-                if cfg.until_version is not None and f.replica.version >= cfg.until_version:
+                if cfg.until_version is not None and self.follower.replica.version >= cfg.until_version:
                     break
                 try:
                     n = self._follow_once(start_head, bar)
                 except LogUnavailable as e:  # a log reached before: wait it out, never exit for it
                     self.outage.wait(e, lambda: self.stopping)
+                    continue
+                except Expired as e:  # fell behind retention: catch up from the newest checkpoint, as a restart would
+                    self._rebootstrap(e)
                     continue
                 self.outage.over()
                 if n:
@@ -486,7 +499,25 @@ class Site:
             self.snapshot()
             self.commit()
             self.close()
-        return f.replica.version
+        return self.follower.replica.version
+
+    def _rebootstrap(self, error: Expired) -> None:
+        """The versions after this site's expired while it ran: bootstrap again from the newest checkpoint (which must
+        be of the same history and not behind it), snapshot that, and go on."""
+        f = self.follower
+        logger.warning("site %s: %s; bootstrapping again from the newest checkpoint", self.cfg.site, error)
+        held = (f.replica, f.position(saved_at=self.clock()))
+        f.close()
+        self.follower = self._bootstrap(held)
+        r = self.follower.replica
+        self.metrics.inc("rebootstraps")
+        self.view = self.view.applied(r.version, self.follower.log_bytes)
+        self.head_seen = (-1, None, -1, 0)
+        if self.history:
+            self.history.record(r.version, r.digest, self.follower.next_offset, start=True)
+        self.snapshot()  # a crash from here restarts from the checkpoint's state, not from the expired position
+        self.publish_newest()
+        logger.warning("site %s: bootstrapped again at v%d (from v%d)", self.cfg.site, r.version, held[0].version)
 
     def _follow_once(self, start_head: int, bar) -> int:
         """One read: apply what it brought, serve the newest, refresh the head, answer prompts; versions applied."""

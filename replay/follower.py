@@ -12,7 +12,7 @@ from typing import Iterator
 
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, DivergenceError, Gap, HiloError, LogError, MalformedMessage
+from hilo.schemas.errors import ConfigError, DivergenceError, Expired, Gap, HiloError, LogError, MalformedMessage
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
@@ -42,6 +42,11 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
         if msg is None:
             if skipped is not None:
                 raise skipped  # every checkpoint in reach is unusable: report the newest one's problem
+            if log_backend.end_offset(topic) > 0:  # it held checkpoints: retention deleted them
+                raise LogError(f"{log_backend.url}: every checkpoint{'' if max_version is None else f' at or before v{max_version}'} "
+                               f"on {topic} has expired (its offsets reached {log_backend.end_offset(topic)}): nothing here can "
+                               f"rebuild the run's state; the trainer publishes a fresh checkpoint at its next checkpoint_every "
+                               f"version or when it is restarted with its state dir")
             raise LogError(f"{log_backend.url}: no checkpoint{'' if max_version is None else f' at or before v{max_version}'} "
                            f"on {topic} (has the producer started?)")
         before = msg.first_offset
@@ -126,8 +131,9 @@ class Follower:
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = list(position.keys)
         if not self.log.retained(self.topic, next_offset):
-            raise LogError(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
-                           f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint")
+            raise Expired(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
+                          f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint (a restarted "
+                          f"site does; if none covers it, the trainer's next checkpoint will)")
         next_offset = max(next_offset, self.log.begin_offset(self.topic))
         # An offset is a place on one cluster; the version is the place on every cluster of the run (a mirror holds
         # the same versions at other offsets): find where the next version is here.
@@ -147,6 +153,8 @@ class Follower:
         stops between versions: a half-read message is dropped and read again by the next call."""
         t0, self._read_start = time.perf_counter(), time.time()
         batch = self.reader.read(self.topic, self.read_offset, timeout_s)
+        if (batch[0].offset if batch else batch.next_offset) > self.read_offset:
+            self._check_retained()  # records past where it asked: markers, aborted records, or expired ones
         self._read_wall = time.time()
         # a batch fetched ahead carries when its fetch ran: what a message's delivery is measured against
         self._read_start, self._read_wall = getattr(batch, "started", self._read_start), getattr(batch, "fetched", self._read_wall)
@@ -169,6 +177,15 @@ class Follower:
         self.read_offset = max(self.read_offset, batch.next_offset)
         if not self.reassembler.parts:  # no message half-read: resuming from here loses nothing
             self.next_offset = max(self.next_offset, self.read_offset)
+
+    def _check_retained(self) -> None:
+        """Expired when what this follower reads next was deleted (a Kafka reader whose position is gone restarts at
+        the log start, which only the digest chain would notice, as a gap): said where it is read."""
+        begin = self.log.begin_offset(self.topic)
+        if self.next_offset < begin:
+            raise Expired(f"{self.topic}: v{self.replica.version + 1} (from offset {self.next_offset}) has expired: the "
+                          f"log now begins at offset {begin}; versions v{self.replica.version + 1}.. can only come from a "
+                          f"newer checkpoint")
 
     def poll(self, timeout_s: float = 1.0) -> int:
         """Read once and apply every complete message; returns how many versions were applied."""

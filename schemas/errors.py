@@ -49,6 +49,10 @@ class LogUnavailable(LogError):
     """A log reached before does not answer now (a broker restarting, a network partition): worth waiting out."""
 
 
+class Expired(LogError):
+    """The versions a reader needs next were deleted by retention before it read them."""
+
+
 class NoSuchTopic(LogError):
     """The topic is not on the log (never created, or deleted)."""
 

@@ -136,3 +136,36 @@ def test_a_running_trainer_checkpoints_before_the_updates_a_new_site_needs_expir
     assert s.follower.replica.digest == producer.replica.digest
     assert "before the updates after the newest one can expire" in caplog.text
     producer.close()
+
+
+@pytest.mark.parametrize("metrics", [False, True], ids=["plain", "metrics-port"])
+def test_a_site_frozen_past_retention_bootstraps_again_by_itself(tmp_path, metrics):
+    """A `hilo consume` SIGSTOPped until the versions after its own were deleted, then SIGCONTed: it says so in one
+    line, bootstraps again from the newest checkpoint and reaches the trainer's digest. (It used to stop on "gap:
+    ... missing", and with --metrics-port it stayed up, not ready, for good: no supervisor restarted it.)"""
+    import os
+    import signal
+    from tests.helpers import hilo, wait_for_line
+    run = new_run("frozen")
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=4))
+    publish_random(producer, 3)
+    extra = ["--metrics-port", "0", "--metrics-host", "127.0.0.1"] if metrics else []
+    p = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--no-export",
+             "--until-version", "10", "--no-progress", *extra)
+    try:
+        wait_for_line(p, r"site s: v3 digest")
+        os.kill(p.pid, signal.SIGSTOP)
+        publish_random(producer, 5, seed=1)  # v4..v8; checkpoints at v4 and v8
+        expire(run, topics=("updates",))  # every update so far deleted, as retention does; checkpoint v8 needs none of them
+        os.kill(p.pid, signal.SIGCONT)
+        publish_random(producer, 2, seed=2)  # v9, v10
+        line = wait_for_line(p, r"bootstrapping again from the newest checkpoint")
+        assert "has expired: the log now begins at offset" in line
+        wait_for_line(p, r"bootstrapped again at v8 \(from v[34]\)")
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and f"s: v10 digest {producer.replica.digest.hex()}" in out
+    producer.close()
