@@ -176,6 +176,51 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     producer.close()
 
 
+def test_a_rolling_restart_of_every_node_while_publishing_loses_nothing(cluster, tmp_path):
+    """Each node in turn stopped (SIGTERM, as a rolling upgrade does) and started again while the trainer publishes
+    without pause and a site follows: no publish fails, nothing acknowledged is lost, the site ends at the trainer's
+    digest."""
+    url, env = cluster
+    run, hist = new_run("rolling"), tmp_path / "history"
+    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
+    publish_random(producer, 2)
+    live = Site.open(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), export_adapters=False,
+                                history=str(hist / "live.jsonl")))
+    follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
+    follower.start()
+    rolled, errors = threading.Event(), []
+
+    def publish():
+        try:
+            while not rolled.is_set():
+                publish_random(producer, 1, seed=producer.version)
+        except Exception as e:  # noqa: BLE001  (any failure is the test's finding)
+            errors.append(e)
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        for node in (1, 2, 3):
+            pid = int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{node}" / "pid").read_text())
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not pathlib.Path(f"/proc/{pid}").exists(), 120, f"node {node} stops")
+            subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
+    finally:
+        rolled.set()
+        publisher.join(timeout=900)
+    assert not errors and not publisher.is_alive(), errors
+    publish_random(producer, 1, seed=999)
+    final = producer.version
+    wait_until(lambda: live.follower.replica.version >= final, 300, f"the site applies v{final}")
+    live.stopping = True
+    follower.join(timeout=300)
+    assert live.follower.replica.digest == producer.replica.digest
+    report = check(read_history(str(hist / "trainer.jsonl")), {"live": read_history(str(hist / "live.jsonl"))},
+                   log_versions(open_log(url), run))
+    print(f"\nrolling restart of 3 nodes: the trainer published up to v{final} meanwhile\n{report.summary()}")
+    assert report.ok
+    producer.close()
+
+
 def test_a_resumed_zombie_trainer_is_fenced_on_three_brokers(cluster, tmp_path):
     """The zombie of test_faults.py on the 3-node cluster: A SIGSTOPped, B runs, A SIGCONTed and fenced."""
     from tests.scenarios import zombie
