@@ -61,6 +61,12 @@ def replay(a):
     return main(a.json, a.shape, a.behind, a.optimizers, a.out)
 
 
+def scrape(a):
+    """/metrics latency and lag consistency while a site catches up."""
+    from hilo.ops.bench.scrape import main
+    return main(a.json, a.shape, a.versions, a.every_ms, a.out)
+
+
 def probe(a):
     """Per block and version: the compressed method's step against the uncompressed shadow's."""
     from hilo.ops.bench.probe import ProbeConfig, main
@@ -162,6 +168,13 @@ def register(sub):
     rp.set_defaults(fn=replay)
     import hilo.ops.bench.probe as probe_bench
     from hilo.ops.bench.probe import ProbeConfig
+    sc = bsub.add_parser("scrape", help="/metrics latency (p50, p99, max) and lag consistency, scraped while a site catches up")
+    sc.add_argument("--shape", choices=shapes, default="qwen3-0.6b", help="adapter shape (default: %(default)s)")
+    sc.add_argument("--versions", type=at_least(1), default=60, help="versions the site catches up (default: %(default)s)")
+    sc.add_argument("--every-ms", type=float, default=50.0, help="scrape interval (default: %(default)s, 20 a second)")
+    sc.add_argument("--json", action="store_true", help="print the JSON row")
+    sc.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/scrape-TIME)")
+    sc.set_defaults(fn=scrape)
     pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)

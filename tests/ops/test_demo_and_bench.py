@@ -31,6 +31,14 @@ def test_bench_codecs_json_has_the_documented_keys(capsys):
     assert dense["rel_error"] == 0 and spar["bytes"] < dense["bytes"] and 0 < spar["rel_error"] < 1
 
 
+def test_bench_scrape_sees_consistent_lag_in_every_scrape(capsys, tmp_path):
+    from hilo.ops.cli import main
+    assert main(["bench", "scrape", "--shape", "tiny", "--versions", "20", "--every-ms", "5", "--out", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["digest_ok"] and res["scrapes"] >= 1 and res["inconsistent"] == 0  # latency is the full bench's number
+    assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
+
+
 def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(capsys, tmp_path):
     from hilo.ops.cli import main
     assert main(["bench", "replay", "--shape", "tiny", "--behind", "4", "--out", str(tmp_path), "--json"]) == 0
