@@ -26,6 +26,7 @@ import torch
 
 from hilo.consumer.generator import load_reward
 from hilo.consumer.vllm_serving import VllmServer
+from hilo.log.outage import Outage
 from hilo.ops.digit_task import prompts
 from hilo.ops.lag import lag_rows
 from hilo.ops.rl_bases import base as rl_base
@@ -36,7 +37,7 @@ from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.producer.rollout_ledger import RolloutLedger
 from hilo.replica.codecs import Budget
-from hilo.schemas.errors import ConfigError, HiloError
+from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable
 from hilo.schemas.rollouts import Sampling
 
 REWARD = "hilo.ops.digit_task:reward"
@@ -213,6 +214,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
         f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
     procs = {n: _site(cfg, cfg.servers[i % len(cfg.servers)], url, run, n, work) for i, n in enumerate(names)}
     rows, t0, idle = [], time.monotonic(), 0.0
+    outage = Outage(f"run {run}: rollouts", producer.metrics)
     try:
         while producer.version < cfg.steps:
             waited = time.monotonic()
@@ -224,7 +226,12 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 if time.monotonic() - waited > STALL_S:
                     raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
                                     f"logs are in {work}")
-            groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)
+            try:
+                groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)
+            except LogUnavailable as e:  # the log was reached before: wait it out (the sites do too), then go on
+                outage.wait(e)
+                continue
+            outage.over()
             wait_s = time.monotonic() - waited
             idle += wait_s
             exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)
@@ -232,7 +239,10 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             loss.backward()
             producer.step(lr=cfg.lr)
             published_at, nbytes = time.time(), producer.last_step["bytes"]
-            lags = {r["site"]: r["lag"] for r in lag_rows(producer.log, run)}
+            try:
+                lags = {r["site"]: r["lag"] for r in lag_rows(producer.log, run)}
+            except LogUnavailable:  # the version is published; the row shows no lag
+                lags = {}
             row = {"step": producer.version, "reward": round(stats["reward"], 4), **staleness_row(groups),
                    "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
                    "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names}, "wait_s": round(wait_s, 3),

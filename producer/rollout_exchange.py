@@ -58,6 +58,7 @@ class RolloutExchange:
         self.partitions = log.partitions(self.prompts)
         self.next_offset = rollouts_from    # RUN.rollouts read position
         self.issued = 0
+        self.unsent = None                  # a prompt whose publish failed (the log was away): sent first next time
         self.in_flight_peak = 0
         self._warned = {}                   # reason -> when it was last said
         self._retired_recorded = set()      # prompt ids the ledger already lists as retired
@@ -113,16 +114,18 @@ class RolloutExchange:
         carries rollouts_from, the end of RUN.rollouts now: an answer can only come after it (see RolloutBook._check)."""
         n, since = 0, None
         while self.book.room() > 0:
-            prompt = next(source, None)
+            prompt = self.unsent or next(source, None)
             if prompt is None:
                 break
             if since is None:  # asked once per call: every prompt of the call is published after it
                 since = self.log.end_offset(self.rollouts)
-            prompt = dataclasses.replace(prompt, rollouts_from=since)
-            self.book.issue(prompt)
+            prompt = self.unsent = dataclasses.replace(prompt, rollouts_from=since)
+            # published, then in the book (a publish that fails leaves the book as it was, and the prompt to send next)
             self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer), {H.RUN: self.run, H.KIND: "prompt",
                                                                                             H.PROMPT: prompt.prompt_id})],
                             self.issued % self.partitions)
+            self.unsent = None
+            self.book.issue(prompt)
             self.issued += 1
             n += 1
         self.in_flight_peak = max(self.in_flight_peak, len(self.book.in_flight))

@@ -114,3 +114,38 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     firsts = [int(r.headers["hilo-version"]) for r in records(log, updates_topic(run)) if r.headers.get("hilo-chunk", "").startswith("0/")]
     log.close()
     assert firsts == list(range(1, STEPS + 1)), firsts  # every acknowledged version once, in order
+
+
+@pytest.mark.vllm
+def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(broker, vllm, tmp_path):
+    """`hilo rl` (the trainer and two generating sites, real processes, a real vLLM) with its broker stopped for the
+    outage mid-run: it finishes, every site at the trainer's digest, and every prompt answered exactly once
+    (check_return_path, from the log alone)."""
+    import json
+    from hilo.replay.history import check_return_path
+    url, env = broker
+    vllm_url, _ = vllm
+    run = new_run("rl-outage")
+    p = hilo("rl", "--vllm", vllm_url, "--log", url, "--run", run, "--steps", "4", "--sites", "2", "--batch-prompts", "2",
+             "--samples", "2", "--staleness", "0", "--json", stdout=subprocess.PIPE, stderr=open(tmp_path / "rl.err", "w"))
+    try:
+        wait_until(lambda: re.search(r"^step\s+2 ", (tmp_path / "rl.err").read_text(), re.M) or p.poll() is not None, 600,
+                   "hilo rl publishes step 2")
+        assert p.poll() is None, (tmp_path / "rl.err").read_text()[-3000:]
+        subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)
+        time.sleep(OUTAGE_S)  # the outage's length: the fault, not a wait on anything
+        subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+        out, _ = p.communicate(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = (tmp_path / "rl.err").read_text()
+    assert p.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    res = json.loads(out)
+    assert res["ok"] and [r["step"] for r in res["steps"]] == [1, 2, 3, 4]
+    log = open_log(url)
+    report = check_return_path(log, run)
+    log.close()
+    assert report.ok, report.summary()
