@@ -12,6 +12,7 @@ import pathlib
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 import requests
@@ -127,30 +128,36 @@ def test_a_site_that_fell_behind_serves_the_newest_version_only(vllm, tmp_path):
     producer.close()
 
 
-def test_a_serving_site_sigkilled_after_its_snapshot_restarts_and_serves(vllm, tmp_path):
-    """A site SIGKILLed versions after its snapshot left newer adapter dirs; restarted under its name it serves again.
-    It used to prune the directory it had just exported for its snapshot's version (keeping the dead incarnation's
-    newer ones), and vLLM refused the load: a crash loop under a supervisor."""
+@pytest.mark.parametrize("seed", [0])
+def test_a_serving_site_sigkilled_at_random_instants_restarts_and_serves(vllm, tmp_path, seed):
+    """A `hilo consume --vllm` SIGKILLed, round after round, at a random instant after it served the newest version
+    (often versions after its snapshot), and restarted under its name and state dir: every incarnation starts and
+    serves, and the last one reaches the trainer's digest. A dead incarnation's adapter dirs beyond its snapshot
+    used to make the next one prune the directory it had just exported for its snapshot's version, and vLLM refused
+    it ("No adapter found"): a crash loop. HILO_KILLS sets the rounds (CI: 4)."""
+    import random
+    rng = random.Random(seed)
     vllm_url, _ = vllm
     url, run = f"file://{tmp_path}/log", new_run("killed")
     producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
-    publish_random(producer, 4)
-    make_site(url, run, tmp_path, vllm_url, until_version=4, keep_adapters=1).run(progress=False)  # its snapshot: v4
-    publish_random(producer, 3)
     adapters = tmp_path / "s" / "adapters"
-    proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--vllm", vllm_url,
-                "--export-dtype", "float32", "--keep-adapters", "1", "--no-progress", stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: (adapters / "v00000007").is_dir() or proc.poll() is not None, 120, "the site exports v7")
-    finally:
-        proc.kill()  # SIGKILL: no snapshot at exit, v7's directory stays behind
-        proc.wait()
-    assert (adapters / "v00000007").is_dir(), "the first incarnation never exported v7"
-    s = make_site(url, run, tmp_path, vllm_url, until_version=7, keep_adapters=1)  # bootstraps from the v4 snapshot
-    assert s.state.serving[0] == 4 and s.state.serving[1].is_dir()
+    for _ in range(int(os.environ.get("HILO_KILLS", "4"))):
+        publish_random(producer, rng.randint(1, 4), seed=producer.version)
+        proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--vllm", vllm_url,
+                    "--export-dtype", "float32", "--keep-adapters", "1", "--snapshot-every", "3", "--no-progress",
+                    "--wait-checkpoint", "60", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        newest = adapters / f"v{producer.version:08d}"
+        try:
+            wait_until(lambda: newest.is_dir() or proc.poll() is not None, 120, f"the site exports v{producer.version}")
+            assert proc.poll() is None, f"the restarted site exited {proc.returncode} instead of serving"
+            time.sleep(rng.uniform(0.0, 1.0))  # the kill instant (mid-load, mid-commit or idle): the fault, not a wait
+        finally:
+            proc.kill()  # SIGKILL: no snapshot at exit
+            proc.wait()
+    s = make_site(url, run, tmp_path, vllm_url, until_version=producer.version, keep_adapters=1)
+    assert s.state.serving[1].is_dir()
     s.run(progress=False)
-    assert s.state.serving[0] == 7 and s.follower.replica.digest == producer.replica.digest
+    assert s.state.serving[0] == producer.version and s.follower.replica.digest == producer.replica.digest
     producer.close()
 
 
