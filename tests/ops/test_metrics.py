@@ -240,15 +240,17 @@ def test_json_logs_and_lag_watch(tmp_path):
     assert first["sites"][0]["applied_version"] == 2 and first["sites"][0]["lag"] == 0
 
 
-def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_stopped(tmp_path):
-    """Scraped back to back while a site catches up and after it stops on a record: lag == head - applied in every
-    scrape, and /readyz says the same. (The lag was set only when the head was read, so a catching-up site exported a
-    stale lag, and a stopped one kept it.)"""
+@pytest.mark.parametrize("held", [False, True], ids=["plain", "export-held"])
+def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_stopped(tmp_path, held):
+    """Scraped back to back while a site catches up (and, export-held, while each export's hook holds it), and after
+    it stops on a record: lag == head - applied in every scrape, and /readyz says the same. (The lag was set only
+    when the head was read, so a catching-up site exported a stale lag, and a stopped one kept it.)"""
     import threading
     url, run = f"file://{tmp_path}/log", new_run("lagview")
     producer = HiLoProducer(small_model(hidden=256, layers=4, rank=16), producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
     publish_random(producer, 100)
-    site = open_site(url, run, tmp_path, export_adapters=False, on_bad_record="stop")  # bootstrapped at v0
+    hold = {"export_adapters": True, "on_version": "sleep 0.2"} if held else {"export_adapters": False}
+    site = open_site(url, run, tmp_path, on_bad_record="stop", **hold)  # bootstrapped at v0
     open_log(url).append(updates_topic(run), split(os.urandom(300), run, "update", 101))  # junk: the site stops on it
     errors = []
 
