@@ -227,3 +227,36 @@ def test_a_trainer_that_would_be_refused_fences_nobody(log_url, tmp_path, other)
     publish_random(a, 2, seed=1)  # not fenced
     assert a.version == 4 and not a.fenced and _site_digest(log_url, run, tmp_path, 4) == a.replica.digest
     a.close()
+
+
+def test_a_step_waits_out_an_outage_shorter_than_its_deadline(tmp_path):
+    """The log goes away mid-step and comes back before publish_deadline_s: the step returns the next version, the
+    outage is said once and counted, and the run has no gap. (A step used to give up after six tries, about a minute
+    on Kafka, ending the trainer on a broker restart.)"""
+    import threading
+    from tests.helpers import wait_until
+    url = f"file://{tmp_path}/log"
+    log = FlakyLog(open_log(url))
+    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, publish_deadline_s=120), log_backend=log)
+    _step(producer, _grads(1))
+    log.down = True
+
+    def back_when_noticed():  # the log returns once the trainer has said it is gone
+        wait_until(lambda: producer.outage.down, 60, "the trainer notices the outage")
+        log.down = False
+    t = threading.Thread(target=back_when_noticed)
+    t.start()
+    assert _step(producer, _grads(2)) == 2
+    t.join()
+    reg = producer.metrics.registry
+    assert not producer.outage.down and reg.get_sample_value("hilo_trainer_log_outages_total", {"run": "r"}) == 1
+    assert reg.get_sample_value("hilo_trainer_log_unavailable", {"run": "r"}) == 0
+    assert _site_digest(url, "r", tmp_path, 2) == producer.replica.digest
+
+
+def test_past_its_deadline_a_step_says_so_in_one_line_and_changes_nothing(tmp_path):
+    url, log, producer = _at_v2(tmp_path)  # publish_deadline_s = 1
+    log.down = True
+    with pytest.raises(LogError, match=r"run r: v3 was not published within publish_deadline_s = 1s .*the trainer stays at v2") as e:
+        _step(producer, _grads(3))
+    assert "\n" not in str(e.value) and producer.version == 2
