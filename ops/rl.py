@@ -26,7 +26,6 @@ import torch
 
 from hilo.consumer.generator import load_reward
 from hilo.consumer.vllm_serving import VllmServer
-from hilo.log.outage import Outage
 from hilo.ops.digit_task import prompts
 from hilo.ops.lag import lag_rows
 from hilo.ops.rl_bases import base as rl_base
@@ -214,7 +213,6 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
         f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
     procs = {n: _site(cfg, cfg.servers[i % len(cfg.servers)], url, run, n, work) for i, n in enumerate(names)}
     rows, t0, idle = [], time.monotonic(), 0.0
-    outage = Outage(f"run {run}: rollouts", producer.metrics)
     try:
         while producer.version < cfg.steps:
             waited = time.monotonic()
@@ -226,12 +224,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 if time.monotonic() - waited > STALL_S:
                     raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
                                     f"logs are in {work}")
-            try:
-                groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)
-            except LogUnavailable as e:  # the log was reached before: wait it out (the sites do too), then go on
-                outage.wait(e)
-                continue
-            outage.over()
+            groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)  # waits out outages
             wait_s = time.monotonic() - waited
             idle += wait_s
             exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)

@@ -21,9 +21,10 @@ import time
 import torch
 
 from hilo.log.base import prompts_topic, rollouts_topic
+from hilo.log.outage import Outage
 from hilo.log.tail import records
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, HiloError, NonFinite
+from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable, NonFinite
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 from hilo.schemas.signing import SignatureError, Unsigned, Verifier
@@ -59,6 +60,7 @@ class RolloutExchange:
         self.next_offset = rollouts_from    # RUN.rollouts read position
         self.issued = 0
         self.unsent = None                  # a prompt whose publish failed (the log was away): sent first next time
+        self.outage = Outage(f"run {run}: rollouts")  # a log reached before and away now: waited out, never raised
         self.in_flight_peak = 0
         self._warned = {}                   # reason -> when it was last said
         self._retired_recorded = set()      # prompt ids the ledger already lists as retired
@@ -117,13 +119,19 @@ class RolloutExchange:
             prompt = self.unsent or next(source, None)
             if prompt is None:
                 break
-            if since is None:  # asked once per call: every prompt of the call is published after it
-                since = self.log.end_offset(self.rollouts)
-            prompt = self.unsent = dataclasses.replace(prompt, rollouts_from=since)
-            # published, then in the book (a publish that fails leaves the book as it was, and the prompt to send next)
-            self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer), {H.RUN: self.run, H.KIND: "prompt",
-                                                                                            H.PROMPT: prompt.prompt_id})],
-                            self.issued % self.partitions)
+            self.unsent = prompt
+            try:
+                if since is None:  # asked once per call: every prompt of the call is published after it
+                    since = self.log.end_offset(self.rollouts)
+                prompt = self.unsent = dataclasses.replace(prompt, rollouts_from=since)
+                # published, then in the book (a failed publish leaves the book as it was, and the prompt to send next)
+                self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer),
+                                                {H.RUN: self.run, H.KIND: "prompt", H.PROMPT: prompt.prompt_id})],
+                                self.issued % self.partitions)
+            except LogUnavailable as e:  # the caller's loop goes on (the trainer's publish waits out the outage)
+                self.outage.failed(e)
+                break
+            self.outage.over()
             self.unsent = None
             self.book.issue(prompt)
             self.issued += 1
@@ -136,12 +144,18 @@ class RolloutExchange:
     def poll(self, trainer_version: int, timeout_s: float = 1.0, most: int | None = None) -> list:
         """Read the rollouts that arrived, offer each to the book; at most `most` (default: all) complete groups, to
         be trained at `trainer_version`: each checked against it, its staleness relative to it."""
-        batch = self.log.read(self.rollouts, self.next_offset, timeout_s=timeout_s)
-        for rec in batch:
-            r = self._rollout(rec)
-            if r is not None:
-                self._offer(rec, r, trainer_version)
-        self.next_offset = batch.next_offset
+        try:
+            batch = self.log.read(self.rollouts, self.next_offset, timeout_s=timeout_s)
+        except LogUnavailable as e:  # nothing new while the log is away; the caller's loop goes on
+            self.outage.wait(e)
+            batch = None
+        if batch is not None:
+            self.outage.over()
+            for rec in batch:
+                r = self._rollout(rec)
+                if r is not None:
+                    self._offer(rec, r, trainer_version)
+            self.next_offset = batch.next_offset
         for pid, n, oldest in self.book.age_out(trainer_version):  # complete or not, these can no longer be trained
             self._refused("stale", f"prompt {pid}: its group ({n} samples so far) aged out before it was trained: a sample of "
                                    f"v{oldest} is {trainer_version - oldest} versions behind trainer v{trainer_version} "

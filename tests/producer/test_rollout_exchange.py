@@ -126,3 +126,42 @@ def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_gr
     with open(ledger.path, "a") as f:
         f.write('{"v": 2, "trai')  # torn by a crash mid-write
     assert ledger.settled(5) == ({"p-1"}, set())
+
+
+class _Away:
+    """A log that is away while `down` (LogUnavailable, as a Kafka log reached before says it), the real one otherwise."""
+
+    def __init__(self, log):
+        self.log, self.down = log, False
+
+    def __getattr__(self, name):
+        attr = getattr(self.log, name)
+        if name not in ("read", "append", "end_offset") or not callable(attr):
+            return attr
+
+        def call(*a, **kw):
+            if self.down:
+                from hilo.schemas.errors import LogUnavailable
+                raise LogUnavailable("simulated: the broker is restarting")
+            return attr(*a, **kw)
+        return call
+
+
+def test_an_outage_is_waited_out_and_the_prompt_it_stopped_is_sent_once_after(tmp_path):
+    """While the log is away, issue() and poll() return (nothing issued, nothing read) instead of raising into the
+    trainer's loop; the prompt whose publish failed is sent first when the log is back, once, and enters the book
+    only then."""
+    url, run = f"file://{tmp_path}/log", new_run("away")
+    log = _Away(open_log(url))
+    log.create_topics(run)
+    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=1, max_staleness=0))
+    source = prompts(run, Sampling(1, 1.0, 1.0, 3, 0))
+    log.down = True
+    assert ex.issue(source) == 0 and ex.poll(0, timeout_s=0) == [] and ex.outage.down
+    assert ex.unsent is not None and not ex.book.in_flight
+    log.down = False
+    assert ex.issue(source) == 1 and not ex.outage.down and ex.unsent is None
+    log.log.append(rollouts_topic(run), [(b"p-0", _rollout(run, "p-0", 0).to_bytes(), {})])
+    groups = ex.poll(0, timeout_s=0)
+    assert [g.prompt.prompt_id for g in groups] == ["p-0"]
+    assert check_return_path(log.log, run).ok  # p-0 issued once, answered once
