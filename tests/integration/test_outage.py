@@ -104,8 +104,9 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     for name, t in text.items():
         assert "Traceback" not in t, f"{name} printed a traceback:\n{t[-3000:]}"
     assert all("unreachable" in r for r in during.values()), during
-    for name in sites:  # said once when the log went, once when it came back
-        assert text[name].count("the log is unreachable") == 1 and text[name].count("the log is back after") == 1, text[name][-3000:]
+    for name in sites:  # said when the log went and when it came back (a broker that flaps while starting is two outages)
+        gone, back = text[name].count("the log is unreachable ("), text[name].count("the log is back after")
+        assert 1 <= gone == back, text[name][-3000:]
     digest = re.search(r"done: v(\d+) digest ([0-9a-f]+)", stdout["trainer"])
     assert digest and int(digest.group(1)) == STEPS
     for name in sites:
