@@ -264,6 +264,9 @@ class Site:
         # by version, not offset: a mirror of the run holds the same versions at smaller offsets (no transaction markers);
         # with every update expired there is no version to compare, and the offset is all there is. Only messages this
         # site would accept count: anyone who can write the topic can append a record that claims an old version.
+        claimed = (head(self.log, topic, cfg.run) or {}).get(H.VERSION, "")
+        if claimed.isdigit() and int(claimed) >= replica.version:
+            return  # not behind, whoever wrote the tail (a junk record ahead is the follower's to skip)
         found = newest(self.log, topic, cfg.run, accepts(replica, topic))
         if found is None and pos.next_offset > self.log.end_offset(topic):
             raise LogError(f"site {cfg.site}: its snapshot has read {topic} up to offset {pos.next_offset}, the log ends at "

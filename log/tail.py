@@ -108,20 +108,22 @@ def head(log, topic: str, run: str) -> dict | None:
     return None if msg is None else msg.headers
 
 
-NEWEST_WINDOW = 16   # accepted messages `newest` compares: a replayed old version at the tail is not the head
+NEWEST_WINDOW = 16   # accepted messages `newest` compares at most: a replayed old version at the tail is not the head
 NEWEST_SCAN = 256    # messages it reads at most (a flood of junk at the tail costs a bounded read)
 
 
 def newest(log, topic: str, run: str, accept, window: int = NEWEST_WINDOW, scan: int = NEWEST_SCAN,
            after: int | None = None) -> Message | None:
-    """The message of the highest version among the newest `window` that `accept(msg)` takes (what a follower would
-    accept: verified, decoded, this run's), reading back from the end; None when none is found within `scan`.
+    """The message of the highest version near the end that `accept(msg)` takes (what a follower would accept:
+    verified, decoded, this run's), reading back from the end; None when none is found within `scan`.
 
     The last record's headers may be anyone's (junk claiming an old version, a genuine old message appended again):
-    what a reader believes about the head must come from messages it would apply, and versions only grow along the
-    genuine sequence, so the highest accepted version near the tail is the head. `after`: only messages that start
-    after this offset are read (a caller that found a head before reads only what came since)."""
-    before, best, accepted = None, None, 0
+    what a reader believes about the head must come from messages it would apply. Versions only grow along the
+    genuine sequence, so the head is the highest accepted version, and it is confirmed once the accepted message
+    just before it is its parent version (a genuine tail reads two messages; a replayed one is passed over); at most
+    `window` accepted messages are compared. `after`: only messages that start after this offset are read (a caller
+    that found a head before reads only what came since)."""
+    before, best, accepted, later = None, None, 0, None  # later: the version of the accepted message read just before
     for _ in range(scan):
         msg = last_message(log, topic, run, before)
         if msg is None or (after is not None and msg.first_offset <= after):
@@ -130,8 +132,11 @@ def newest(log, topic: str, run: str, accept, window: int = NEWEST_WINDOW, scan:
         if not accept(msg):
             continue
         accepted += 1
+        if best is not None and later == best.version and msg.version == best.version - 1:
+            break  # the best version so far directly follows its parent: the genuine sequence ends there
         if best is None or msg.version > best.version:
             best = msg
+        later = msg.version
         if accepted >= window:
             break
     return best
@@ -184,19 +189,26 @@ def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> 
     def is_start(rec):
         return rec is not None and int(rec.headers[H.VERSION]) == version and rec.headers.get(H.CHUNK, "").startswith("0/")
 
-    if accept is None:
-        h = head(log, topic, run)
-        newest_version = int(h[H.VERSION]) if h and H.VERSION in h and h[H.VERSION].isdigit() else 0
-    else:
-        found = newest(log, topic, run, accept)
-        h = None if found is None else found.headers
-        newest_version = 0 if found is None else found.version  # the newest version here (0: no update retained)
-    if begin <= hint <= end:
+    def at_hint(h, newest_version) -> bool:
+        """Whether reading from `hint` gets `version` next, given what the cluster holds (up to `newest_version`)."""
+        if not begin <= hint <= end:
+            return False
         rec = _first_record(log, topic, run, hint, end)
         # at or before the version's start (what is re-read first is an applied version: checked and skipped)
         older = rec is not None and int(rec.headers[H.VERSION]) < version and newest_version >= version - 1
         # nothing retained at all (every update expired): nothing to compare, the offset is all there is
-        if is_start(rec) or older or (rec is None and (newest_version == version - 1 or h is None)):
+        return is_start(rec) or older or (rec is None and (newest_version == version - 1 or h is None))
+
+    h = head(log, topic, run)  # the tail's headers: right unless someone appended a record the run never wrote
+    newest_version = int(h[H.VERSION]) if h and h.get(H.VERSION, "").isdigit() else 0
+    if at_hint(h, newest_version):
+        return hint
+    if accept is not None:  # the tail may be anyone's: what the cluster holds is what a follower would accept
+        found = newest(log, topic, run, accept)
+        h, newest_version = (None, 0) if found is None else (found.headers, found.version)
+        if found is not None and found.version == version - 1 and found.last_offset < hint <= end:
+            return hint  # nothing newer here: what lies between the head and `hint` is junk the follower skips
+        if at_hint(h, newest_version):
             return hint
     lo, hi = begin, end
     while lo < hi:  # the smallest offset whose next record of the run has a version >= `version`

@@ -1,5 +1,5 @@
 """A hostile record as the newest on RUN.updates must not block a site's restart: junk claiming an old version, a
-replayed genuine old version, a forked old version. The restarted site starts and follows (the fork stops it, naming
+replayed genuine old version, a forked old version, junk claiming a version not reached yet. The restarted site starts and follows (the fork stops it, naming
 its offset). The tail used to be believed unverified: the site refused to start ("refusing to move backwards ...
 remove STATE_DIR"), so anyone who can write the topic blocked every restart."""
 import dataclasses
@@ -24,6 +24,8 @@ def _tail(kind, log, run):
     v1 = [r for r in records(log, topic) if r.headers.get(H.VERSION) == "1"]
     if kind == "junk":  # hilo headers claiming v1, random bytes
         log.append(topic, split(os.urandom(300), run, "update", 1))
+    elif kind == "junk-ahead":  # hilo headers claiming a version the run has not reached
+        log.append(topic, split(os.urandom(300), run, "update", 9))
     elif kind == "replay":  # the genuine v1, appended again as it was
         log.append(topic, [(r.key, r.value, r.headers) for r in v1])
     else:  # "fork": a well-formed v1 that claims another digest
@@ -33,7 +35,7 @@ def _tail(kind, log, run):
         log.append(topic, split(forged.to_bytes(), run, "update", 1, extra={H.DIGEST: forged.digest.hex()}))
 
 
-@pytest.mark.parametrize("kind", ["junk", "replay", "fork"])
+@pytest.mark.parametrize("kind", ["junk", "junk-ahead", "replay", "fork"])
 def test_a_hostile_tail_does_not_block_a_site_restart(log_url, tmp_path, kind):
     run = new_run(f"tail-{kind}")
     producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
