@@ -17,7 +17,8 @@ import time
 
 from hilo.ops.lag import format_rows, lag_rows
 from hilo.log import open_log
-from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.producer.config import ProducerConfig
+from hilo.producer.producer import HiLoProducer
 from hilo.ops.tiny_trainer import build_model, train
 from hilo.replica.codecs import Budget
 

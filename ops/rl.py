@@ -31,7 +31,8 @@ from hilo.ops.lag import lag_rows
 from hilo.ops.rl_bases import base as rl_base
 from hilo.ops.tiny_trainer import with_lora
 from hilo.producer.importance import mismatch_kl
-from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.producer.config import ProducerConfig
+from hilo.producer.producer import HiLoProducer
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.producer.rollout_ledger import RolloutLedger

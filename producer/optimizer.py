@@ -18,7 +18,8 @@ import torch
 
 from hilo.schemas.errors import ConfigError, LogError
 
-from .producer import HiLoProducer, ProducerConfig
+from .config import ProducerConfig
+from .producer import HiLoProducer
 
 logger = logging.getLogger(__name__)
 HOUSEKEEPING = frozenset({"params", "initial_lr", "name"})  # group keys torch schedulers and frameworks add

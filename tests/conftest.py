@@ -54,7 +54,7 @@ def small_model(seed=0, hidden=64, layers=2, rank=8):
 
 def producer_config(**kw):
     """ProducerConfig for the test-size model: a budget that leaves payload room (1.6% of it would not)."""
-    from hilo.producer.producer import ProducerConfig
+    from hilo.producer.config import ProducerConfig
     from hilo.replica.codecs import Budget
     return ProducerConfig(**({"budget": Budget(0.25)} | kw))
 

@@ -57,7 +57,8 @@ def wait_for_line(proc, pattern, timeout_s=120):
 
 def open_site(url, run, tmp_path, name="s", **kw):
     """A Site of `run` with its state under tmp_path/NAME; waits at most 5 s for the first checkpoint by default."""
-    from hilo.consumer.site import Site, SiteConfig
+    from hilo.consumer.config import SiteConfig
+    from hilo.consumer.site import Site
     kw.setdefault("wait_checkpoint_s", 5)
     return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
 

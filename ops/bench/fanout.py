@@ -139,7 +139,8 @@ def _pct(xs: list, q: float) -> float:
 def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.Path) -> dict:
     """Publish cfg.versions to a fresh run followed by on_source + on_mirror sites; the layout's row."""
     from hilo.ops.tiny_trainer import build_model, train
-    from hilo.producer.producer import HiLoProducer, ProducerConfig
+    from hilo.producer.config import ProducerConfig
+    from hilo.producer.producer import HiLoProducer
     from hilo.replica.codecs import Budget
 
     run = f"fanout-{int(time.time())}-{on_source}-{on_mirror}"

@@ -26,12 +26,14 @@ import uuid
 import torch
 from tqdm import tqdm
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log
 from hilo.log.crashpoints import SITE_POINTS, TRAINER_POINTS
 from hilo.ops.bench.report import results_dir, save
 from hilo.ops.tiny_trainer import build_model
-from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.producer.config import ProducerConfig
+from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import check, log_versions, read_history
 from hilo.replica.codecs import Budget
 

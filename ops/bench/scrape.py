@@ -10,7 +10,6 @@ how many scrapes had lag_versions != head_version - applied_version (must be 0).
 part of what is measured (the keep-pace issue moves it off that loop).
 """
 import pathlib
-import socket
 import tempfile
 import threading
 import time
@@ -45,7 +44,8 @@ def _sample(families) -> dict:
 
 def run_bench(shape: str, versions: int, every_ms: float, work: pathlib.Path) -> dict:
     """Publish, then scrape a catching-up site; the result row."""
-    from hilo.consumer.site import Site, SiteConfig
+    from hilo.consumer.config import SiteConfig
+    from hilo.consumer.site import Site
     log = open_log(f"file://{work}/log")
     log.create_topics(RUN)
     _genesis(log, shape)

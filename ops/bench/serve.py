@@ -27,11 +27,13 @@ import time
 import requests
 import torch
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.ops.bench.report import results_dir, save
 from hilo.ops.bench.synthetic import QWEN3
 from hilo.ops.tiny_trainer import PAD, STOI, TOKENS, build_tokenizer
-from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.producer.config import ProducerConfig
+from hilo.producer.producer import HiLoProducer
 
 OPS = pathlib.Path(__file__).resolve().parents[1]
 SHAPES = {"tiny": 16, "qwen3-0.6b": 64}  # shape -> LoRA rank benchmarked

@@ -19,7 +19,8 @@ FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_c
 
 def run(a):
     """Open the site and follow until a signal, --until-version or --idle-exit."""
-    from hilo.consumer.site import Site, SiteConfig
+    from hilo.consumer.config import SiteConfig
+    from hilo.consumer.site import Site
     from hilo.schemas.errors import ConfigError, HiloError
     from hilo.schemas.metrics import Metrics
     cfg = config_from_args(SiteConfig, a)
@@ -51,7 +52,7 @@ def run(a):
 def register(sub):
     """The consume parser."""
     from hilo.consumer.adapter_export import DTYPES
-    from hilo.consumer.site import SiteConfig
+    from hilo.consumer.config import SiteConfig
     from hilo.replay.bad_records import POLICIES
     p = sub.add_parser("consume", help=COMMANDS["consume"][1])
     common(p)

@@ -9,7 +9,8 @@ FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signin
 def run(a):
     """Train --steps steps of the tiny model, publishing one version per step."""
     from hilo.ops.tiny_trainer import build_model, train
-    from hilo.producer.producer import HiLoProducer, ProducerConfig
+    from hilo.producer.config import ProducerConfig
+    from hilo.producer.producer import HiLoProducer
     from hilo.schemas.metrics import Metrics
     cfg = config_from_args(ProducerConfig, a)
     metrics = Metrics("trainer", run=cfg.run)
@@ -34,7 +35,7 @@ def run(a):
 def register(sub):
     """The produce parser; codec, optimizer and mode choices come from their registries."""
     from hilo.producer.delta import MODES
-    from hilo.producer.producer import ProducerConfig
+    from hilo.producer.config import ProducerConfig
     from hilo.replay.bad_records import POLICIES
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS

@@ -5,7 +5,8 @@ import re
 import pytest
 import torch
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import checkpoints_topic, open_log, updates_topic
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer

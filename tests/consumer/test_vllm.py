@@ -18,7 +18,8 @@ import pytest
 import requests
 import torch
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.consumer.vllm_serving import VllmError
 from hilo.log import open_log
 from hilo.ops.lag import lag_rows

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log, updates_topic
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import check, log_versions, read_history

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer

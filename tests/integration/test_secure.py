@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log, site_group, updates_topic
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.kafka_config import KafkaClientConfig

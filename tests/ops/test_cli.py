@@ -188,7 +188,7 @@ def test_operator_commands_do_not_import_torch(tmp_path, args):
 def test_consume_options_and_defaults_come_from_site_config():
     """Each SiteConfig field the CLI exposes has the dataclass's default and the docstring's help: written once."""
     import dataclasses
-    from hilo.consumer.site import SiteConfig
+    from hilo.consumer.config import SiteConfig
     from hilo.ops.commands import consume
     from hilo.ops.commands.args import field_docs
     p = parser(["consume"])

@@ -4,7 +4,8 @@ import logging
 import pytest
 import torch
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log, updates_topic
 from hilo.log.tail import last_message
 from hilo.ops.lag import format_rows, lag_rows

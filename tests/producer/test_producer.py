@@ -3,10 +3,12 @@ skips a version; config errors name the field."""
 import pytest
 import torch
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log
 from hilo.log.base import Transaction
-from hilo.producer.producer import HiLoProducer, ProducerConfig
+from hilo.producer.config import ProducerConfig
+from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import new_run, producer_config, publish_random, small_model
 

@@ -14,7 +14,7 @@ import torch
 from hilo.log import open_log
 from hilo.ops.tiny_trainer import batch, build_base, build_tokenizer
 from hilo.producer.optimizer import HiLoOptimizer
-from hilo.producer.producer import ProducerConfig
+from hilo.producer.config import ProducerConfig
 from hilo.replay.follower import Follower, bootstrap_from_log
 from hilo.replica.codecs import Budget
 from hilo.schemas.errors import ConfigError, LogError, TrainerError

@@ -1,7 +1,8 @@
 """The history checker: each anomaly it exists for is caught, and a real run with restarts passes it."""
 import pytest
 
-from hilo.consumer.site import Site, SiteConfig
+from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import HistoryWriter, check, log_versions, read_history
