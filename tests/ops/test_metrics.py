@@ -211,13 +211,13 @@ def test_a_port_in_use_fails_at_start_before_anything_is_applied(tmp_path):
     producer.close()
 
 
-def test_metric_names_follow_the_conventions_and_the_readme_lists_them():
+def test_metric_names_follow_the_conventions_and_the_operations_page_lists_them():
     names = [spec.name for spec in TABLE]
     assert len(names) == len(set(names))
     for spec in TABLE:
         assert re.fullmatch(r"hilo_(site|trainer)_[a-z_]+", spec.name) and not spec.name.endswith("_total"), spec.name
         assert spec.kind != "counter" or not spec.key.endswith(("_seconds", "_bytes")), spec.name
-    assert markdown_table() in (ROOT / "README.md").read_text(), "README's metrics table: paste schemas.metrics.markdown_table()"
+    assert markdown_table() in (ROOT / "docs" / "operations.md").read_text(), "docs/operations.md's metrics table: run `hilo docs`"
     with pytest.raises(ConfigError, match="no metric 'nope'"):
         Metrics("site", run="r", site="s").set("nope", 1)
 
