@@ -66,24 +66,22 @@ class GenerateConfig:
 
 
 class Generator:
-    """Answers the run's prompts through `server` (a VllmServer) for `site`; `serving()` is the version it serves.
-
-    open_queue: () -> the site's PromptQueue. serving_ok: () -> False while the site's vLLM refuses or does not
-    answer version loads. A site whose vLLM stops answering (a request fails, or a load does) says so once, gives
+    """Answers the run's prompts (from `log`'s prompt queue) for `site` through what it serves: `serving` (a
+    consumer/serving.Serving) gives the vLLM server, the version it serves (`version`) and whether its loads
+    succeed (`healthy`); the generator reads nothing else of the site. A site whose vLLM stops answering (a request fails, or a load does) says so once, gives
     its prompts back and leaves the queue (on Kafka its partitions go to the other sites); it checks the server
     again with a backoff (2 s doubling to 60 s) and takes prompts again once it answers.
     """
 
-    def __init__(self, cfg: GenerateConfig, open_queue, server, run: str, site: str, serving, verifier=None, signer=None,
-                 metrics=None, serving_ok=lambda: True, clock=time.monotonic):
-        self.cfg, self.open_queue, self.server, self.run, self.site = cfg, open_queue, server, run, site
-        self.serving_ok = serving_ok
+    def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, verifier=None, signer=None, metrics=None,
+                 clock=time.monotonic):
+        self.cfg, self.log, self.server, self.run, self.site = cfg, log, serving.server, run, site
         self.queue = None       # opened once the trainer has made the return path's topics
         self.clock, self.retry = clock, retry.Backoff(2.0, 60.0)
         self.retry_at = 0.0     # when to try opening the queue (again)
         self.paused = False     # left the queue because vLLM stopped answering
         self._said_waiting = False
-        self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics
+        self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics  # serving: read only
         self.reward = load_reward(cfg.reward)
         self.reward_name = cfg.reward
         self.settled = self.rollouts = 0
@@ -93,10 +91,10 @@ class Generator:
 
     def step(self, timeout_s: float = 0.2) -> int:
         """Take one batch, answer it and settle it; the number of rollouts settled (0 when there was nothing to do)."""
-        version = self.serving()
+        version = self.serving.version
         if version is None:
             return 0  # nothing served yet
-        if not self.serving_ok():
+        if not self.serving.healthy:
             self._pause("vLLM does not take the newest version")
             return 0
         if not self._ensure_queue():
@@ -179,7 +177,7 @@ class Generator:
                 self.retry_at = self.clock() + self.retry.next()
                 return False
         try:
-            self.queue = self.open_queue()
+            self.queue = self.log.prompt_queue(self.run, self.site, self.cfg.lease_s)
         except NoSuchTopic as e:
             if not self._said_waiting:
                 logger.info("site %s: waiting for the trainer to make the return path's topics (%s)", self.site, e)
@@ -212,7 +210,7 @@ class Generator:
         t0 = time.perf_counter()
         samples = self.server.complete(p.token_ids, p.sampling)
         t1 = time.perf_counter()
-        end = self.serving()
+        end = self.serving.version
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
             reward = float(self.reward(p.token_ids, ids))

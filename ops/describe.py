@@ -1,11 +1,10 @@
 """`hilo topics describe`: each topic of a run: retained offsets and versions, retention, what a late site can use."""
 from hilo.log import checkpoints_topic, updates_topic
-from hilo.schemas import headers as H
 
 
 def _version_at(log, topic, offset):
     recs = log.read(topic, offset, timeout_s=5.0, max_bytes=1)
-    return int(recs[0].headers[H.VERSION]) if recs and recs[0].offset == offset and H.VERSION in recs[0].headers else None
+    return recs[0].parsed.version if recs and recs[0].offset == offset else None
 
 
 def describe_run(log, run: str) -> list:

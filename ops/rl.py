@@ -191,7 +191,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads)
     model = with_lora(rl_base(cfg.base).model())
-    producer = HiLoProducer(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
+    producer = HiLoProducer.open(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
                                                   state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
     ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None

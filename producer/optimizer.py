@@ -36,7 +36,7 @@ class HiLoOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None, **hparams):
-        self.producer = HiLoProducer(model, config, log_backend)
+        self.producer = HiLoProducer.open(model, config, log_backend)
         rule = self.producer.rule
         unknown = sorted(set(hparams) - set(rule.hparams))
         if unknown:

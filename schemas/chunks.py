@@ -1,5 +1,6 @@
 """Splitting one framed message into log records, and reassembling them on the consumer (SPEC.md, "Log records")."""
 from dataclasses import dataclass
+from functools import cached_property
 
 import xxhash
 
@@ -20,6 +21,11 @@ class Record:
     headers: dict  # str -> str
     timestamp: float | None = None  # Unix seconds the writer appended it (Kafka's CreateTime, kept by a mirror); None on the file log
 
+    @cached_property
+    def parsed(self) -> H.RecordHeaders:
+        """Its headers, parsed by the one rule for garbled values (schemas/headers.py)."""
+        return H.RecordHeaders.of(self.headers)
+
 
 @dataclass(frozen=True)
 class Message:
@@ -33,6 +39,11 @@ class Message:
     headers: dict
     written_at: float | None = None  # the last chunk's log timestamp (Kafka CreateTime; None on the file log)
     record_bytes: int = 0            # values and headers of its chunks, as the log delivered them
+
+    @cached_property
+    def parsed(self) -> H.RecordHeaders:
+        """Its headers, parsed by the one rule for garbled values (schemas/headers.py)."""
+        return H.RecordHeaders.of(self.headers)
 
 
 def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:

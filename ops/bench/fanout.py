@@ -146,7 +146,7 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
     run = f"fanout-{int(time.time())}-{on_source}-{on_mirror}"
     label = f"{on_source} on the source" + (f" + {on_mirror} on the mirror" if on_mirror else "")
     _say(f"bench fanout: {label}: run {run}")
-    producer = HiLoProducer(build_model(seed=0), ProducerConfig(
+    producer = HiLoProducer.open(build_model(seed=0), ProducerConfig(
         run=run, log=cfg.log, codec="spar4", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10_000))
     env = dict(os.environ, HILO_MIRROR_DIR=str(work / "mirror"))
     sites = None

@@ -91,7 +91,7 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
     env = _server(str(base_dir), SHAPES[shape], run_dir)
     try:
         log = f"file://{work}/log-{shape}"
-        producer = HiLoProducer(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))  # spar at 1.6%
+        producer = HiLoProducer.open(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))  # spar at 1.6%
         site = Site.open(SiteConfig(log=log, run=f"serve-{shape}", site="bench", state_dir=str(work / f"site-{shape}"),
                                vllm=url, keep_adapters=2))
         gen = torch.Generator().manual_seed(1)
@@ -110,11 +110,11 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             t3 = time.perf_counter()
             after = _logprob(url)
             t4 = time.perf_counter()
-            assert site.state.serving[0] == v and after != before, f"v{v} not served"
+            assert site.serving.version == v and after != before, f"v{v} not served"
             before = after
-            rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.timing["export_s"],
-                         "reload_s": site.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})
-            _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload {site.timing['load_s']:.2f} s)")
+            rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.serving.timing["export_s"],
+                         "reload_s": site.serving.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})
+            _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload {site.serving.timing['load_s']:.2f} s)")
         site.close()
         producer.close()
     finally:

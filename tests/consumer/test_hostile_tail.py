@@ -38,7 +38,7 @@ def _tail(kind, log, run):
 @pytest.mark.parametrize("kind", ["junk", "junk-ahead", "replay", "fork"])
 def test_a_hostile_tail_does_not_block_a_site_restart(log_url, tmp_path, kind):
     run = new_run(f"tail-{kind}")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 3)
     open_site(log_url, run, tmp_path, export_adapters=False, until_version=3).run(progress=False)  # its snapshot: v3
     log = open_log(log_url)

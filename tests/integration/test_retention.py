@@ -45,15 +45,15 @@ def _a_site_follows_from_the_fresh_checkpoint(producer, run, tmp_path):
 
 def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_the_new_one(tmp_path, caplog):
     run = new_run("expired")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL))
     publish_random(producer, 5)
     site(run, tmp_path, until_version=5).run(progress=False)
     producer.close()
     expire(run)
     with pytest.raises(LogError, match=r"held a history of the run .* whose records have all expired.*--new-history"):
-        HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL))
     # loud, explicit; from the same initial weights (same seed): still another history (was: the same genesis digest)
-    fresh = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, new_history=True))
+    fresh = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, new_history=True))
     assert fresh.version == 0 and "STARTED A NEW HISTORY" in caplog.text
     publish_random(fresh, 2)
     with pytest.raises(LogError, match=r"site s: its snapshot v5 is of history [0-9a-f]{12}, the log's checkpoints are of "
@@ -65,36 +65,36 @@ def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_th
 def test_a_trainer_with_its_snapshot_continues_an_expired_run_and_sites_follow(tmp_path):
     run = new_run("continue")
     cfg = producer_config(run=run, log=KAFKA_URL, state_dir=str(tmp_path / "trainer"), checkpoint_every=4)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 4)
     site(run, tmp_path, until_version=2).run(progress=False)
     publish_random(producer, 1, seed=1)
     producer.close()  # a clean stop saves the trainer's snapshot at v5
     expire(run)
-    again = HiLoProducer(small_model(), cfg)
+    again = HiLoProducer.open(small_model(), cfg)
     assert again.version == 5
     _a_site_follows_from_the_fresh_checkpoint(again, run, tmp_path)  # its snapshot (v2) fell out of retention
 
 
 def test_updates_after_the_newest_checkpoint_expired(tmp_path):
     run = new_run("gap")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
     publish_random(producer, 5)
     producer.close()
     expire(run, topics=("updates",))
     with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets \d+..\d+\) have expired; the versions after v3 "
                                        r"cannot be rebuilt without a trainer snapshot"):
-        HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
 
 
 def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_updates_expired(tmp_path, caplog):
     run = new_run("headsnap")
     cfg = producer_config(run=run, log=KAFKA_URL, checkpoint_every=4, state_dir=str(tmp_path / "trainer"))
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 5)
     producer.close()  # snapshot at v5
     expire(run, topics=("updates",))
-    again = HiLoProducer(small_model(), cfg)
+    again = HiLoProducer.open(small_model(), cfg)
     assert again.version == 5 and "published a fresh checkpoint at v5" in caplog.text
     _a_site_follows_from_the_fresh_checkpoint(again, run, tmp_path)  # a new site: not from the orphaned v4
 
@@ -102,7 +102,7 @@ def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_update
 def test_the_checkpoints_topic_keeps_the_newest_k(tmp_path):
     """Bounded storage: checkpoint K+1 deletes the oldest (was: every checkpoint kept forever)."""
     run = new_run("keep")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
     publish_random(producer, 8)  # checkpoints v0, v2, v4, v6, v8
     log = open_log(KAFKA_URL)
     topic = f"{run}.checkpoints"
@@ -124,7 +124,7 @@ def test_a_running_trainer_checkpoints_before_the_updates_a_new_site_needs_expir
     log.create_topics(run, retention_ms=retention_ms)
     log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, f"{run}.{t}", configs={"segment.ms": "200"})
                              for t in ("updates", "checkpoints")])
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
     updates, deadline = f"{run}.updates", time.monotonic() + 120
     while log.begin_offset(updates) == 0 or producer.version < 30:  # train until retention really deleted updates
         assert time.monotonic() < deadline, "retention never deleted a record"
@@ -147,7 +147,7 @@ def test_a_site_frozen_past_retention_bootstraps_again_by_itself(tmp_path, metri
     import signal
     from tests.helpers import hilo, wait_for_line
     run = new_run("frozen")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=4))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=4))
     publish_random(producer, 3)
     extra = ["--metrics-port", "0", "--metrics-host", "127.0.0.1"] if metrics else []
     p = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--no-export",

@@ -18,7 +18,7 @@ MiB = 1 << 20
 def _refusal(tmp_path, records):
     """Append `records` after one good version and let a fresh site process follow: (error, MiB its peak RSS grew)."""
     url = f"file://{tmp_path}/log"
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url))
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url))
     publish_random(producer, 1)
     open_log(url).append(updates_topic("r"), records)
     out = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "log"), "r"], capture_output=True, text=True, timeout=300)

@@ -186,24 +186,45 @@ def test_operator_commands_do_not_import_torch(tmp_path, args):
 
 
 def test_consume_options_and_defaults_come_from_site_config():
-    """Each SiteConfig field the CLI exposes has the dataclass's default and the docstring's help: written once."""
+    """Each SiteConfig field the CLI exposes has the dataclass's default and the field's metadata help: written once."""
     import dataclasses
     from hilo.consumer.config import SiteConfig
     from hilo.ops.commands import consume
-    from hilo.ops.commands.args import field_docs
+    from hilo.schemas.options import help_of
     p = parser(["consume"])
     sub = next(a for a in p._actions if a.dest == "command").choices["consume"]
     actions = {a.dest: a for a in sub._actions}
-    docs = field_docs(SiteConfig)
     for name in consume.FIELDS:
         f = SiteConfig.__dataclass_fields__[name]
         assert name in actions, name
         if f.type is not bool and "bool" not in str(f.type):
             assert actions[name].default == f.default, name
-        assert docs[name].split(".")[0][:30] in actions[name].help, name
+        assert help_of(f) and help_of(f).replace("%", "%%") in actions[name].help, name
     a = p.parse_args(["consume", "--log", "file:///x", "--run", "r", "--site", "s", "--state-dir", "/tmp/s", "--no-export",
                       "--idle-exit", "2.5"])
     from hilo.ops.commands.args import config_from_args
     cfg = config_from_args(SiteConfig, a)
     assert (cfg.export_adapters, cfg.idle_exit_s, cfg.snapshot_every) == (False, 2.5, SiteConfig.snapshot_every)
     assert dataclasses.replace(cfg) == cfg
+
+
+@pytest.mark.parametrize("command,cls,fields", [
+    ("produce", "hilo.producer.config:ProducerConfig", ("budget", "codec", "mode", "on_bad_record", "publish_deadline_s")),
+    ("consume", "hilo.consumer.config:SiteConfig", ("site", "state_dir", "vllm", "on_bad_record", "prefetch")),
+])
+def test_help_shows_the_help_each_field_declares(command, cls, fields):
+    """--help prints each field's metadata help (not a docstring's) and the field's own default."""
+    import dataclasses
+    import importlib
+    from hilo.ops.commands.args import shown
+    from hilo.schemas.options import help_of
+    module, name = cls.split(":")
+    config = getattr(importlib.import_module(module), name)
+    assert all(help_of(f) for f in dataclasses.fields(config))  # every field declares its help
+    assert "Default:" not in config.__doc__ and "\n    run:" not in config.__doc__  # a summary, not a per-field list
+    out = " ".join(_help(command).split())
+    for field in fields:
+        f = config.__dataclass_fields__[field]
+        assert " ".join(help_of(f).split())[:120] in out, field
+        if f.default not in (None, dataclasses.MISSING) and f.type not in (bool, "bool"):
+            assert f"(default: {shown(f.default)})" in out, field

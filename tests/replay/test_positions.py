@@ -17,7 +17,7 @@ from tests.helpers import open_site
 def _source(tmp_path, run, versions):
     """A file log: the genesis checkpoint of `run`, 5 records of another writer, then `versions` versions."""
     url = f"file://{tmp_path}/a"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, codec="dense", checkpoint_every=4))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, codec="dense", checkpoint_every=4))
     open_log(url).append(updates_topic(run), [(b"k", b"x" * 10, {H.RUN: "someone-else"})] * 5)
     publish_random(producer, versions)
     return url, producer
@@ -96,7 +96,7 @@ def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_th
     run, url, producer = _followed(tmp_path, "samename", 4)
     state = _files(tmp_path / "s")
     # another cluster where someone started a different history under the same run name (another base, another seed)
-    other = HiLoProducer(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
+    other = HiLoProducer.open(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
     publish_random(other, 6, seed=9)
     with pytest.raises(LogError, match=r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history") as e:
         open_site(f"file://{tmp_path}/c", run, tmp_path, idle_exit_s=0.5)
@@ -112,7 +112,7 @@ def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_th
 def test_a_cluster_without_the_run_is_one_line_naming_the_runs_it_holds(tmp_path):
     run, _, producer = _followed(tmp_path, "absent", 2)
     elsewhere = f"file://{tmp_path}/d"
-    HiLoProducer(small_model(), producer_config(run="someone-elses-run", log=elsewhere, codec="dense")).close()
+    HiLoProducer.open(small_model(), producer_config(run="someone-elses-run", log=elsewhere, codec="dense")).close()
     with pytest.raises(LogError, match=rf"site s: {elsewhere} holds no run '{run}' after 0.5 s \(it holds someone-elses-run\)") as e:
         open_site(elsewhere, run, tmp_path, wait_checkpoint_s=0.5)
     assert "\n" not in str(e.value)
