@@ -187,6 +187,21 @@ def headline_table(root: pathlib.Path) -> str:
     return "\n".join(["| what | measured |", "|---|---|"] + [f"| {what} | {measured} |" for what, measured in rows.items()])
 
 
+def acls_table(root: pathlib.Path) -> str:
+    """The Kafka ACLs `hilo acls grant` creates for a run (`GRANTS` in ops/acls.py), for a run named exp1."""
+    from hilo.ops.acls import acls_for
+    rows = ["| principal | resource | operations |", "| --- | --- | --- |"]
+    for role in ("trainer", "site"):
+        ops = {}  # (resource type, name, pattern) -> operations, in the table's order
+        for acl in acls_for("exp1", role, f"User:{role}"):
+            rp = acl.resource_pattern
+            ops.setdefault((rp.resource_type.name, rp.resource_name, rp.pattern_type.name), []).append(acl.operation.name)
+        for (kind, name, pattern), names in ops.items():
+            what = f"{kind.lower().replace('_', ' ')} `{name}`" + (" (prefixed)" if pattern == "PREFIXED" else "")
+            rows.append(f"| {role} | {what} | {', '.join(n.title().replace('_', '') for n in names)} |")
+    return "\n".join(rows)
+
+
 def metrics_table(root: pathlib.Path) -> str:
     """Every exported metric (schemas/metrics.py is the one list of names)."""
     from hilo.schemas.metrics import markdown_table
@@ -197,6 +212,7 @@ REGIONS = {
     "headline": Region(headline_table, (f"{RESULTS}/codecs-compressed-budget.json", QUALITY, f"{RESULTS}/wan.json",
                                         f"{RESULTS}/serve.json", f"{RESULTS}/faults.json", f"{RESULTS}/replay.json")),
     "metrics": Region(metrics_table),
+    "acls": Region(acls_table),
     "codecs": _codecs(f"{RESULTS}/codecs.json"),
     "codecs-compressed-budget": _codecs(f"{RESULTS}/codecs-compressed-budget.json"),
     "signing": Region(signing_table, (f"{RESULTS}/codecs-compressed-budget.json",)),
@@ -265,7 +281,7 @@ BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary"
 # returns the whole text.
 PAGES = {
     "README.md": regions("README.md", "headline"),
-    "docs/operations.md": regions("docs/operations.md", "metrics"),
+    "docs/operations.md": regions("docs/operations.md", "acls", "metrics"),
     "docs/benchmarks.md": regions("docs/benchmarks.md", *BENCHMARKS),
 }
 
