@@ -12,7 +12,7 @@ from typing import Iterator
 
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, DivergenceError, Expired, Gap, HiloError, LogError, MalformedMessage
+from hilo.schemas.errors import DivergenceError, Expired, Gap, HiloError, LogError, MalformedMessage
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
@@ -22,7 +22,7 @@ from hilo.log import crashpoints
 from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message, locate
 
-from .bad_records import POLICIES, Skipped, reason_of
+from .bad_records import OnBadRecord, Skipped, reason_of
 from .checks import accepts, message_what, unframe_key, unframe_update, update_reassembler, warn_if_signed
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Follower:
     right after a skip stops with a line that names the skipped record.
     """
 
-    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: str = "skip",
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: OnBadRecord | str = OnBadRecord.SKIP,
                  reader=None):
         self.log, self.run, self.replica = log_backend, run, replica
         # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
@@ -119,9 +119,9 @@ class Follower:
         self.log_bytes = position.log_bytes  # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = update_reassembler(run, self.topic, replica.manifest)
-        if on_bad_record not in POLICIES:
-            raise ConfigError(f"on_bad_record = {on_bad_record!r}: expected one of {POLICIES}")
-        self.on_bad_record = on_bad_record
+        # checked where it was configured (SiteConfig, ProducerConfig); a string is taken as its enum value because
+        # producer/resume.py's catch_up still passes "skip" by default
+        self.on_bad_record = OnBadRecord(on_bad_record)
         self.skips = collections.Counter()  # reason -> records skipped
         self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
         self.fetch_s = 0.0                 # time in reads that returned records since the last applied version
@@ -215,7 +215,7 @@ class Follower:
             first = self.skipped_since_applied[0]
             raise Gap(f"{error}; the record skipped at offset {first.offset} ({first.reason}: {first.detail}) was probably "
                       f"the missing version: stopping (if it was genuine, a limit or a trusted key is set wrong here)") from None
-        if reason is None or self.on_bad_record == "stop":
+        if reason is None or self.on_bad_record is OnBadRecord.STOP:
             raise error
         skipped = Skipped(offset, reason, str(error))
         self.skips[reason] += 1

@@ -8,7 +8,7 @@ import logging
 import time
 
 from . import COMMANDS
-from .args import common, config_from_args, config_options, metrics_options, metrics_server
+from .args import common, config_from_args, config_options, field_help, metrics_options, metrics_server
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +53,13 @@ def register(sub):
     """The consume parser."""
     from hilo.consumer.adapter_export import DTYPES
     from hilo.consumer.config import SiteConfig
-    from hilo.replay.bad_records import POLICIES
+    from hilo.replay.bad_records import OnBadRecord
     p = sub.add_parser("consume", help=COMMANDS["consume"][1])
     common(p)
-    p.add_argument("--site", required=True, help="this site's name (its consumer group is hilo.RUN.SITE)")
-    p.add_argument("--state-dir", required=True, help="snapshot + exported adapters live here")
-    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": list(POLICIES)})
+    docs = field_help(SiteConfig)
+    p.add_argument("--site", required=True, help=docs["site"])
+    p.add_argument("--state-dir", required=True, help=docs["state_dir"])
+    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": [o.value for o in OnBadRecord]})
     from hilo.consumer.generator import GenerateConfig
     g = p.add_argument_group("generating (the return path)", "answer the run's prompts with the policy vLLM serves, between "
                              "versions; rollouts and the prompts they answer settle together (exactly once)")

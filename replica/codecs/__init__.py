@@ -10,7 +10,8 @@ from hilo.schemas.errors import UnsupportedVersion
 from hilo.schemas.limits import DEFAULT_LIMITS
 
 from . import dense, lowrank, powersgd, spar, topk
-from .base import Budget, Encoder  # noqa: F401  (re-exported: the codec interface)
+from .base import Encoder  # noqa: F401  (re-exported: the codec interface)
+from .budget import AutoBudget, Budget, parse_budget  # noqa: F401  (re-exported: the budget kinds)
 
 
 @dataclass(frozen=True)
