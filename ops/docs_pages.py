@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from hilo.schemas.errors import ConfigError
 
+from . import cli_reference
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout this module runs from (an editable install)
 RESULTS = "docs/results"
 BEGIN = re.compile(r"^<!-- hilo docs: (?!end -->)(?P<name>[a-z0-9-]+) -->$", re.MULTILINE)
@@ -283,6 +285,7 @@ PAGES = {
     "README.md": regions("README.md", "headline"),
     "docs/operations.md": regions("docs/operations.md", "acls", "metrics"),
     "docs/benchmarks.md": regions("docs/benchmarks.md", *BENCHMARKS),
+    "docs/cli.md": cli_reference.markdown,
 }
 
 

@@ -185,13 +185,14 @@ def config_options(p, cls, fields, flags=None, choices=None, types=None):
         kind = types.get(name, _scalar(hints[name]))
         if kind is bool:
             flag = flags.get(name, ("--no-" if default else "--") + name.replace("_", "-"))
-            p.add_argument(flag, dest=name, action="store_false" if default else "store_true",
-                           help=f"turn off (on by default): {text}" if default else text)
-            continue
-        flag = flags.get(name, "--" + name.replace("_", "-"))
-        suffix = f" (default: {shown(default)})".replace("%", "%%") if default is not None else ""
-        p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name), help=text + suffix,
-                       metavar=None if name in choices else flag[2:].upper().replace("-", "_"))
+            action = p.add_argument(flag, dest=name, action="store_false" if default else "store_true",
+                                    help=f"turn off (on by default): {text}" if default else text)
+        else:
+            flag = flags.get(name, "--" + name.replace("_", "-"))
+            suffix = f" (default: {shown(default)})".replace("%", "%%") if default is not None else ""
+            action = p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name), help=text + suffix,
+                                    metavar=None if name in choices else flag[2:].upper().replace("-", "_"))
+        action.config_field = f"{cls.__name__}.{name}"  # what the CLI reference (ops/cli_reference.py) links it to
 
 
 def config_from_args(cls, a, **given):

@@ -228,3 +228,22 @@ def test_help_shows_the_help_each_field_declares(command, cls, fields):
         assert " ".join(help_of(f).split())[:120] in out, field
         if f.default not in (None, dataclasses.MISSING) and f.type not in (bool, "bool"):
             assert f"(default: {shown(f.default)})" in out, field
+
+
+def test_the_cli_reference_lists_every_command_option_default_and_field():
+    """docs/cli.md (ops/cli_reference.py) is read from the parsers: every command and option, with the config field's
+    default and help (tests/ops/test_docs_pages.py keeps the file equal to it)."""
+    from hilo.ops.cli_reference import markdown
+    from hilo.producer.config import ProducerConfig
+    from hilo.schemas.options import help_of
+    md = markdown()
+    top = parser()
+    sub = next(a for a in top._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        assert f"## hilo {name}\n" in md, name
+        for a in p._actions:
+            assert all(f"`{o}`" in md for o in a.option_strings if o not in ("-h", "--help")), (name, a.option_strings)
+    budget = next(line for line in md.splitlines() if line.startswith("| `--budget` |") and "ProducerConfig" in line)
+    cells = [c.strip() for c in budget.strip("|").split(" | ")]
+    assert cells[1:4] == ["budget", ProducerConfig.budget.describe(), "`ProducerConfig.budget`"]
+    assert cells[4] == help_of(ProducerConfig.__dataclass_fields__["budget"])  # without the "(default: ...)" --help adds
