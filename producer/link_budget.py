@@ -27,7 +27,7 @@ import logging
 import statistics
 import time
 
-from hilo.log.site_reports import LINK_BPS, site_reports
+from hilo.log.site_reports import site_reports
 # AutoBudget (the rule's settings) lives with the other budget kinds; imported from here too, as before
 from hilo.replica.codecs.budget import AutoBudget, Budget  # noqa: F401
 from hilo.schemas.errors import HiloError
@@ -80,10 +80,9 @@ class LinkBudget:
         except HiloError as e:  # the reports are advisory: keep the last ones
             logger.warning("run %s: --budget auto could not read the sites' reports (%s); keeping the last", self.run, e)
             return self.links
-        for group, _, m in reports:
-            bps = m.get(LINK_BPS)
-            if isinstance(bps, (int, float)) and bps > 0 and now - float(m.get("applied_at", 0)) <= self.cfg.max_age_s:
-                out[str(m.get("site", group))] = float(bps)
+        for _, _, report in reports:
+            if report.link_bps is not None and now - (report.applied_at or 0.0) <= self.cfg.max_age_s:
+                out[report.site] = report.link_bps
         return out
 
     def choose(self) -> tuple:

@@ -61,8 +61,8 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
             ckpt = decode_record(msg.data, what)
             if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
                 raise LogError(f"{what}: not a checkpoint of run {run!r}")
-            if H.UPDATES_OFFSET not in msg.headers:
-                raise MalformedMessage(f"{what}: missing header '{H.UPDATES_OFFSET}'")
+            if msg.parsed.updates_offset is None:
+                raise MalformedMessage(f"{what}: header '{H.UPDATES_OFFSET}' missing or not a decimal offset")
             replica = PolicyReplica.from_checkpoint(ckpt, what)
         except (MalformedMessage, DivergenceError, LogError, SignatureError) as e:
             logger.warning("%s; falling back to the previous checkpoint", e)
@@ -71,7 +71,7 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
         if skipped is not None:
             logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
         replica.verifier = verifier
-        return replica, Position(int(msg.headers[H.UPDATES_OFFSET]), int(msg.headers.get(H.LOG_BYTES, 0)))
+        return replica, Position(msg.parsed.updates_offset, msg.parsed.log_bytes or 0)
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class Follower:
     def _feed(self, rec) -> Applied | Skipped | None:
         """One record: reassemble; apply a complete update (returns it), skip (returns a Skipped) what cannot be a
         valid message of this run, or raise what must stop the follower."""
-        if rec.headers.get(H.CHUNK, "").startswith("0/"):
+        if rec.parsed.first_chunk:
             ts = rec.timestamp
             self._first = (ts, ts is not None and ts >= self._read_start)
         try:
@@ -240,7 +240,8 @@ class Follower:
         timing["apply"] = time.perf_counter() - t2
         self.fetch_s = 0.0
         crashpoints.reach("follower.applied")
-        self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
+        said = msg.parsed.log_bytes  # a verified message's; absent only from writers before the header existed
+        self.log_bytes = said if said is not None else self.log_bytes + len(msg.data)
         self.next_offset = msg.last_offset + 1
         self.skipped_since_applied = []
         delivery = None

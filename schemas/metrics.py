@@ -1,4 +1,4 @@
-"""Every metric hilo-sync exports: the one table (the README's metrics table and the Grafana test read it).
+"""Every metric hilo-sync exports: the one table (docs/operations.md's metrics table and the Grafana test read it).
 
 Names follow Prometheus conventions: `hilo_<role>_<key>`, base units (seconds, bytes), counters end in
 `_total` on the wire (prometheus_client adds it). Every metric of a role carries that role's identity
@@ -193,7 +193,7 @@ class _View:
 
 
 def markdown_table() -> str:
-    """The README's metrics table."""
+    """The metrics table of docs/operations.md."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in TABLE:
         labels = ", ".join(ROLES[spec.role] + spec.labels)

@@ -222,7 +222,7 @@ def run_bench(cfg: FanoutConfig) -> dict:
 
 
 def table(res: dict) -> str:
-    """The README's table."""
+    """The table of docs/benchmarks.md."""
     out = ["| sites (source + mirror) | freshness median s | p90 s | max s | apply (median) s | delivery (median) s | "
            "source egress per version | mirror egress per version |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:

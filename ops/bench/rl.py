@@ -217,7 +217,7 @@ def run_bench(cfg: BenchConfig, out_dir: pathlib.Path) -> dict:
 
 
 def table(res: dict) -> str:
-    """The README's table."""
+    """The table of docs/benchmarks.md."""
     out = ["| S | seeds | reward, last third | vs S = 0 (95% CI) | reward, all steps | vs S = 0 (95% CI) | wall s | "
            "wall / S = 0 | trainer idle | rollouts/s | staleness histogram | publish -> served s (median) | mismatch KL | "
            "bytes/version (adapter) | CPU busy |",

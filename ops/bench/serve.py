@@ -30,7 +30,7 @@ import torch
 from hilo.consumer.config import SiteConfig
 from hilo.consumer.site import Site
 from hilo.ops.bench.report import results_dir, save
-from hilo.ops.bench.synthetic import QWEN3
+from hilo.replica.synthetic import QWEN3
 from hilo.ops.tiny_trainer import PAD, STOI, TOKENS, build_tokenizer
 from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer

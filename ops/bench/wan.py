@@ -5,7 +5,7 @@
 1. CPU, on the quiet machine, at the Qwen3-1.7B rank-64 scale (69,730,304 params), one method at a time: the
    message bytes, the trainer's encode (HiLo: the encoder, the trainer's own apply, which the digest needs before
    publishing, and msgpack + zstd framing), the Ed25519 signature, and a site's verify and decode + apply (a
-   recycling site replica, as `hilo consume` runs). Gradients are ops/bench/synthetic.py's, parameters move by
+   recycling site replica, as `hilo consume` runs). Gradients are replica/synthetic.py's, parameters move by
    AdamW (lr 1e-4), so the bf16 adapter changes as training changes it, which the lossless delta has to encode.
 2. Network: ops/wan/ makes site namespaces behind tbf-shaped links (one link per site, or --shared: one uplink for
    all); a broker listens on 10.77.0.1:9192. The trainer side publishes each step's real signed message as the
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, full_adapter_payload, lossless_delta_payload
 from hilo.ops.bench.report import results_dir, save, save_figure
-from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.link_budget import AutoBudget, cpu_slope, fit
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replica.codecs import Budget, make_encoder
@@ -288,7 +288,7 @@ def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, ou
 
 
 def markdown(res: dict) -> str:
-    """The README's table of the rows."""
+    """The table of the rows in docs/benchmarks.md."""
     lines = ["| method | sites | link Mbit/s | bytes/step | encode s | network s | apply s | freshness s (signed) | step s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:

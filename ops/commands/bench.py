@@ -86,7 +86,7 @@ def register(sub):
     from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
     from hilo.ops.bench.rl import BenchConfig
     from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
-    from hilo.ops.bench.synthetic import QWEN3
+    from hilo.replica.synthetic import QWEN3
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
     all_codecs, optimizers, shapes = list(CODECS), list(OPTIMIZERS), list(QWEN3)

@@ -5,6 +5,7 @@ its last good version (and vLLM keeps serving it), /readyz answers 503 with the 
 A supervisor that restarted it would only read the same record again; an alert on /readyz tells an operator why.
 """
 import logging
+import signal
 import time
 
 from . import COMMANDS
@@ -33,7 +34,8 @@ def run(a):
     if a.generate:
         from hilo.consumer.generator import GenerateConfig
         site.generate(config_from_args(GenerateConfig, a))
-    site.install_signal_handlers()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop between versions
+        signal.signal(sig, lambda signum, _: site.stop(f"signal {signum}"))
     if server:
         server.ready = lambda: site.readiness(a.ready_max_lag)
     try:

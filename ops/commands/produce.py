@@ -15,7 +15,7 @@ def run(a):
     cfg = config_from_args(ProducerConfig, a)
     metrics = Metrics("trainer", run=cfg.run)
     server = metrics_server(a, metrics.registry)  # bound before the trainer fences or publishes anything
-    producer = HiLoProducer(build_model(seed=a.seed), cfg, metrics=metrics)
+    producer = HiLoProducer.open(build_model(seed=a.seed), cfg, metrics=metrics)
     if server:
         server.ready = lambda: (False, "fenced by a newer trainer") if producer.fenced else (True, f"v{producer.version}")
     adapter = producer.manifest.adapter_bytes()

@@ -54,7 +54,7 @@ def transaction_coordinator(log, transactional_id: str) -> int:
 @pytest.mark.parametrize("victim", ["updates-leader", "txn-coordinator"])
 def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, victim):
     """SIGKILL the node that leads RUN.updates, or the one that coordinates the trainer's transactions (another
-    node where the placement allows), mid-run: the trainer's stall on the next version is printed (README:
+    node where the placement allows), mid-run: the trainer's stall on the next version is printed (docs/benchmarks.md:
     "Kills and broker faults"); nothing acknowledged is lost and every site ends at the trainer's digest."""
     url, env = cluster
     run, hist = new_run("leader"), tmp_path / "history"

@@ -2,7 +2,7 @@
 
 Each test trains the tiny model on the real library, with a separate `hilo consume` process following the
 run; it must end at the trainer's digest, and the trainer model's LoRA weights must equal its replica's.
-README's "Use it from your trainer" snippets are copied from the blocks marked `# README`.
+The snippets of README.md and docs/operations.md are copied from the blocks marked `# README`.
 """
 import re
 import subprocess

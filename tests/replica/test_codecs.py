@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hilo.ops.bench.synthetic import GradientStream, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, qwen3_manifest
 from hilo.replica.codecs import AutoBudget, Budget, decode, make_encoder
 from hilo.replica.codecs.budget import parse_budget
 from hilo.replica.codecs.base import DEFAULT_LIMITS, compressed_size, fit_to_budget, payload_size
