@@ -19,6 +19,7 @@ from hilo.log import crashpoints, retry
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError, NoSuchTopic
 from hilo.schemas.framing import split_trailer
+from hilo.schemas.options import opt
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
 from .vllm_serving import VllmDown, VllmError
@@ -44,19 +45,15 @@ def load_reward(spec: str):
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """How a site generates.
+    """How a site generates: the reward it scores rollouts with, how many prompts it takes at a time and for how
+    long, and the key it signs rollouts with; checked at construction. Each field's help is in its metadata
+    (`hilo consume --help`, docs/cli.md)."""
 
-    reward: MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit task's:
-        hilo.ops.digit_task:reward).
-    batch_prompts: prompts taken at a time. Default: 4
-    lease_s: embedded log only: how long taken prompts stay this site's. Default: 120
-    signing_key: the site's Ed25519 private key; its rollouts are signed. Default: None
-    """
-
-    reward: str
-    batch_prompts: int = 4
-    lease_s: float = 120.0
-    signing_key: str | None = None
+    reward: str = opt(help="MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit task's: "
+                      "hilo.ops.digit_task:reward)")
+    batch_prompts: int = opt(4, "prompts taken at a time")
+    lease_s: float = opt(120.0, "embedded log only: how long taken prompts stay this site's")
+    signing_key: str | None = opt(None, "the site's Ed25519 private key; its rollouts are signed")
 
     def __post_init__(self):
         if self.batch_prompts < 1:

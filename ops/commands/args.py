@@ -7,7 +7,6 @@ metadata (`opt(default, help)`, schemas/options.py); `config_options` turns fiel
 import argparse
 import dataclasses
 import json
-import re
 import types
 import typing
 
@@ -134,31 +133,15 @@ def report(subparsers, name, summary, rows_of, format_rows):
 
 # -- options from config dataclasses ----------------------------------------------------------------
 def field_help(cls) -> dict:
-    """{field: help} of a config dataclass: each field's metadata help (schemas/options.py `opt`)."""
+    """{field: help} of a config dataclass: each field's metadata help (schemas/options.py `opt`). A field that
+    declares none (or an empty one) is a TypeError naming the class and field, so no option loses its help."""
     from hilo.schemas.options import help_of
-    declared = {f.name: help_of(f) for f in dataclasses.fields(cls) if help_of(f) is not None}
-    return declared or _docstring_help(cls)
-
-
-def _docstring_help(cls) -> dict:
-    """Transitional, for configs not yet on `opt` (MetricsConfig, GenerateConfig, RLConfig, the bench configs):
-    {field: help} from their docstrings' "name[, name]: text. Default: X" paragraphs. Delete once they declare it."""
-    out, current = {}, None
-    for line in (cls.__doc__ or "").splitlines():
-        m = re.match(r"^    ([a-z_, ]+): (.*)$", line)
-        if m and all(n.strip() in cls.__dataclass_fields__ for n in m.group(1).split(",")):
-            current = [n.strip() for n in m.group(1).split(",")]
-            for n in current:
-                out[n] = m.group(2).strip()
-        elif current and line.startswith("        "):
-            for n in current:
-                out[n] += " " + line.strip()
-        else:
-            current = None
-    return {n: re.sub(r"\s*Default: .*$", "", text) for n, text in out.items()}
-
-
-field_docs = field_help  # compatibility: the old name
+    out = {f.name: help_of(f) for f in dataclasses.fields(cls)}
+    missing = [n for n, text in out.items() if not (text and text.strip())]
+    if missing:
+        raise TypeError(f"{', '.join(f'{cls.__name__}.{n}' for n in missing)}: no help text; declare each field as "
+                        f"`name: T = opt(default, \"help\")` (schemas/options.py)")
+    return out
 
 
 def _scalar(annotation):
@@ -181,7 +164,7 @@ def config_options(p, cls, fields, flags=None, choices=None, types=None):
     for name in fields:
         f = cls.__dataclass_fields__[name]
         default = f.default if f.default is not dataclasses.MISSING else None
-        text = docs.get(name, name).replace("%", "%%")
+        text = docs[name].replace("%", "%%")
         kind = types.get(name, _scalar(hints[name]))
         if kind is bool:
             flag = flags.get(name, ("--no-" if default else "--") + name.replace("_", "-"))

@@ -211,6 +211,12 @@ def test_consume_options_and_defaults_come_from_site_config():
 @pytest.mark.parametrize("command,cls,fields", [
     ("produce", "hilo.producer.config:ProducerConfig", ("budget", "codec", "mode", "on_bad_record", "publish_deadline_s")),
     ("consume", "hilo.consumer.config:SiteConfig", ("site", "state_dir", "vllm", "on_bad_record", "prefetch")),
+    ("consume", "hilo.consumer.generator:GenerateConfig", ("reward", "batch_prompts", "lease_s", "signing_key")),
+    ("produce", "hilo.ops.metrics_server:MetricsConfig", ("metrics_port", "metrics_host", "ready_max_lag")),
+    ("rl", "hilo.ops.rl:RLConfig", ("vllm", "log", "run", "staleness", "budget", "trainer_threads")),
+    ("bench probe", "hilo.ops.bench.probe:ProbeConfig", ("task", "sync", "budget", "steps")),
+    ("bench fanout", "hilo.ops.bench.fanout:FanoutConfig", ("log", "mirror", "versions", "interval_s", "ready_s")),
+    ("bench rl", "hilo.ops.bench.rl:BenchConfig", ("vllm", "base", "seeds", "lr")),
 ])
 def test_help_shows_the_help_each_field_declares(command, cls, fields):
     """--help prints each field's metadata help (not a docstring's) and the field's own default."""
@@ -221,13 +227,45 @@ def test_help_shows_the_help_each_field_declares(command, cls, fields):
     module, name = cls.split(":")
     config = getattr(importlib.import_module(module), name)
     assert all(help_of(f) for f in dataclasses.fields(config))  # every field declares its help
-    assert "Default:" not in config.__doc__ and "\n    run:" not in config.__doc__  # a summary, not a per-field list
-    out = " ".join(_help(command).split())
+    assert "Default:" not in config.__doc__  # a summary, not a per-field list
+    assert not any(f"\n    {f.name}:" in config.__doc__ for f in dataclasses.fields(config))
+    out = " ".join(_help(*command.split()).split())
     for field in fields:
         f = config.__dataclass_fields__[field]
         assert " ".join(help_of(f).split())[:120] in out, field
         if f.default not in (None, dataclasses.MISSING) and f.type not in (bool, "bool"):
             assert f"(default: {shown(f.default)})" in out, field
+
+
+def test_a_config_field_without_help_metadata_is_an_error_when_its_options_are_built():
+    """No docstring fallback: a field without `opt(default, help)` (or with an empty help) fails config_options, naming
+    the class and each such field, even one the command does not turn into an option yet."""
+    import argparse
+    import dataclasses
+    from hilo.ops.commands.args import config_options
+    from hilo.schemas.options import opt
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        """Knobs.
+
+        depth: how deep (a per-field docstring list is not read). Default: 2
+        """
+        size: int = opt(3, "how big")
+        depth: int = 2
+        width: int = opt(4)
+
+    with pytest.raises(TypeError, match=r"^Knobs\.depth, Knobs\.width: no help text; declare each field as `name: T = opt"):
+        config_options(argparse.ArgumentParser(), Knobs, ("size",))
+
+    @dataclasses.dataclass(frozen=True)
+    class Declared:
+        """Every field declares its help."""
+        size: int = opt(3, "how big")
+
+    p = argparse.ArgumentParser()
+    config_options(p, Declared, ("size",))
+    assert "how big (default: 3)" in " ".join(p.format_help().split())
 
 
 def test_the_cli_reference_lists_every_command_option_default_and_field():
