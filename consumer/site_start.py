@@ -17,7 +17,6 @@ from hilo.replay.start import Source, choose_start
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
 from hilo.schemas.position import Position
-from hilo.schemas.signing import Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +65,13 @@ class SiteStart:
             logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
                            cfg.site, old.version, replica.version)
         replica.recycle = True  # read only between versions (export, snapshot), never kept: apply reuses its buffers
-        replica.verifier = self.verifier  # a snapshot was checked when its versions were applied; what follows is checked now
-        if self.verifier is not None and pos.keys:  # key rotations this site verified before its restart
-            replica.verifier = Verifier.from_raw(bytes.fromhex(pos.keys[-1][1]))
         if cfg.from_offset is not None and held is None:
             pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                     cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
         reader = Prefetcher(open_log(cfg.log, kafka_config=cfg.kafka_config), updates_topic(cfg.run)) if cfg.prefetch else None
-        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader)
+        # a snapshot was checked when its versions were applied; what follows is checked now, by the follower
+        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader, trust=self.verifier)
 
     def same_history(self, replica, pos: Position):
         """A local snapshot must belong to the history the log holds: same genesis, and a log at least as far."""

@@ -28,8 +28,7 @@ import statistics
 import time
 
 from hilo.log.site_reports import site_reports
-# AutoBudget (the rule's settings) lives with the other budget kinds; imported from here too, as before
-from hilo.replica.codecs.budget import AutoBudget, Budget  # noqa: F401
+from hilo.replica.codecs.budget import AutoBudget, Budget
 from hilo.schemas.errors import HiloError
 
 logger = logging.getLogger(__name__)

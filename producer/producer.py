@@ -19,7 +19,7 @@ from hilo.log.outage import Outage
 from hilo.log.tail import head
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
-from hilo.replica.codecs import Budget, make_encoder
+from hilo.replica.codecs import AutoBudget, Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, NotPublished
@@ -31,7 +31,7 @@ from . import trainer_state
 from .trainer_state import TrainerLedger
 from .checkpoints import Checkpoints
 from .config import ProducerConfig
-from .link_budget import AutoBudget, LinkBudget
+from .link_budget import LinkBudget
 from .lora_params import lora_gradients, lora_parameters
 from .publisher import Publisher
 from .resume import Resumed, TrainerStart
@@ -156,7 +156,8 @@ class HiLoProducer:
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
         pending, run = self.in_doubt, self.config.run
-        follower, ours = self.publisher.replay(self.replica, self.ledger.position, pending, self.config.on_bad_record)
+        follower, ours = self.publisher.replay(self.replica, self.ledger.position, pending, self.config.on_bad_record,
+                                               self.signer and self.signer.verifier())
         self.ledger.caught_up(follower, self.replica, ours)
         count_skips(self.metrics, follower.skips)
         if ours:
@@ -175,7 +176,6 @@ class HiLoProducer:
             raise ConfigError(f"run {self.config.run}: rotate_key needs a signing_key to sign the rotation with")
         self.signer = Signer.load(new_key_path)
         self.ledger.moved(self.checkpoints.rotate_key(self.signer, self.replica, self.ledger.log_bytes))
-        self.replica.verifier = self.signer.verifier()  # its own later messages, read back by a resync
         self.checkpoints.try_publish(self.replica, self.ledger.next_offset, self.ledger.log_bytes)
         self.save_snapshot()
 

@@ -114,11 +114,12 @@ class Publisher:
         self.outage.over()
         return Published(published.offsets, published.checkpoint_offsets, len(data), t_tx - t_sign, time.perf_counter() - t_tx)
 
-    def replay(self, replica, position, pending, on_bad_record) -> tuple:
+    def replay(self, replica, position, pending, on_bad_record, trust=None) -> tuple:
         """Settle an in-doubt publish of proposal `pending` by applying the log from `position` (the last committed) on
-        `replica`: (the follower, whether the log holds `pending`). FencedError when the log moved by another message."""
+        `replica` (signed runs: what `trust` verifies): (the follower, whether the log holds `pending`). FencedError
+        when the log moved by another message."""
         before = replica.version
-        follower = catch_up(self.log, self.run, replica, position, on_bad_record)
+        follower = catch_up(self.log, self.run, replica, position, on_bad_record, trust)
         ours = pending is not None and replica.version == pending.version and replica.digest == pending.message.digest
         if replica.version != before and not ours:  # the log moved, and not by this trainer's message
             raise self._fence(FencedError(f"run {self.run}: the log moved from v{before} to v{replica.version} (digest "

@@ -40,10 +40,11 @@ class Resumed:
     checkpoint: bool = False    # the caller publishes a checkpoint of `replica` at `position` before anything else
 
 
-def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip") -> Follower:
+def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip", trust=None) -> Follower:
     """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
-    duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer)."""
-    follower = Follower(log, run, replica, position, on_bad_record)
+    duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer).
+    `trust`: the key the trainer signs with (a signed run applies only what it signed)."""
+    follower = Follower(log, run, replica, position, on_bad_record, trust=trust)
     follower.catch_up_all()
     return follower
 
@@ -129,9 +130,8 @@ class TrainerStart:
         start = decided.start
         replica, position = start.replica, start.position
         snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
-        if verifier is not None:  # a signed run: the trainer applies only what its key signed, whatever it started from
-            replica.verifier = verifier
-        follower = catch_up(log, run, replica, position, self.on_bad_record)
+        # a signed run: the trainer applies only what its key signed, whatever it started from
+        follower = catch_up(log, run, replica, position, self.on_bad_record, trust=verifier)
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
         stale = not log.retained(self.updates, head(log, self.checkpoints, run).updates_offset or 0)  # no site could bootstrap from it
         if stale:

@@ -30,7 +30,6 @@ class OnBadRecord(StrEnum):
             raise ConfigError(f"{what} = {value!r}: expected one of {[p.value for p in cls]}") from None
 
 
-POLICIES = tuple(p.value for p in OnBadRecord)  # compatibility: the choices as strings, as before the enum
 
 
 # (error type, reason), most specific first: the reason is what the warning, the counters and the history say.

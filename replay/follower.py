@@ -107,8 +107,12 @@ class Follower:
     """
 
     def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: OnBadRecord | str = OnBadRecord.SKIP,
-                 reader=None):
+                 reader=None, trust: Verifier | None = None):
+        """`trust`: the run's key as configured (None: an unsigned run). The follower owns what the replica trusts:
+        the newest key rotation `position` records (this reader verified it before a restart), else `trust`; then
+        every rotation it applies."""
         self.log, self.run, self.replica = log_backend, run, replica
+        replica.verifier = Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if trust is not None and position.keys else trust
         # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
         # offsets, heads and everything else come from log_backend
         self.reader = reader if reader is not None else log_backend

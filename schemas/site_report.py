@@ -1,4 +1,4 @@
-"""What a site says about itself: the metadata of its consumer group's committed position (SPEC.md, "Sites").
+"""What a site says about itself: the metadata of its consumer group's committed position (SPEC.md, "Site reports").
 
 A site commits its position with this JSON: its name, applied version and digest, the log bytes through it, when it
 applied it (its wall clock), the version vLLM serves, and its link's measured throughput. `hilo lag` lays these out,

@@ -38,9 +38,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, full_adapter_payload, lossless_delta_payload
 from hilo.ops.bench.report import results_dir, save, save_figure
 from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
-from hilo.producer.link_budget import AutoBudget, cpu_slope, fit
+from hilo.producer.link_budget import cpu_slope, fit
 from hilo.producer.update_builder import UpdateBuilder
-from hilo.replica.codecs import Budget, make_encoder
+from hilo.replica.codecs import AutoBudget, Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import split
 from hilo.schemas.framing import split_trailer

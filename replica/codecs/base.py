@@ -16,7 +16,7 @@ from hilo.schemas.framing import ZSTD_LEVEL
 from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.records import Manifest
 
-from .budget import HEADER_RESERVE, Budget  # noqa: F401  (compatibility: they were defined here)
+from .budget import Budget
 
 BLOCK_OVERHEAD = 32   # bytes of msgpack framing per present block (keys, ints), reserved in budgets
 

@@ -137,8 +137,9 @@ BAD = {
 def _site_verdicts(url, run, trust, appended):
     """The follower's verdict on each appended record, as a site reaches it: {offset: Skipped}."""
     log = open_log(url)
-    replica, pos = bootstrap_from_log(log, run, verifier=Verifier.load(trust) if trust else None)
-    follower = Follower(log, run, replica, pos)
+    verifier = Verifier.load(trust) if trust else None
+    replica, pos = bootstrap_from_log(log, run, verifier=verifier)
+    follower = Follower(log, run, replica, pos, trust=verifier)
     seen = {e.offset: e for e in follower.catch_up() if isinstance(e, Skipped)}
     assert set(seen) == set(appended.values()), f"the site skipped {sorted(seen)}, bad records are at {appended}"
     return seen

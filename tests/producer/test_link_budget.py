@@ -7,7 +7,8 @@ import pytest
 from hilo.log import open_log, site_group, updates_topic
 from hilo.log.site_reports import LINK_BPS, site_reports
 from hilo.log.tail import last_message
-from hilo.producer.link_budget import AutoBudget, LinkBudget, cpu_slope
+from hilo.producer.link_budget import LinkBudget, cpu_slope
+from hilo.replica.codecs import AutoBudget
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.records import decode_record

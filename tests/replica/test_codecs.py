@@ -237,8 +237,3 @@ def test_a_bad_budget_text_says_what_was_expected(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_budget(text, "--budget")
 
-
-def test_the_budget_kinds_keep_their_old_import_paths():
-    from hilo.producer.link_budget import AutoBudget as old_auto
-    from hilo.replica.codecs.base import Budget as old_budget
-    assert (old_auto, old_budget) == (AutoBudget, Budget)
