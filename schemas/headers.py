@@ -68,6 +68,8 @@ class RecordHeaders:
     kind: str | None = None
     version: int | None = None
     chunk: tuple | None = None          # (i, n): chunk i of n
+    size: int | None = None             # bytes of the whole message
+    checksum: str | None = None         # xxh3-64 of the whole message, hex
     digest: str | None = None           # hex
     log_bytes: int | None = None
     updates_offset: int | None = None
@@ -80,6 +82,7 @@ class RecordHeaders:
         raw = raw or {}
         text = lambda name: raw.get(name) if isinstance(raw.get(name), str) else None  # noqa: E731
         return cls(run=text(RUN), kind=text(KIND), version=_decimal(raw.get(VERSION)), chunk=_chunk(raw.get(CHUNK)),
+                   size=_decimal(raw.get(SIZE)), checksum=_hex(raw.get(SUM), 16),
                    digest=_hex(raw.get(DIGEST), _DIGEST_HEX), log_bytes=_decimal(raw.get(LOG_BYTES)),
                    updates_offset=_decimal(raw.get(UPDATES_OFFSET)), genesis=_hex(raw.get(GENESIS), _DIGEST_HEX),
                    lag=_float(raw.get(LAG)))

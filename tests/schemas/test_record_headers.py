@@ -27,3 +27,13 @@ def test_a_garbled_value_is_absent(name, value, field):
 def test_no_headers_at_all_parse_to_nothing():
     h = H.RecordHeaders.of(None)
     assert h == H.RecordHeaders() and not h.first_chunk and not h.last_chunk and not h.of_run("r")
+
+
+def test_the_reassembler_reads_headers_by_the_same_rule():
+    """A version written with a non-ASCII digit was taken as v3 by str.isdigit() + int(); now it is malformed."""
+    from hilo.schemas.chunks import Reassembler, Record
+    from hilo.schemas.errors import MalformedMessage
+    (key, value, raw), = split(b"payload", "r", "update", 3)
+    assert Reassembler("r", "t").feed(Record(0, key, value, raw)).version == 3
+    with pytest.raises(MalformedMessage, match="hilo-version"):
+        Reassembler("r", "t").feed(Record(0, key, value, raw | {H.VERSION: "٣"}))
