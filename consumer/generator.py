@@ -65,9 +65,10 @@ class GenerateConfig:
 class Generator:
     """Answers the run's prompts (from `log`'s prompt queue) for `site` through what it serves: `serving` (a
     consumer/serving.Serving) gives the vLLM server, the version it serves (`version`) and whether its loads
-    succeed (`healthy`); the generator reads nothing else of the site. A site whose vLLM stops answering (a request fails, or a load does) says so once, gives
-    its prompts back and leaves the queue (on Kafka its partitions go to the other sites); it checks the server
-    again with a backoff (2 s doubling to 60 s) and takes prompts again once it answers.
+    succeed (`healthy`); the generator reads nothing else of the site. A site whose vLLM stops answering (a
+    request fails, or a load does) says so once, gives its prompts back and leaves the queue (on Kafka its
+    partitions go to the other sites); it checks the server again with a backoff (2 s doubling to 60 s) and takes
+    prompts again once it answers.
     """
 
     def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, verifier=None, signer=None, metrics=None,
@@ -127,7 +128,8 @@ class Generator:
                 except VllmError as e:
                     if isinstance(e, VllmDown):
                         raise
-                    self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")  # this prompt only (too long for the model, say): settled unanswered
+                    # this prompt only (too long for the model, say): settled unanswered
+                    self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")
                 if i == 0:
                     crashpoints.reach("generate.generating")
         except VllmDown as e:

@@ -79,8 +79,8 @@ class SiteStart:
         theirs = (head(self.log, checkpoints_topic(cfg.run), cfg.run) or H.RecordHeaders()).genesis
         if theirs is not None and theirs != replica.genesis.hex():
             raise LogError(f"site {cfg.site}: its snapshot v{replica.version} is of history {replica.genesis.hex()[:12]}, the log's "
-                           f"checkpoints are of history {theirs[:12]} (another history: the run was started again under the same name): refusing "
-                           f"it (remove {cfg.state_dir} to follow the new history)")
+                           f"checkpoints are of history {theirs[:12]} (another history: the run was started again under the same "
+                           f"name): refusing it (remove {cfg.state_dir} to follow the new history)")
         # by version, not offset: a mirror of the run holds the same versions at smaller offsets (no transaction markers);
         # with every update expired there is no version to compare, and the offset is all there is. Only messages this
         # site would accept count: anyone who can write the topic can append a record that claims an old version.

@@ -176,9 +176,10 @@ class _Behind(Exception):
 def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> int:
     """The offset to read from on this cluster to get `version` of `run` next (its first chunk, or the end when
     `version` is not written yet). `hint` is a stored offset: right on the cluster it came from (one read confirms
-    it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
-    another offset there; versions only grow along the topic, so a binary search over the records' version headers
-    finds it. LogError when this cluster lacks the version (expired); _Behind when it holds less than version - 1.
+    it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A
+    mirror copies records but not transaction markers, so the same version sits at another offset there; versions
+    only grow along the topic, so a binary search over the records' version headers finds it. LogError when this
+    cluster lacks the version (expired); _Behind when it holds less than version - 1.
     `accept` (see `newest`): how far the cluster holds the run is read from messages it takes, not from the tail's
     headers (default: the tail's headers)."""
     begin, end = log.begin_offset(topic), log.end_offset(topic)

@@ -23,5 +23,6 @@ def format_rows(rows: list) -> str:
     out = []
     for r in rows:
         out.append(f"{r['topic']}: offsets {r['begin_offset']}..{r['end_offset']} ({r['records']} records), versions "
-                   f"{r['oldest_version']}..{r['newest_version']}, retention.ms {r['retention.ms']}, retention.bytes {r['retention.bytes']}")
+                   f"{r['oldest_version']}..{r['newest_version']}, retention.ms {r['retention.ms']}, "
+                   f"retention.bytes {r['retention.bytes']}")
     return "\n".join(out)

@@ -67,7 +67,8 @@ def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
             if msg is not None:
                 break
         if msg is None:
-            return out | {"verdict": "incomplete", "reason": None, "detail": f"the {n} chunks of the message are not all retained or written"}
+            return out | {"verdict": "incomplete", "reason": None,
+                          "detail": f"the {n} chunks of the message are not all retained or written"}
         body = check_message(replica, msg, run, message_what(topic, msg))
     except HiloError as e:
         reason = reason_of(e)

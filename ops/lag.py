@@ -81,7 +81,8 @@ def mirror_rows(source, mirrors: dict, run: str, now: float | None = None) -> li
         lag_s = 0.0 if lag is not None and lag <= 0 else None
         if lag is not None and lag > 0:
             # a hint past the end: locate searches by version on the source
-            rec = next(iter(source.read(topic, locate(source, topic, run, newest + 1, source.end_offset(topic) + 1, patience_s=0), timeout_s=5.0)), None)
+            at = locate(source, topic, run, newest + 1, source.end_offset(topic) + 1, patience_s=0)
+            rec = next(iter(source.read(topic, at, timeout_s=5.0)), None)
             lag_s = round(now - rec.timestamp, 1) if rec is not None and rec.timestamp is not None else None
         rows.append({"cluster": url, "newest_version": newest, "source_head": src_head, "lag": lag, "lag_s": lag_s})
     return rows

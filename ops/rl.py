@@ -3,8 +3,9 @@
     hilo rl --vllm http://127.0.0.1:8011 --sites 2 --staleness 2 --steps 20      # embedded log in a temp folder
 
 The trainer is a tiny Qwen3 + LoRA (--base: the random one the tests serve, or the student pretrained on the
-task, ops/rl_bases.py; the vLLM servers must serve the same base, and the run checks that) under HiLoProducer; it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B
-complete groups, takes one GRPO step (group-normalised advantages, token-level truncated importance weights from
+task, ops/rl_bases.py; the vLLM servers must serve the same base, and the run checks that) under HiLoProducer;
+it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B complete
+groups, takes one GRPO step (group-normalised advantages, token-level truncated importance weights from
 vLLM's behaviour log-probabilities) and publishes it. The sites apply every version, serve it through vLLM
 (each under its own adapter name) and answer prompts between versions. It prints one line per step (reward,
 staleness, prompts in flight, each site's lag) and ends with a table and every site's digest against the
@@ -77,13 +78,15 @@ class RLConfig:
                                "slower")
 
     def __post_init__(self):
-        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0), ("trainer_threads", 1)):
+        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0),
+                         ("trainer_threads", 1)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if self.vllm is None and self.sites == 0:
             pass  # the sites run elsewhere, each checking its own server
         elif not isinstance(self.vllm, str) or not all(u.startswith(("http://", "https://")) for u in self.vllm.split(",")):
-            raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server (--vllm URL; ops/vllm/start.sh starts one)")
+            raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server "
+                              f"(--vllm URL; ops/vllm/start.sh starts one)")
         rl_base(self.base)
 
     @property
@@ -203,7 +206,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
         while producer.version < cfg.steps:
             waited = time.monotonic()
 
-            def going():
+            def going(waited=waited):
                 dead = [n for n, p in procs.items() if p.poll() is not None]
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")

@@ -98,7 +98,8 @@ class HiLoOptimizer(torch.optim.Optimizer):
             raise ConfigError("HiLoOptimizer.load_state_dict: not a HiLoOptimizer state (no 'hilo' entry)")
         p = self.producer
         if saved["run"] != p.config.run:
-            raise LogError(f"HiLoOptimizer.load_state_dict: the checkpoint belongs to run {saved['run']!r}, this optimizer publishes {p.config.run!r}")
+            raise LogError(f"HiLoOptimizer.load_state_dict: the checkpoint belongs to run {saved['run']!r}, "
+                           f"this optimizer publishes {p.config.run!r}")
         v, head = int(saved["version"]), p.version
         known = p.replica.recent.get(v)
         if v > head:

@@ -88,7 +88,8 @@ class Publisher:
             try:
                 return self._append(msg, data, extra, checkpoint_records)
             except FencedError as e:
-                raise self._fence(e)  # certain: nothing more will be written
+                self._fence(e)
+                raise  # certain: nothing more will be written
             except Exception as e:  # noqa: BLE001  (whatever the transport raised, the broker may hold it: the log decides)
                 outcome, offsets = self.settle(msg, e, deadline, at_version)
                 if outcome is Outcome.COMMITTED:

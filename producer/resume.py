@@ -82,7 +82,8 @@ class TrainerStart:
             self.check_layout(snapshot[0])
         if head(log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
             if log.end_offset(self.updates) > log.begin_offset(self.updates):
-                raise LogError(f"{log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
+                raise LogError(f"{log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; "
+                               f"refusing to start a second history")
             had = max(log.end_offset(self.updates), end)  # offsets survive retention
             if had and snapshot is not None:
                 self._check_no_site_ahead(snapshot[0])
@@ -124,8 +125,10 @@ class TrainerStart:
             replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer,
                                             nonce=os.urandom(NONCE_BYTES))
             if decided.had:
-                logger.warning("run %s: STARTING A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run, replica.genesis.hex()[:12])
-            logger.info("run %s: genesis (%d params, digest %s), published as the first checkpoint", run, self.manifest.numel, replica.digest.hex()[:12])
+                logger.warning("run %s: STARTING A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run,
+                               replica.genesis.hex()[:12])
+            logger.info("run %s: genesis (%d params, digest %s), published as the first checkpoint", run, self.manifest.numel,
+                        replica.digest.hex()[:12])
             return Resumed(replica, Position(log.end_offset(self.updates), 0), None, checkpoint=True)
         start = decided.start
         replica, position = start.replica, start.position
@@ -135,7 +138,8 @@ class TrainerStart:
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
         stale = not log.retained(self.updates, head(log, self.checkpoints, run).updates_offset or 0)  # no site could bootstrap from it
         if stale:
-            logger.warning("run %s: the newest checkpoint's updates have expired; a fresh checkpoint at v%d is published", run, replica.version)
+            logger.warning("run %s: the newest checkpoint's updates have expired; a fresh checkpoint at v%d is published", run,
+                           replica.version)
         return Resumed(replica, follower.position(), snapshot_version, dict(follower.skips), checkpoint=stale)
 
     def check_layout(self, replica):

@@ -7,8 +7,8 @@ acts on it (snapshot, commit, export) and asks for the next one, or stops iterat
 import collections
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
@@ -106,8 +106,8 @@ class Follower:
     right after a skip stops with a line that names the skipped record.
     """
 
-    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: OnBadRecord | str = OnBadRecord.SKIP,
-                 reader=None, trust: Verifier | None = None):
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position,
+                 on_bad_record: OnBadRecord | str = OnBadRecord.SKIP, reader=None, trust: Verifier | None = None):
         """`trust`: the run's key as configured (None: an unsigned run). The follower owns what the replica trusts:
         the newest key rotation `position` records (this reader verified it before a restart), else `trust`; then
         every rotation it applies."""

@@ -118,7 +118,8 @@ def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Repor
     if log_versions is not None:  # what the trainer published (a start is a state it resumed from, not a publish)
         for v, d in sorted({e["v"]: e["d"] for e in trainer if not e.get("start")}.items()):
             if log_versions.get(v) != d:
-                rep.anomalies.append(f"log: acknowledged v{v} ({d[:12]}) is {'missing' if v not in log_versions else 'different'} on the log")
+                how = "missing" if v not in log_versions else "different"
+                rep.anomalies.append(f"log: acknowledged v{v} ({d[:12]}) is {how} on the log")
     for name, entries in sites.items():
         sessions, last = _sessions(entries), None
         for session, run in sessions:

@@ -92,7 +92,8 @@ def run(shapes, codecs, optimizers, steps, budget):
 
 def table(rows) -> str:
     """Markdown table of the rows."""
-    head = "| shape | codec | optimizer | bytes | % of bf16 adapter | encode ms | decode+apply ms | rel error |\n|---|---|---|---:|---:|---:|---:|---:|\n"
+    head = ("| shape | codec | optimizer | bytes | % of bf16 adapter | encode ms | decode+apply ms | rel error |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|\n")
     return head + "".join(
         f"| {r['shape']} | {r['codec']} | {r['optimizer']} | {r['bytes']:,} | {100 * r['fraction_of_adapter']:.3f} | "
         f"{r['encode_ms']:.0f} | {r['apply_ms']:.0f} | {r['rel_error']:.3f} |\n" for r in rows)

@@ -99,8 +99,10 @@ def table(res: dict) -> str:
             "|---|---:|---:|---|---|---|---:|---:|---:|"]
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     for optimizer, o in res["optimizers"].items():
-        rows.append(f"| {optimizer} | {o['lr']:g} | {100 * o['sent_fraction']:.0f}% | {f(o['decoded_rank_sent'], 1)} of {o['block_rank']:.0f} | "
-                    f"{f(o['step_cosine_sent'])} / {f(o['step_cosine_unsent'])} | {f(o['norm_ratio_sent'])} / {f(o['norm_ratio_unsent'])} | "
+        rows.append(f"| {optimizer} | {o['lr']:g} | {100 * o['sent_fraction']:.0f}% | "
+                    f"{f(o['decoded_rank_sent'], 1)} of {o['block_rank']:.0f} | "
+                    f"{f(o['step_cosine_sent'])} / {f(o['step_cosine_unsent'])} | "
+                    f"{f(o['norm_ratio_sent'])} / {f(o['norm_ratio_unsent'])} | "
                     f"{f(o['residual_ratio_mean'])} | {statistics.mean(r['shadow_cosine'] for r in o['runs']):.2f} | "
                     f"{statistics.mean(r['val_pass1'] for r in o['runs']):.3f} |")
     return "\n".join(rows)

@@ -65,7 +65,8 @@ def build_peft(shape: str, base_dir: pathlib.Path, seed: int = 0):
     base.to(torch.bfloat16).save_pretrained(base_dir)
     build_tokenizer().save_pretrained(base_dir)
     rank = SHAPES[shape]
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank,
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     return get_peft_model(base.float(), lora)
 
 
@@ -136,6 +137,6 @@ def main(as_json: bool, shapes: list, versions: int, out: str | None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in res["shapes"]:
         m = s["median"]
-        print(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | {m['publish_s']:.3f} | {m['apply_s']:.3f} | "
-              f"{m['export_s']:.3f} | {m['reload_s']:.3f} | {m['first_s']:.3f} | {m['total_s']:.3f} |")
+        print(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | {m['publish_s']:.3f} | "
+              f"{m['apply_s']:.3f} | {m['export_s']:.3f} | {m['reload_s']:.3f} | {m['first_s']:.3f} | {m['total_s']:.3f} |")
     return 0

@@ -215,7 +215,8 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
                     if rate is not None and n * c.nbytes * 8 / (mbit * 1e6) > MAX_MEASURED_S:
                         got[m] = (c.nbytes / rate, "modelled")
                     else:
-                        got[m] = (statistics.median(measure_network(c.messages, n, mbit, shared, f"wan-{tag}-{len(rows)}-{m[:4]}")), "measured")
+                        times = measure_network(c.messages, n, mbit, shared, f"wan-{tag}-{len(rows)}-{m[:4]}")
+                        got[m] = (statistics.median(times), "measured")
                         rate = c.nbytes / got[m][0]  # effective bytes/s of the slowest site, largest message so far
                     rows.append(_row(m, c, n, mbit, shared, *got[m], compute_s))
                 base = next(r for r in rows[-len(fixed):] if r["method"] == "spar4 1.6%")
@@ -249,7 +250,8 @@ def targets(rows: list) -> dict:
         here = {r["method"]: r for r in rows if (r["link_mbit"], r["sites"]) == (mbit, n)}
         best = min((r for m, r in here.items() if m in FIXED), key=lambda r: r["step_s"])
         tag = f"{n} site(s), {mbit} Mbit/s"
-        out[tag] = {"best_fixed": best["method"], "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"], 2),
+        out[tag] = {"best_fixed": best["method"],
+                    "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"], 2),
                     **{f"{m}_over_best_fixed": round(r["step_s"] / best["step_s"], 3) for m, r in here.items() if m.startswith("auto")}}
     one = [r for r in rows if r["method"] == "spar4 1.6%" and r["sites"] == 1 and r["link_mbit"] == 100]
     if one:
@@ -269,7 +271,8 @@ def plot(res: dict, out_dir: pathlib.Path) -> str:
         for m in methods:
             pts = sorted((r["link_mbit"], r["step_s"], r["network"]) for r in res["rows"] if r["method"] == m and r["sites"] == n)
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", label=m)
-            ax.plot([p[0] for p in pts if p[2] == "modelled"], [p[1] for p in pts if p[2] == "modelled"], "x", color=line.get_color(), ms=10)
+            modelled = [p for p in pts if p[2] == "modelled"]
+            ax.plot([p[0] for p in modelled], [p[1] for p in modelled], "x", color=line.get_color(), ms=10)
         ax.set(xscale="log", yscale="log", xlabel="link rate (Mbit/s)", ylabel="step time (s)",
                title=f"{res['shape']} r64, {n} site(s){' on one shared uplink' if n > 1 else ''}; x = modelled")
         ax.grid(alpha=0.3)
@@ -295,5 +298,6 @@ def markdown(res: dict) -> str:
         name = r["method"] + (f" → {100 * r['auto']['fraction']:.2g}% ({r['auto']['rule']})" if "auto" in r else "")
         net = f"{r['network_s']:.2f}" + (" (modelled)" if r["network"] == "modelled" else "")
         lines.append(f"| {name} | {r['sites']}{' shared' if r['shared_uplink'] else ''} | {r['link_mbit']} | {r['bytes_per_step']:,} | "
-                     f"{r['encode_s']:.2f} | {net} | {r['apply_s']:.2f} | {r['freshness_s']:.2f} ({r['freshness_signed_s']:.2f}) | {r['step_s']:.2f} |")
+                     f"{r['encode_s']:.2f} | {net} | {r['apply_s']:.2f} | {r['freshness_s']:.2f} ({r['freshness_signed_s']:.2f}) | "
+                     f"{r['step_s']:.2f} |")
     return "\n".join(lines)

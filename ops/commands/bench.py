@@ -93,7 +93,8 @@ def register(sub):
     p = sub.add_parser("bench", help=COMMANDS["bench"][1])
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     b = bsub.add_parser("codecs", help="message bytes, encode ms, decode+apply ms, error per codec x optimizer")
-    b.add_argument("--shapes", type=names(shapes), default="qwen3-1.7b,qwen3-0.6b", help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
+    b.add_argument("--shapes", type=names(shapes), default="qwen3-1.7b,qwen3-0.6b",
+                   help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
     b.add_argument("--codecs", type=names(all_codecs), default=",".join(all_codecs), help="default: %(default)s")
     b.add_argument("--optimizers", type=names(optimizers), default=",".join(optimizers), help="default: %(default)s")
     b.add_argument("--steps", type=at_least(1), default=3, help="timed messages per row after one warm-up (default: %(default)s)")
@@ -147,7 +148,8 @@ def register(sub):
     b.add_argument("--bytes", type=at_least(1), default=100_000, help="record size (default: %(default)s)")
     b.add_argument("--rounds", type=at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
-    w.add_argument("--steps", type=at_least(1), default=3, help="timed messages per method and config after a warm-up (default: %(default)s)")
+    w.add_argument("--steps", type=at_least(1), default=3,
+                   help="timed messages per method and config after a warm-up (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
                    help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
     w.add_argument("--links", default="10,100,1000", help="link rates in Mbit/s (default: %(default)s)")
@@ -179,7 +181,8 @@ def register(sub):
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     config_options(pr, ProbeConfig, ("task", "sync", "budget", "steps"))
-    pr.add_argument("--optimizers", type=names(optimizers), default=",".join(ProbeConfig.optimizers), help="comma list (default: %(default)s)")
+    pr.add_argument("--optimizers", type=names(optimizers), default=",".join(ProbeConfig.optimizers),
+                    help="comma list (default: %(default)s)")
     pr.add_argument("--lrs", type=lambda t: [float(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.lrs)),
                     help="one learning rate per optimizer, comma list (default: %(default)s)")
     pr.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.seeds)),

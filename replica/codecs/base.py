@@ -16,7 +16,7 @@ from hilo.schemas.framing import ZSTD_LEVEL
 from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.records import Manifest
 
-from .budget import Budget
+from .budget import DEFAULT_BUDGET, Budget
 
 BLOCK_OVERHEAD = 32   # bytes of msgpack framing per present block (keys, ints), reserved in budgets
 
@@ -40,7 +40,7 @@ class Encoder:
     decoder = None              # staticmethod: the codec's decode(manifest, params, blocks, what, limits)
     state_names = ("residual",)  # attributes that are this encoder's state: what a commit sets, what state_dict keeps
 
-    def __init__(self, manifest: Manifest, budget: Budget = Budget()):
+    def __init__(self, manifest: Manifest, budget: Budget = DEFAULT_BUDGET):
         # Configuration
         self.manifest = manifest
         self.budget = budget

@@ -42,6 +42,9 @@ class Budget:
         return int(total * 0.998) - HEADER_RESERVE  # zstd may expand incompressible data by ~0.1%
 
 
+DEFAULT_BUDGET = Budget()  # the encoders' default (frozen: one instance serves every call)
+
+
 @dataclass(frozen=True)
 class AutoBudget:
     """`--budget auto` (ProducerConfig.budget): each version's budget fitted to the slowest site's link, as
