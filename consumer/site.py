@@ -48,7 +48,7 @@ class Site:
         self.committer = None         # the background group committer, started by the first commit
         self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
         self.serving = Serving(cfg, self.metrics)
-        self.snapshots = Snapshots(store, cfg.snapshot_every, self.metrics)
+        self.snapshots = Snapshots(store, cfg.snapshot_every, self.metrics, cfg.snapshot_every_s)
         self.start = SiteStart(cfg, log, store, verifier, self.metrics)
         self.heads = HeadWatch(log, cfg.run)
         self.stop_reason = None       # the error that stopped the site, once one has
@@ -96,7 +96,8 @@ class Site:
             raise ConfigError(f"site {self.cfg.site}: generating needs a vLLM server (--vllm URL)")
         self.generator = Generator(cfg, self.log, self.serving, self.cfg.run, self.cfg.site, self.verifier,
                                    Signer.load(cfg.signing_key) if cfg.signing_key else None, self.metrics)
-        logger.info("site %s: generating (reward %s, %d prompts at a time)", self.cfg.site, cfg.reward, cfg.batch_prompts)
+        logger.info("site %s: generating for run %s (reward %s, %d prompts at a time)", self.cfg.site, self.cfg.run,
+                    cfg.reward, cfg.batch_prompts)
 
     def on_event(self, event: Applied | Skipped):
         """Bookkeeping after what the follower handed back: a skipped record is counted; after an applied version,
@@ -122,7 +123,7 @@ class Site:
             self.commit()
 
     def snapshot(self):
-        """Atomically save state + position now."""
+        """Atomically save state + position now (after the snapshot being written in the background, if one is)."""
         self.snapshots.save(self.follower, self.clock())
 
     def refresh_head(self, force: bool = False) -> None:
@@ -221,8 +222,8 @@ class Site:
         return n
 
     def close(self) -> None:
-        """Let the last committed position land (bounded), stop the read-ahead, close the prompt queue. The log is
-        the caller's. Idempotent: `run()` ends with it; a site that is only polled calls it itself."""
+        """Idempotent end (`run()`'s; a polled site calls it): snapshot, last commit, read-ahead, prompt queue. The log is the caller's."""
+        self.snapshots.close(self.follower, self.clock())  # waits for the write in flight, then leaves one at the head
         if self.committer is not None:
             self.committer.close()
             self.committer = None

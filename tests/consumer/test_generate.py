@@ -89,7 +89,8 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
         # the same samples scored under the next version differ by far more than the tolerance: the stamp is the truth
         for (version, _, _), (prompt_ids, r) in seen.items():
             if version == 1:
-                assert float((torch.tensor(r.logprobs, dtype=torch.float64) - _logprobs(model, prompt_ids, r.completion_ids)).abs().max()) > 10 * TOL
+                theirs = torch.tensor(r.logprobs, dtype=torch.float64)
+                assert float((theirs - _logprobs(model, prompt_ids, r.completion_ids)).abs().max()) > 10 * TOL
         out, err = site.communicate(timeout=300)
         assert site.returncode == 0, err[-3000:]
         assert exchange.book.dropped.total() == 0 and exchange.in_flight_peak <= 2

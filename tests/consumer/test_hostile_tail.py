@@ -1,5 +1,6 @@
 """A hostile record as the newest on RUN.updates must not block a site's restart: junk claiming an old version, a
-replayed genuine old version, a forked old version, junk claiming a version not reached yet. The restarted site starts and follows (the fork stops it, naming
+replayed genuine old version, a forked old version, junk claiming a version not reached yet. The restarted site starts and
+follows (the fork stops it, naming
 its offset). The tail used to be believed unverified: the site refused to start ("refusing to move backwards ...
 remove STATE_DIR"), so anyone who can write the topic blocked every restart."""
 import dataclasses

@@ -149,7 +149,8 @@ def test_a_serving_site_sigkilled_at_random_instants_restarts_and_serves(vllm, t
                     "--wait-checkpoint", "60", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         newest = adapters / f"v{producer.version:08d}"
         try:
-            wait_until(lambda: newest.is_dir() or proc.poll() is not None, 120, f"the site exports v{producer.version}")
+            wait_until(lambda newest=newest, proc=proc: newest.is_dir() or proc.poll() is not None, 120,
+                       f"the site exports v{producer.version}")
             assert proc.poll() is None, f"the restarted site exited {proc.returncode} instead of serving"
             time.sleep(rng.uniform(0.0, 1.0))  # the kill instant (mid-load, mid-commit or idle): the fault, not a wait
         finally:
@@ -250,7 +251,8 @@ def test_an_adapter_for_another_architecture_is_refused_at_start(vllm, tmp_path)
                           LoraConfig(r=8, target_modules=["c_attn"], fan_in_fan_out=True))
     url, run = f"file://{tmp_path}/log", new_run("arch")
     producer = HiLoProducer.open(gpt2, producer_config(run=run, log=url, codec="dense"))
-    with pytest.raises(VllmError, match=r"refused v0's adapter .*expected target modules in .* but received \['transformer.h.0.attn.c_attn'"):
+    refused = r"refused v0's adapter .*expected target modules in .* but received \['transformer.h.0.attn.c_attn'"
+    with pytest.raises(VllmError, match=refused):
         make_site(url, run, tmp_path, vllm_url)
     producer.close()
 

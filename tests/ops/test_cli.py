@@ -172,7 +172,8 @@ def test_security_options_on_the_file_log_are_one_line_errors(tmp_path, args, er
     assert rc == 1 and error.format(conf=conf) in one_line(err), err
 
 
-@pytest.mark.parametrize("args", [["--help"], ["lag", "--help"], ["topics", "list", "--log", "LOG"], ["lag", "--log", "LOG", "--run", "r1"]])
+@pytest.mark.parametrize("args", [["--help"], ["lag", "--help"], ["topics", "list", "--log", "LOG"],
+                                  ["lag", "--log", "LOG", "--run", "r1"]])
 def test_operator_commands_do_not_import_torch(tmp_path, args):
     """`hilo --help`, `hilo lag` and friends read the command table and import only their own module."""
     url = f"file://{tmp_path}/log"

@@ -97,7 +97,8 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path):
         assert get(url + "/readyz") == (200, "v7, 0 behind the head\n") and get(url + "/healthz")[0] == 200
         # every metric the dashboard queries is one a site or the trainer exports
         exported = families(url) | _trainer_families(tmp_path)
-        queried = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in re.findall(r"hilo_[a-z_]+", (ROOT / "ops/grafana/hilo.json").read_text())}
+        dashboard = (ROOT / "ops/grafana/hilo.json").read_text()
+        queried = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in re.findall(r"hilo_[a-z_]+", dashboard)}
         assert queried and queried <= exported, queried - exported
     finally:
         assert stop(p) == 0
@@ -153,7 +154,7 @@ def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_u
     stopping, url2 = start_site(log_url, run, tmp_path, "stopping", "--on-bad-record", "stop")
     try:
         for u in (url, url2):
-            wait_until(lambda: value(scrape(u), "hilo_site_applied_version") == 2, 60, "both sites apply v2")
+            wait_until(lambda u=u: value(scrape(u), "hilo_site_applied_version") == 2, 60, "both sites apply v2")
         open_log(log_url).append(updates_topic(run), split(os.urandom(300), run, "update", 3))  # hilo headers, no message
         wait_until(lambda: value(scrape(url), "hilo_site_records_refused_total", reason="malformed") == 1, 60,
                    "the skipping site counts the record")
@@ -247,7 +248,8 @@ def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_
     when the head was read, so a catching-up site exported a stale lag, and a stopped one kept it.)"""
     import threading
     url, run = f"file://{tmp_path}/log", new_run("lagview")
-    producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=16), producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
+    model = small_model(hidden=256, layers=4, rank=16)
+    producer = HiLoProducer.open(model, producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
     publish_random(producer, 100)
     hold = {"export_adapters": True, "on_version": "sleep 0.2"} if held else {"export_adapters": False}
     site = open_site(url, run, tmp_path, on_bad_record="stop", **hold)  # bootstrapped at v0

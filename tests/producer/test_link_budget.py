@@ -92,7 +92,8 @@ def test_a_versions_budget_can_be_recomputed_from_its_meta_when_steps_take_milli
 
 def test_a_producer_tells_the_rule_what_each_version_cost_its_cpu(tmp_path):
     run = new_run("cpu-producer")
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log", budget=AutoBudget(start=0.5, floor=0.1, ceiling=1.0)))
+    budget = AutoBudget(start=0.5, floor=0.1, ceiling=1.0)
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log", budget=budget))
     publish_random(producer, 3)
     assert [f for f, _ in producer.link_budget.cpu] == [0.5] * 3  # no site reports on the file log: the start budget
     assert producer.link_budget.cpu[-1][1] == producer.last_step["encode_s"] + producer.last_step["apply_s"] > 0
@@ -131,7 +132,7 @@ def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budge
         assert not any(r.link_bps for r in reports().values())  # catching up measures no link
         for v in range(4, 8):  # one version at a time, each read by sites waiting at the head
             publish_random(producer, 1, seed=v)
-            wait_until(lambda: all(r.version == v for r in reports().values()), 60, f"both sites at v{v}")
+            wait_until(lambda v=v: all(r.version == v for r in reports().values()), 60, f"both sites at v{v}")
         links = {s: r.link_bps for s, r in reports().items()}
         assert set(links) == {"a", "b"} and all(bps > 0 for bps in links.values()), links
         publish_random(producer, 1, seed=8)

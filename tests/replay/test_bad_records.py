@@ -91,7 +91,8 @@ def visible(log, producer):
     """Wait until a reader's log end covers what the trainer published: Kafka acknowledges a commit before the
     transaction markers that make it readable (read_committed) are written."""
     topic = updates_topic(producer.config.run)
-    wait_until(lambda: log.end_offset(topic) >= producer.ledger.next_offset, 30, f"{topic} readable up to offset {producer.ledger.next_offset}")
+    end = producer.ledger.next_offset
+    wait_until(lambda: log.end_offset(topic) >= end, 30, f"{topic} readable up to offset {end}")
 
 
 def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_record(log_url, tmp_path):

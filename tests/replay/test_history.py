@@ -55,7 +55,8 @@ def test_a_real_run_with_a_restarted_site_and_trainer_passes(log_url, tmp_path):
     report = check(read_history(str(folder / "trainer.jsonl")), {"s": read_history(str(folder / "s.jsonl"))},
                    log_versions(open_log(log_url), run))
     assert report.ok, report.summary()
-    assert report.trainer_versions == 8 and report.sites["s"] == {"entries": 4, "sessions": 2, "last_version": 7}  # from checkpoint v3, then its snapshot
+    # from checkpoint v3, then its snapshot
+    assert report.trainer_versions == 8 and report.sites["s"] == {"entries": 4, "sessions": 2, "last_version": 7}
     producer.close()
 
 

@@ -98,7 +98,8 @@ def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_th
     # another cluster where someone started a different history under the same run name (another base, another seed)
     other = HiLoProducer.open(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
     publish_random(other, 6, seed=9)
-    with pytest.raises(LogError, match=r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history") as e:
+    said = r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history"
+    with pytest.raises(LogError, match=said) as e:
         open_site(f"file://{tmp_path}/c", run, tmp_path, idle_exit_s=0.5)
     assert "\n" not in str(e.value)
     assert _files(tmp_path / "s") == state                                  # nothing of the site's state changed
