@@ -9,6 +9,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 ops/setup.sh
 HILO_VENV=${HILO_VENV:-${HILO_CACHE:-$HOME/.cache/hilo-sync}/venv}
+# Lint first (pyproject.toml [tool.ruff]): a style or undefined-name error fails in seconds, before any service starts.
+"$HILO_VENV/bin/ruff" check "$ROOT"
 started=0 vllm_started=0
 trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; true' EXIT
 if ! ops/kafka/wait.sh --timeout 1 >/dev/null 2>&1; then
