@@ -21,6 +21,8 @@ class SiteConfig:
     site: str = opt(help="this site's name (its consumer group is hilo.RUN.SITE)")
     state_dir: str = opt(help="where this site's state lives: its snapshot and exported adapters")
     snapshot_every: int = opt(10, "snapshot the state every K applied versions (and on exit)")
+    snapshot_every_s: float | None = opt(None, "also snapshot once S seconds have passed since the last one (at the next "
+                                         "applied version; whichever bound comes first; none: versions only)")
     export_adapters: bool = opt(True, "write a PEFT adapter dir per version under STATE_DIR/adapters")
     export_dtype: str = opt("bfloat16", "bfloat16 | float16 | float32")
     keep_adapters: int = opt(3, "newest N adapter dirs kept")
@@ -57,6 +59,8 @@ class SiteConfig:
         object.__setattr__(self, "on_bad_record", OnBadRecord.of(self.on_bad_record, "SiteConfig.on_bad_record"))
         if self.snapshot_every < 1:
             raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
+        if self.snapshot_every_s is not None and not self.snapshot_every_s > 0:  # `not >`: NaN is refused too
+            raise ConfigError(f"SiteConfig.snapshot_every_s = {self.snapshot_every_s}: must be > 0 (or none)")
         if self.export_dtype not in DTYPES:
             raise ConfigError(f"SiteConfig.export_dtype = {self.export_dtype!r}: expected one of {sorted(DTYPES)}")
         if self.keep_adapters < 1:

@@ -6,6 +6,7 @@ import json
 import msgpack
 import pytest
 import torch
+import xxhash
 
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replay.snapshot import CRASH_POINTS, RAW_FORMAT, SnapshotStore
@@ -69,8 +70,9 @@ def test_the_raw_format_is_the_state_as_it_lies_in_memory_and_loads_back_exactly
     s = v2.state
     tensors = list(s.params) + [t for ts in s.slots.values() for t in ts]
     assert (snap / "state.bin").read_bytes() == b"".join(t.numpy().tobytes() for t in tensors)  # params, then each slot
-    head = msgpack.unpackb((snap / "state.msgpack").read_bytes())
-    assert (head["format"], head["version"], head["digest"], head["slots"]) == (RAW_FORMAT, 2, v2.digest, list(s.slots))
+    outer = msgpack.unpackb((snap / "state.msgpack").read_bytes())
+    head = msgpack.unpackb(outer["body"])
+    assert (outer["format"], head["version"], head["digest"], head["slots"]) == (RAW_FORMAT, 2, v2.digest, list(s.slots))
     replica, pos = SnapshotStore(tmp_path).load()
     assert (replica.version, replica.digest, replica.genesis, replica.run) == (2, v2.digest, v2.genesis, v2.run)
     assert (pos.next_offset, pos.log_bytes) == (7, 123) and dict(replica.recent) == dict(v2.recent)
@@ -123,6 +125,8 @@ def _flip(path, at):
     ("raw", "bin-missing", r"snapshot .*/snapshot/state.bin: missing, its header says \d+", MalformedMessage),
     ("raw", "header-truncated", r"snapshot .*/snapshot/state.msgpack: corrupt \(.*\); remove", MalformedMessage),
     ("raw", "header-other-format", r"snapshot .*/snapshot/state.msgpack: corrupt \(format 3, this hilo reads 2", MalformedMessage),
+    ("raw", "header-other-run", r"snapshot .*/snapshot/state.msgpack: corrupt \(its check does not match its body\)",
+     MalformedMessage),
     ("raw", "header-bad-digest", r"snapshot .*/snapshot/state.msgpack: field 'digest' is 3 bytes, expected 16; remove",
      MalformedMessage),
     ("raw", "state-missing", r"snapshot .*/snapshot: state.msgpack \(and state.ckpt\) missing", MalformedMessage),
@@ -148,12 +152,17 @@ def test_corrupt_snapshot_files_get_named_errors(tmp_path, manifest, grads, fmt,
         (snap / "state.bin").unlink()
     elif damage.startswith("header"):
         data = (snap / "state.msgpack").read_bytes()
-        head = msgpack.unpackb(data)
+        outer = msgpack.unpackb(data)
+        body = msgpack.unpackb(outer["body"])
         if damage == "header-truncated":
             data = data[: len(data) // 2]
+        elif damage == "header-other-format":
+            data = msgpack.packb(outer | {"format": 3})
+        elif damage == "header-other-run":  # a field the state's digest does not cover, changed: the check does
+            data = msgpack.packb(outer | {"body": msgpack.packb(body | {"run": "other"})})
         else:
-            head |= {"format": 3} if damage == "header-other-format" else {"digest": b"abc"}
-            data = msgpack.packb(head)
+            bad = msgpack.packb(body | {"digest": b"abc"})
+            data = msgpack.packb(outer | {"body": bad, "check": xxhash.xxh3_128_digest(bad)})
         (snap / "state.msgpack").write_bytes(data)
     elif damage == "state-missing":
         (snap / "state.msgpack").unlink()
