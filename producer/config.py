@@ -62,6 +62,12 @@ class ProducerConfig:
                                     "saying so once and then every minute. Past it step() raises one line and the trainer "
                                     "stays at its last committed version; a restart resumes exactly. A single broker's "
                                     "restart takes about a minute, a 3-node rolling upgrade a few")
+    publish_rank: int = opt(0, "in a torch.distributed job (torchrun, accelerate launch): the one rank that opens the log and "
+                            "publishes. Every rank constructs the same optimizer; the others apply each message it publishes and "
+                            "hold the same bits (producer/distributed.py)")
+    rank_timeout_s: float | None = opt(None, "in a torch.distributed job: how long a rank waits for the others at start and for "
+                                       "the publishing rank's step (its whole publish included) before the job stops with one "
+                                       "line; must exceed publish_deadline_s (none: publish_deadline_s + 300)")
 
     def __post_init__(self):
         # set once here (the dataclass is frozen): the producer opens target, so log, run and kafka_config are
@@ -71,6 +77,11 @@ class ProducerConfig:
         object.__setattr__(self, "on_bad_record", OnBadRecord.of(self.on_bad_record, "ProducerConfig.on_bad_record"))
         if not self.publish_deadline_s > 0:
             raise ConfigError(f"ProducerConfig.publish_deadline_s = {self.publish_deadline_s}: must be > 0")
+        if self.publish_rank < 0:
+            raise ConfigError(f"ProducerConfig.publish_rank = {self.publish_rank}: must be >= 0")
+        if self.rank_timeout_s is not None and not self.rank_timeout_s > self.publish_deadline_s:
+            raise ConfigError(f"ProducerConfig.rank_timeout_s = {self.rank_timeout_s:g}: must exceed publish_deadline_s = "
+                              f"{self.publish_deadline_s:g} (a rank waits out the publishing rank's whole publish)")
         if not isinstance(self.budget, (Budget, AutoBudget)):
             raise ConfigError(f"ProducerConfig.budget = {self.budget!r}: expected a Budget or an AutoBudget")
         if self.codec not in CODECS:

@@ -31,6 +31,7 @@ from . import trainer_state
 from .trainer_state import TrainerLedger
 from .checkpoints import Checkpoints
 from .config import ProducerConfig
+from .distributed import open_on_one_rank
 from .link_budget import LinkBudget
 from .lora_params import lora_gradients, lora_parameters
 from .publisher import Publisher
@@ -93,7 +94,7 @@ class HiLoProducer:
         self.pending = None   # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
         self.last_step = {}
 
-    @classmethod
+    @open_on_one_rank  # a classmethod; in a torch.distributed job the log is opened by one rank (producer/distributed.py)
     def open(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None) -> "HiLoProducer":
         """Open the log, make every refusal by reading it, fence earlier trainers of the run, start (genesis, the
         trainer's snapshot, or the newest checkpoint) and catch up to the head. `metrics`: the registry to record into

@@ -1,0 +1,171 @@
+"""One run from a multi-rank trainer: 2-rank jobs (gloo on CPU) started as users start them, with torchrun, each rank
+running tests/producer/_dist_worker.py (the same code on every rank: a DDP-wrapped tiny PEFT model and HiLoOptimizer),
+and a separate `hilo consume` process following the run on a file:// log.
+
+Every rank writes what it holds (its replica's digest, a digest of its model's LoRA params, whether they are the
+replica's bit for bit, its state_dict's "hilo" entry, the error lines it raised); the tests compare the ranks with each
+other, with the log (one message per version) and with the site. Every job runs under a deadline, in a process group
+of its own that is killed if it outlives it.
+"""
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hilo.producer.config import ProducerConfig
+from hilo.producer.optimizer import HiLoOptimizer
+from hilo.schemas.errors import ConfigError
+from tests.conftest import small_model
+from tests.helpers import reaped
+from tests.producer.test_training_loops import Follow, published
+
+pytestmark = pytest.mark.slow
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WORKER = str(pathlib.Path(__file__).with_name("_dist_worker.py"))
+JOB_S = 300  # a 2-rank job of a few steps takes 15-30 s on a busy 2-core machine
+
+
+def _env(**extra) -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HILO_CRASH_AT")} | {
+        "OMP_NUM_THREADS": "1"} | extra
+
+
+def _finish(procs: list, what: str) -> list:
+    """Wait for `procs` (each in a session of its own) within JOB_S; kill their process groups past it."""
+    try:
+        return [p.communicate(timeout=JOB_S)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{what} did not end within {JOB_S}s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def reports(out: pathlib.Path) -> list:
+    """Each rank's report (None for a rank that wrote none: one that was killed)."""
+    return [json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else None for r in range(2)]
+
+
+def torchrun(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
+    """`torchrun --standalone --nproc_per_node 2 _dist_worker.py ...`: (exit status, its output, the ranks' reports)."""
+    for f in out.glob("rank*.json"):
+        f.unlink()
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER,
+                             scenario, url, run, str(out), str(steps)], cwd=ROOT, env=_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output, = _finish([proc], f"torchrun {scenario}")
+    return proc.returncode, output, reports(out)
+
+
+def ranks_by_hand(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
+    """The two ranks started directly (RANK, WORLD_SIZE, MASTER_*), no torchrun to stop the survivor when one dies:
+    what a rank does on its own. ([exit status per rank], [output per rank], the ranks' reports)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, WORKER, scenario, url, run, str(out), str(steps)], cwd=ROOT,
+                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), **env),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for r in range(2)]
+    outputs = _finish(procs, f"the ranks of {scenario}")
+    return [p.returncode for p in procs], outputs, reports(out)
+
+
+def assert_ranks_hold_the_replica(r0: dict, r1: dict, version: int):
+    """Both ranks at `version`, their models' LoRA params the same bytes and each bit-equal to its replica."""
+    assert r0["version"] == r1["version"] == version
+    assert r0["digest"] == r1["digest"] and r0["params_sha256"] == r1["params_sha256"]
+    assert r0["params_are_replica"] and r1["params_are_replica"]
+    assert r0["hilo"] == r1["hilo"] == {"run": r0["hilo"]["run"], "version": version, "digest": r0["digest"]}
+    assert r0["groups"] == r1["groups"]
+    assert r0["has_encoder"] and not r1["has_encoder"]  # error feedback: the publishing rank's alone
+
+
+def test_a_ddp_job_publishes_through_one_rank_and_a_restart_continues_the_run(tmp_path):
+    url, run = f"file://{tmp_path}/log", "ddp"
+    follower = Follow(url, run, tmp_path, 5)
+    with reaped(follower.proc):
+        rc, out, (r0, r1) = torchrun("train", url, run, tmp_path, 3)
+        assert rc == 0, out[-4000:]
+        assert r0["start_version"] == r1["start_version"] == 0
+        assert_ranks_hold_the_replica(r0, r1, 3)
+        msgs = published(url, run)
+        assert [m.version for m in msgs] == [1, 2, 3]  # one writer: no fencing, one message per version
+        assert [m.hparams["lr"] for m in msgs] == [3e-3 / (1 + s) for s in range(3)]  # the publishing rank's schedule
+        # The job again: every rank loads rank 0's saved state_dict and continues the run at its head.
+        rc, out, (r0, r1) = torchrun("train", url, run, tmp_path, 2)
+        assert rc == 0, out[-4000:]
+        assert r0["start_version"] == r1["start_version"] == 3
+        assert_ranks_hold_the_replica(r0, r1, 5)
+        assert [m.version for m in published(url, run)] == [1, 2, 3, 4, 5]  # no duplicate, no fork
+        assert follower.digest() == r0["digest"]
+
+
+@pytest.mark.parametrize("scenario,line", [
+    ("codec", r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's is "
+              r"'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)"),
+    ("layout", r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
+               r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
+    ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
+], ids=["codec", "layout", "publish_rank"])
+def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
+    rc, out, (r0, r1) = torchrun(scenario, f"file://{tmp_path}/log", "bad", tmp_path, 2)
+    assert rc != 0
+    assert r0["stopped"] == r1["stopped"] and "\n" not in r0["stopped"]  # the same one line on both ranks
+    assert re.fullmatch(line + ".*", r0["stopped"]), r0["stopped"]
+    assert not (tmp_path / "log").exists()  # the log was never even opened
+
+
+def test_a_step_the_publishing_rank_refuses_moves_no_rank_and_raises_its_line_on_every_rank(tmp_path):
+    url, run = f"file://{tmp_path}/log", "nan"
+    rc, out, (r0, r1) = torchrun("nan", url, run, tmp_path, 3)
+    assert rc == 0, out[-4000:]
+    assert r0["errors"] == r1["errors"] and len(r0["errors"]) == 1
+    assert r0["errors"][0].startswith("TrainerError: run nan: the gradient of '") and "nothing was published" in r0["errors"][0]
+    assert r0["version_after_error"] == r1["version_after_error"] == 1
+    assert_ranks_hold_the_replica(r0, r1, 2)
+    assert [m.version for m in published(url, run)] == [1, 2]
+
+
+def test_the_publishing_rank_killed_mid_step_stops_the_job_and_a_restart_resumes(tmp_path):
+    """Rank 0 is SIGKILLed right after v2's transaction committed, before it told rank 1: rank 1 stops on its own
+    (no torchrun here to stop it) with one line well within the deadline; the restarted job resumes at v2."""
+    url, run = f"file://{tmp_path}/log", "killed"
+    follower = Follow(url, run, tmp_path, 4)
+    with reaped(follower.proc):
+        codes, outs, (r0, r1) = ranks_by_hand("train", url, run, tmp_path, 4, HILO_TEST_CRASH="0:trainer.committed:2")
+        assert codes[0] == -signal.SIGKILL and r0 is None
+        assert codes[1] != 0, outs[1][-3000:]
+        assert r1["stopped"].startswith("TrainerError: run killed: rank 1 of 2, step: the publishing rank 0 stopped "
+                                        "or did not answer within rank_timeout_s = 60s"), r1["stopped"]
+        assert [m.version for m in published(url, run)] == [1, 2]  # v2 is on the log; rank 1 never applied it
+        rc, out, (r0, r1) = torchrun("train", url, run, tmp_path, 2)
+        assert rc == 0, out[-4000:]
+        assert r0["start_version"] == r1["start_version"] == 2
+        assert_ranks_hold_the_replica(r0, r1, 4)
+        assert [m.version for m in published(url, run)] == [1, 2, 3, 4]
+        assert follower.digest() == r0["digest"]
+
+
+def test_a_launch_without_a_process_group_is_refused_before_the_log_is_opened(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets: each rank would otherwise fence the others
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 \(a torchrun / accelerate launch job\) but torch.distributed is not "
+                                          r"initialized"):
+        HiLoOptimizer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log"))
+    assert not (tmp_path / "log").exists()
+
+
+def test_publish_rank_and_rank_timeout_are_checked():
+    with pytest.raises(ConfigError, match=r"ProducerConfig.publish_rank = -1: must be >= 0"):
+        ProducerConfig(run="r", publish_rank=-1)
+    with pytest.raises(ConfigError, match=r"ProducerConfig.rank_timeout_s = 60: must exceed publish_deadline_s = 600"):
+        ProducerConfig(run="r", rank_timeout_s=60)
