@@ -55,13 +55,26 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _launched_alone() -> None:
-    """A launcher started several ranks but torch.distributed is not initialized: each would be a trainer of its own."""
+def _join_launch(config) -> None:
+    """A launcher (torchrun, accelerate launch) started several ranks and nothing initialized torch.distributed: the
+    same code on every rank would open the run as trainers of their own, each fencing the last. Initialize it from
+    the launcher's environment (gloo; NCCL for CUDA tensors where there is a GPU), so that one rank publishes."""
     world = os.environ.get("WORLD_SIZE", "")
-    if world.isdigit() and int(world) > 1 and not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(f"WORLD_SIZE={world} (a torchrun / accelerate launch job) but torch.distributed is not initialized: "
-                          f"every rank would open the run as a trainer of its own and fence the others. Call "
+    if not (world.isdigit() and int(world) > 1) or not dist.is_available() or dist.is_initialized():
+        return
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise ConfigError(f"WORLD_SIZE={world} (a multi-rank launch) without {', '.join(missing)}, and torch.distributed is not "
+                          f"initialized: every rank would open the run as a trainer of its own and fence the others. Call "
                           f"torch.distributed.init_process_group() (or create the Accelerator) before the optimizer")
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    timeout = config.rank_timeout_s or config.publish_deadline_s + SLACK_S
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    if dist.get_rank() == config.publish_rank:
+        logger.warning("run %s: this is rank %d of a %s-rank launch and torch.distributed was not initialized; hilo initialized "
+                       "it (%s) so that this rank alone publishes and every rank holds its policy. Unless the model is "
+                       "wrapped in DistributedDataParallel, each step is this rank's gradients alone", config.run,
+                       dist.get_rank(), world, backend)
 
 
 def _error_of(e: BaseException) -> list:
@@ -168,8 +181,8 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
     in one, a RankProducer on every rank, the log opened by the publishing rank only. `check()`: the caller's
     refusals, run on every rank before anything else; it returns more {what: value} every rank must share."""
     model = unwrap(model)
+    _join_launch(config)
     if not in_job():
-        _launched_alone()
         if check is not None:
             check()
         return open_here(model, config, log_backend, metrics)

@@ -13,6 +13,8 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   layout      rank 1's adapter has another LoRA rank: refused likewise (the optimizer before DDP, which refuses it too)
   publish     publish_rank = 2 in a 2-rank job: refused likewise
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
+  accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
+              whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
 HILO_TEST_CRASH=RANK:POINT:N arms HILO_CRASH_AT=POINT:N (log/crashpoints.py) on that rank only.
 """
 import datetime
@@ -44,6 +46,67 @@ def write():
     (out / f"rank{rank}.json").write_text(json.dumps(report))
 
 
+class AdditionData(torch.utils.data.Dataset):
+    """The tiny trainer's task as a map-style dataset (the same rows on every rank; the sampler shards them)."""
+
+    def __init__(self, n):
+        self.ids, self.labels = batch(torch.Generator().manual_seed(0), n)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def accelerate_loop(model, config, steps):
+    """tests/producer/test_training_loops.py's Accelerate loop, on every rank of the job."""
+    from accelerate import Accelerator
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)  # MULTI_CPU: the job's gloo process group
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, backoff_factor=2.0 ** -120, growth_interval=1000)
+    opt = HiLoOptimizer(model, config, lr=1e-3)
+    data = torch.utils.data.DataLoader(AdditionData(16 * steps), batch_size=4)
+    model_, opt_, data = accelerator.prepare(model, opt, data)
+    report["skipped"] = []
+    for item in data:
+        with accelerator.accumulate(model_):
+            accelerator.backward(model_(**item).loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model_.parameters(), 1.0)
+            opt_.step()
+            if accelerator.sync_gradients:
+                report["skipped"].append(opt_.step_was_skipped)
+            opt_.zero_grad()
+    return opt
+
+
+def plain_loop(opt, ddp, saved, steps):
+    """A plain loop on the DDP model: each rank its own batches, a scheduler, clipping; opt.pt loaded first if saved."""
+    if saved.exists():  # a restarted job resumes from what rank 0 saved (as a framework's checkpoint does)
+        opt.load_state_dict(torch.load(saved, weights_only=True))
+    report["start_version"] = opt.version
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+    gen = torch.Generator().manual_seed(1000 * rank + opt.version)
+    report["grads_sha256"] = []
+    for step in range(steps):
+        ids, labels = batch(gen, 8)
+        ddp(input_ids=ids, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=0.5)
+        grads = b"".join(p.grad.contiguous().numpy().tobytes() for p in opt.producer.params if p.grad is not None)
+        report["grads_sha256"].append(hashlib.sha256(grads).hexdigest())  # DDP: the same on every rank
+        if scenario == "nan" and step == 1 and rank == 0:
+            opt.producer.params[3].grad[0, 0] = float("nan")
+        try:
+            opt.step()
+        except Exception as e:  # noqa: BLE001  (the test compares every rank's line)
+            if scenario != "nan":
+                raise
+            report["errors"].append(f"{type(e).__name__}: {e}")
+            report["version_after_error"] = opt.version
+        sched.step()
+        opt.zero_grad()
+
+
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     other = rank != 0
@@ -57,33 +120,16 @@ def main():
     cfg |= {"publish_rank": 2} if scenario == "publish" else {}
     config = ProducerConfig(run=run, log=url, budget=Budget(0.25), checkpoint_every=3, publish_deadline_s=20,
                             rank_timeout_s=60, **cfg)
-    if scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
+    saved = out / "opt.pt"
+    if scenario == "accelerate":
+        opt = accelerate_loop(model, config, steps)
+    elif scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
         opt = HiLoOptimizer(model, config, lr=3e-3)
-        ddp = DistributedDataParallel(model)
+        DistributedDataParallel(model)
     else:
         ddp = DistributedDataParallel(model)
         opt = HiLoOptimizer(ddp, config, lr=3e-3)
-    saved = out / "opt.pt"
-    if saved.exists():  # a restarted job resumes from what rank 0 saved (as a framework's checkpoint does)
-        opt.load_state_dict(torch.load(saved, weights_only=True))
-    report["start_version"] = opt.version
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
-    gen = torch.Generator().manual_seed(1000 * rank + opt.version)
-    for step in range(steps):
-        ids, labels = batch(gen, 8)
-        ddp(input_ids=ids, labels=labels).loss.backward()
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=0.5)
-        if scenario == "nan" and step == 1 and rank == 0:
-            opt.producer.params[3].grad[0, 0] = float("nan")
-        try:
-            opt.step()
-        except Exception as e:  # noqa: BLE001  (the test compares every rank's line)
-            if scenario != "nan":
-                raise
-            report["errors"].append(f"{type(e).__name__}: {e}")
-            report["version_after_error"] = opt.version
-        sched.step()
-        opt.zero_grad()
+        plain_loop(opt, ddp, saved, steps)
     p = opt.producer
     flat = b"".join(t.detach().float().contiguous().numpy().tobytes() for t in p.params)
     report.update(version=opt.version, digest=p.replica.digest.hex(), params_sha256=hashlib.sha256(flat).hexdigest(),

@@ -54,15 +54,20 @@ def reports(out: pathlib.Path) -> list:
     return [json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else None for r in range(2)]
 
 
-def torchrun(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
-    """`torchrun --standalone --nproc_per_node 2 _dist_worker.py ...`: (exit status, its output, the ranks' reports)."""
+def launch(launcher: list, script: str, args: list, out: pathlib.Path, **env) -> tuple:
+    """`launcher script args` (a 2-rank job): (exit status, its output, the ranks' reports)."""
     for f in out.glob("rank*.json"):
         f.unlink()
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER,
-                             scenario, url, run, str(out), str(steps)], cwd=ROOT, env=_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    output, = _finish([proc], f"torchrun {scenario}")
+    proc = subprocess.Popen([sys.executable, "-m", *launcher, script, *map(str, args)], cwd=ROOT, env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output, = _finish([proc], " ".join(launcher))
     return proc.returncode, output, reports(out)
+
+
+def torchrun(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
+    """`torchrun --standalone --nproc_per_node 2 _dist_worker.py SCENARIO ...`."""
+    return launch(["torch.distributed.run", "--standalone", "--nproc_per_node", "2"], WORKER, [scenario, url, run, out, steps],
+                  out, **env)
 
 
 def ranks_by_hand(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
@@ -98,6 +103,7 @@ def test_a_ddp_job_publishes_through_one_rank_and_a_restart_continues_the_run(tm
         assert rc == 0, out[-4000:]
         assert r0["start_version"] == r1["start_version"] == 0
         assert_ranks_hold_the_replica(r0, r1, 3)
+        assert r0["grads_sha256"] == r1["grads_sha256"]  # each rank its own batches, DDP's all-reduced gradients
         msgs = published(url, run)
         assert [m.version for m in msgs] == [1, 2, 3]  # one writer: no fencing, one message per version
         assert [m.hparams["lr"] for m in msgs] == [3e-3 / (1 + s) for s in range(3)]  # the publishing rank's schedule
@@ -107,6 +113,39 @@ def test_a_ddp_job_publishes_through_one_rank_and_a_restart_continues_the_run(tm
         assert r0["start_version"] == r1["start_version"] == 3
         assert_ranks_hold_the_replica(r0, r1, 5)
         assert [m.version for m in published(url, run)] == [1, 2, 3, 4, 5]  # no duplicate, no fork
+        assert follower.digest() == r0["digest"]
+
+
+def test_accelerate_in_a_2_rank_job_and_a_step_the_grad_scaler_skips_on_every_rank(tmp_path):
+    """Accelerate's own loop (prepare: DDP and a sharded loader; accumulation; clipping); its grad scaler skips the
+    first step on both ranks (the all-reduced gradient overflows on both), so that step calls no one's step()."""
+    url, run = f"file://{tmp_path}/log", "accel"
+    follower = Follow(url, run, tmp_path, 3)
+    with reaped(follower.proc):
+        rc, out, (r0, r1) = torchrun("accelerate", url, run, tmp_path, 4)
+        assert rc == 0, out[-4000:]
+        assert r0["skipped"] == r1["skipped"] == [True, False, False, False]
+        assert_ranks_hold_the_replica(r0, r1, 3)
+        assert [m.version for m in published(url, run)] == [1, 2, 3]
+        assert follower.digest() == r0["digest"]
+
+
+def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
+    """`accelerate launch` (torchrun underneath; --multi_gpu is its multi-process switch, on CPU here) of the README's
+    plain loop, word for word: nothing in it initializes torch.distributed, so HiLoOptimizer does, from the launcher's
+    environment, and rank 0 publishes."""
+    url, run = f"file://{tmp_path}/log", "launched"
+    follower = Follow(url, run, tmp_path, 4)
+    with reaped(follower.proc):
+        rc, out, (r0, r1) = launch(["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                                    "--mixed_precision", "no", "--dynamo_backend", "no"],
+                                   str(pathlib.Path(WORKER).with_name("_snippet_worker.py")), [url, run, tmp_path, 4], tmp_path)
+        assert rc == 0, out[-4000:]
+        assert "hilo initialized it (gloo) so that this rank alone publishes" in out
+        assert r0["publishes"] and not r1["publishes"]
+        assert r0["version"] == r1["version"] == 4 and r0["digest"] == r1["digest"]
+        assert r0["params_sha256"] == r1["params_sha256"] and r0["params_are_replica"] and r1["params_are_replica"]
+        assert [m.version for m in published(url, run)] == [1, 2, 3, 4]
         assert follower.digest() == r0["digest"]
 
 
@@ -156,10 +195,12 @@ def test_the_publishing_rank_killed_mid_step_stops_the_job_and_a_restart_resumes
         assert follower.digest() == r0["digest"]
 
 
-def test_a_launch_without_a_process_group_is_refused_before_the_log_is_opened(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets: each rank would otherwise fence the others
-    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 \(a torchrun / accelerate launch job\) but torch.distributed is not "
-                                          r"initialized"):
+def test_a_multi_rank_launch_that_cannot_be_joined_is_refused_before_the_log_is_opened(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a launcher's, without its rendezvous: each rank would fence the others
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 \(a multi-rank launch\) without RANK, MASTER_ADDR, MASTER_PORT, and "
+                                          r"torch.distributed is not initialized"):
         HiLoOptimizer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log"))
     assert not (tmp_path / "log").exists()
 
