@@ -77,6 +77,21 @@ def _join_launch(config) -> None:
                        dist.get_rank(), world, backend)
 
 
+def refuse_sharded(model: torch.nn.Module, params: list) -> None:
+    """LoRA parameters that no rank holds whole are refused: the replica, the encoder and write-back need the adapter
+    entire on the publishing rank and on every rank that applies its messages."""
+    how = None
+    if any(type(p).__name__ == "DTensor" for p in params):
+        how = "sharded by FSDP2 (fully_shard: DTensor parameters)"
+    elif any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
+        how = "inside FSDP (FullyShardedDataParallel flattens and shards them)"
+    elif any(hasattr(p, "ds_id") for p in params):
+        how = "partitioned by DeepSpeed ZeRO-3"
+    if how:
+        raise ConfigError(f"the LoRA parameters are {how}: not supported; every rank must hold the whole adapter. Wrap the "
+                          f"model in DistributedDataParallel instead (a LoRA adapter is small: replicating it is what DDP does)")
+
+
 def _error_of(e: BaseException) -> list:
     """[type name, its line, in_doubt]: what the other ranks need to raise the same error."""
     return [type(e).__name__, str(e), bool(getattr(e, "in_doubt", False))]
@@ -183,6 +198,7 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
     model = unwrap(model)
     _join_launch(config)
     if not in_job():
+        refuse_sharded(model, lora_parameters(model, config.adapter)[1])
         if check is not None:
             check()
         return open_here(model, config, log_backend, metrics)
@@ -191,6 +207,7 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
     refusal, fp, manifest, params = None, None, None, None
     try:
         manifest, params = lora_parameters(model, config.adapter)
+        refuse_sharded(model, params)
         extra = check() if check is not None else None
         if config.publish_rank >= ranks.world:
             raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are 0..{ranks.world - 1}")

@@ -12,6 +12,7 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   codec       rank 1 asks for another codec: refused on both ranks before anything is published
   layout      rank 1's adapter has another LoRA rank: refused likewise (the optimizer before DDP, which refuses it too)
   publish     publish_rank = 2 in a 2-rank job: refused likewise
+  fsdp2       the model sharded by FSDP2's fully_shard: refused likewise
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
   accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
               whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
@@ -123,6 +124,10 @@ def main():
     saved = out / "opt.pt"
     if scenario == "accelerate":
         opt = accelerate_loop(model, config, steps)
+    elif scenario == "fsdp2":  # the LoRA params become DTensor shards: refused on every rank
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model)
+        opt = HiLoOptimizer(model, config, lr=3e-3)
     elif scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
         opt = HiLoOptimizer(model, config, lr=3e-3)
         DistributedDataParallel(model)

@@ -155,7 +155,9 @@ def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
     ("layout", r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
                r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
     ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
-], ids=["codec", "layout", "publish_rank"])
+    ("fsdp2", r"ConfigError: rank 0 of 2: the LoRA parameters are sharded by FSDP2 \(fully_shard: DTensor parameters\): not "
+              r"supported; every rank must hold the whole adapter\. Wrap the model in DistributedDataParallel instead"),
+], ids=["codec", "layout", "publish_rank", "fsdp2"])
 def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
     rc, out, (r0, r1) = torchrun(scenario, f"file://{tmp_path}/log", "bad", tmp_path, 2)
     assert rc != 0
