@@ -13,6 +13,7 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   layout      rank 1's adapter has another LoRA rank: refused likewise (the optimizer before DDP, which refuses it too)
   publish     publish_rank = 2 in a 2-rank job: refused likewise
   fsdp2       the model sharded by FSDP2's fully_shard: refused likewise
+  die         rank 1 SIGKILLs itself at the second step, after its backward (the publishing rank is then in step())
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
   accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
               whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
@@ -23,6 +24,7 @@ import hashlib
 import json
 import os
 import pathlib
+import signal
 import sys
 
 scenario, url, run, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4]), int(sys.argv[5])
@@ -95,6 +97,8 @@ def plain_loop(opt, ddp, saved, steps):
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=0.5)
         grads = b"".join(p.grad.contiguous().numpy().tobytes() for p in opt.producer.params if p.grad is not None)
         report["grads_sha256"].append(hashlib.sha256(grads).hexdigest())  # DDP: the same on every rank
+        if scenario == "die" and step == 1 and rank == 1:  # mid-step for the publishing rank, which is in step()
+            os.kill(os.getpid(), signal.SIGKILL)
         if scenario == "nan" and step == 1 and rank == 0:
             opt.producer.params[3].grad[0, 0] = float("nan")
         try:

@@ -177,17 +177,27 @@ def test_a_step_the_publishing_rank_refuses_moves_no_rank_and_raises_its_line_on
     assert [m.version for m in published(url, run)] == [1, 2]
 
 
-def test_the_publishing_rank_killed_mid_step_stops_the_job_and_a_restart_resumes(tmp_path):
-    """Rank 0 is SIGKILLed right after v2's transaction committed, before it told rank 1: rank 1 stops on its own
-    (no torchrun here to stop it) with one line well within the deadline; the restarted job resumes at v2."""
+@pytest.mark.parametrize("killed", [0, 1], ids=["the publishing rank", "the other rank"])
+def test_a_rank_killed_mid_step_stops_the_job_with_one_line_and_a_restart_resumes(tmp_path, killed):
+    """SIGKILL mid-step: the publishing rank right after v2's transaction committed, before it told rank 1; or rank 1
+    after its backward, while the publishing rank is in step(). The survivor stops on its own (no torchrun here to stop
+    it), with one line, long before any timeout; v2 is on the log once, and the restarted job resumes there."""
     url, run = f"file://{tmp_path}/log", "killed"
     follower = Follow(url, run, tmp_path, 4)
+    survivor = 1 - killed
     with reaped(follower.proc):
-        codes, outs, (r0, r1) = ranks_by_hand("train", url, run, tmp_path, 4, HILO_TEST_CRASH="0:trainer.committed:2")
-        assert codes[0] == -signal.SIGKILL and r0 is None
-        assert codes[1] != 0, outs[1][-3000:]
-        assert r1["stopped"].startswith("TrainerError: run killed: rank 1 of 2, step: the publishing rank 0 stopped "
-                                        "or did not answer within rank_timeout_s = 60s"), r1["stopped"]
+        crash = {"HILO_TEST_CRASH": "0:trainer.committed:2"} if killed == 0 else {}
+        codes, outs, reps = ranks_by_hand("train" if killed == 0 else "die", url, run, tmp_path, 4, **crash)
+        assert codes[killed] == -signal.SIGKILL and reps[killed] is None
+        assert codes[survivor] != 0, outs[survivor][-3000:]
+        line = reps[survivor]["stopped"]
+        assert "\n" not in line
+        if killed == 0:
+            assert line.startswith("TrainerError: run killed: rank 1 of 2, step: the publishing rank 0 stopped or did not "
+                                   "answer within rank_timeout_s = 60s"), line
+        else:
+            assert line.startswith("TrainerError: run killed: rank 0 of 2, step (sending v2 to the ranks): a rank stopped or "
+                                   "did not answer within rank_timeout_s = 60s"), line
         assert [m.version for m in published(url, run)] == [1, 2]  # v2 is on the log; rank 1 never applied it
         rc, out, (r0, r1) = torchrun("train", url, run, tmp_path, 2)
         assert rc == 0, out[-4000:]
