@@ -285,7 +285,7 @@ class RankProducer:
         self.inner, self._replica = inner, replica
         self.rule = get_optimizer(config.optimizer)
         self.master = None  # gradient mode only
-        self.last_step, self._fenced = {}, False
+        self._last_step, self._fenced = {}, False
         if inner is not None:
             inner.publisher = _Remembers(inner.publisher)
 
@@ -315,6 +315,11 @@ class RankProducer:
     def builder(self):
         """The publishing rank's UpdateBuilder (encoder and error feedback); None on the others."""
         return self.inner.builder if self.inner is not None else None
+
+    @property
+    def last_step(self) -> dict:
+        """The publishing rank's account of the last step (version, bytes, chunks, seconds), on every rank."""
+        return self.inner.last_step if self.inner is not None else self._last_step
 
     @property
     def fenced(self) -> bool:
@@ -413,6 +418,6 @@ class RankProducer:
                                   f"publishing rank v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
         if "message" in frame or "checkpoint" in frame:
             self.write_back()
-        self.last_step, self._fenced = frame["last_step"], frame["fenced"]
+        self._last_step, self._fenced = frame["last_step"], frame["fenced"]
         if frame["error"] is not None:
             _raise_as(frame["error"])

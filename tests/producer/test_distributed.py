@@ -17,11 +17,17 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hilo.producer.config import ProducerConfig
+from hilo.producer.distributed import RankProducer, _raise_as
+from hilo.producer.lora_params import lora_parameters
 from hilo.producer.optimizer import HiLoOptimizer
-from hilo.schemas.errors import ConfigError
-from tests.conftest import small_model
+from hilo.producer.producer import HiLoProducer
+from hilo.replica.replica import PolicyReplica
+from hilo.schemas.errors import ConfigError, NotPublished, TrainerError
+from hilo.schemas.records import decode_record
+from tests.conftest import producer_config, small_model
 from tests.helpers import reaped
 from tests.producer.test_training_loops import Follow, published
 
@@ -222,3 +228,88 @@ def test_publish_rank_and_rank_timeout_are_checked():
         ProducerConfig(run="r", publish_rank=-1)
     with pytest.raises(ConfigError, match=r"ProducerConfig.rank_timeout_s = 60: must exceed publish_deadline_s = 600"):
         ProducerConfig(run="r", rank_timeout_s=60)
+
+
+# -- the step protocol in one process: two RankProducers joined by a wire instead of a process group ------------------
+
+class Wire:
+    """Stands in for Ranks: what the publishing rank shares is handed, in order, to the other rank's next share."""
+
+    def __init__(self, rank, frames):
+        self.rank, self.world, self.publish_rank, self.frames = rank, 2, 0, frames
+
+    @property
+    def publishes(self):
+        return self.rank == 0
+
+    def share(self, data, what):
+        if self.publishes:
+            self.frames.append(data)
+            return data
+        return self.frames.pop(0)
+
+
+def joined_pair(tmp_path):
+    """(publishing RankProducer over a real HiLoProducer on a file log, the other rank's, the other rank's model)."""
+    frames, cfg = [], producer_config(run="wire", log=f"file://{tmp_path}/log")
+    inner = HiLoProducer.open(small_model(), cfg)
+    pub = RankProducer(Wire(0, frames), inner.model, cfg, inner.manifest, inner.params, inner)
+    other_model = small_model(seed=1)
+    _, params = lora_parameters(other_model)
+    start = PolicyReplica.from_checkpoint(decode_record(inner.replica.checkpoint().to_bytes(), "start"), "start")
+    other = RankProducer(Wire(1, frames), other_model, cfg, inner.manifest, params, None, start)
+    other.write_back()
+    return pub, other
+
+
+def grads(producer, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for p in producer.params:
+        p.grad = torch.randn(p.shape, generator=gen) * 0.01
+
+
+def assert_same(pub, other):
+    assert (other.version, other.replica.digest) == (pub.version, pub.replica.digest)
+    assert all(torch.equal(a.detach(), b.detach()) for a, b in zip(pub.params, other.params))
+    assert all(torch.equal(a.detach(), r) for a, r in zip(other.params, other.replica.state.params))
+
+
+def test_each_frame_moves_the_other_rank_as_the_publishing_rank_moved(tmp_path):
+    pub, other = joined_pair(tmp_path)
+    assert_same(pub, other)
+    for seed in range(3):  # one message per step
+        grads(pub, seed)
+        assert pub.step(lr=1e-3) == other.step() == seed + 1
+        assert_same(pub, other)
+        assert other.last_step["bytes"] == pub.last_step["bytes"] > 0
+    assert all(p.grad is None for p in other.params)  # zero_grad=True, as on the publishing rank
+
+    def twice():  # the replica moves by more than one message (as a resync that adopts a version, then a step)
+        for seed in (10, 11):
+            grads(pub, seed)
+            pub.inner.step(lr=1e-3)
+    pub._together("two steps", twice)
+    other._together("two steps", None)
+    assert other.version == 5
+    assert_same(pub, other)
+    assert other.replica.recent[3] == pub.replica.recent[3]  # the versions it applied before are still remembered
+
+    with pytest.raises(TrainerError, match="no LoRA parameter has a gradient") as raised:  # nothing to publish
+        pub.step(lr=1e-3)
+    with pytest.raises(TrainerError) as echoed:
+        other.step()
+    assert str(echoed.value) == str(raised.value) and other.version == pub.version == 5
+    assert_same(pub, other)
+    with pytest.raises(AttributeError, match=r"HiLoProducer.metrics: rank 1 does not publish \(the publishing rank is 0\)"):
+        other.metrics  # noqa: B018
+    pub.close()
+
+
+def test_another_ranks_error_is_raised_as_the_same_type_and_line():
+    with pytest.raises(NotPublished, match="^v3 was not published$") as e:
+        _raise_as(["NotPublished", "v3 was not published", True])
+    assert e.value.in_doubt
+    with pytest.raises(ValueError, match="^bad$"):
+        _raise_as(["ValueError", "bad", False])
+    with pytest.raises(TrainerError, match="^SomeLibraryError: it broke$"):
+        _raise_as(["SomeLibraryError", "it broke", False])
