@@ -15,6 +15,7 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   fsdp2       the model sharded by FSDP2's fully_shard: refused likewise
   die         rank 1 SIGKILLs itself at the second step, after its backward (the publishing rank is then in step())
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
+  trainer     transformers Trainer to global step STEPS (a restarted job resumes from its newest save)
   accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
               whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
 HILO_TEST_CRASH=RANK:POINT:N arms HILO_CRASH_AT=POINT:N (log/crashpoints.py) on that rank only.
@@ -83,6 +84,22 @@ def accelerate_loop(model, config, steps):
     return opt
 
 
+def trainer_loop(model, config, steps):
+    """transformers Trainer under the job, to global step STEPS: it wraps the model in DDP itself, saves every 2 steps
+    (the optimizer's state_dict on rank 0 only) and, in a restarted job, resumes on every rank from the newest save."""
+    from transformers import Trainer, TrainingArguments
+    opt = HiLoOptimizer(model, config, lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    args = TrainingArguments(output_dir=str(out / "trainer-out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                             max_steps=steps, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True, save_steps=2)
+    trainer = Trainer(model=model, args=args, train_dataset=AdditionData(128), optimizers=(opt, sched))
+    saves = sorted((out / "trainer-out").glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))
+    report["start_version"] = opt.version
+    trainer.train(resume_from_checkpoint=str(saves[-1]) if saves else None)
+    report["global_step"] = trainer.state.global_step
+    return opt
+
+
 def plain_loop(opt, ddp, saved, steps):
     """A plain loop on the DDP model: each rank its own batches, a scheduler, clipping; opt.pt loaded first if saved."""
     if saved.exists():  # a restarted job resumes from what rank 0 saved (as a framework's checkpoint does)
@@ -128,6 +145,8 @@ def main():
     saved = out / "opt.pt"
     if scenario == "accelerate":
         opt = accelerate_loop(model, config, steps)
+    elif scenario == "trainer":
+        opt = trainer_loop(model, config, steps)
     elif scenario == "fsdp2":  # the LoRA params become DTensor shards: refused on every rank
         from torch.distributed.fsdp import fully_shard
         fully_shard(model)

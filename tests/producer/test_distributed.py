@@ -136,6 +136,24 @@ def test_accelerate_in_a_2_rank_job_and_a_step_the_grad_scaler_skips_on_every_ra
         assert follower.digest() == r0["digest"]
 
 
+def test_transformers_trainer_in_a_2_rank_job_and_its_resume(tmp_path):
+    """Trainer wraps the model in DDP itself and saves the optimizer's state_dict on rank 0 only (no collective may hide
+    in state_dict); the restarted job resumes on every rank from checkpoint-4 and continues the run at v4."""
+    url, run = f"file://{tmp_path}/log", "trainer"
+    follower = Follow(url, run, tmp_path, 6)
+    with reaped(follower.proc):
+        rc, out, (r0, r1) = torchrun("trainer", url, run, tmp_path, 4)
+        assert rc == 0, out[-4000:]
+        assert r0["global_step"] == r1["global_step"] == 4
+        assert_ranks_hold_the_replica(r0, r1, 4)
+        rc, out, (r0, r1) = torchrun("trainer", url, run, tmp_path, 6)
+        assert rc == 0, out[-4000:]
+        assert r0["start_version"] == r1["start_version"] == 4 and r0["global_step"] == r1["global_step"] == 6
+        assert_ranks_hold_the_replica(r0, r1, 6)
+        assert [m.version for m in published(url, run)] == [1, 2, 3, 4, 5, 6]
+        assert follower.digest() == r0["digest"]
+
+
 def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
     """`accelerate launch` (torchrun underneath; --multi_gpu is its multi-process switch, on CPU here) of the README's
     plain loop, word for word: nothing in it initializes torch.distributed, so HiLoOptimizer does, from the launcher's
