@@ -181,7 +181,7 @@ def _refuse(gathered: list, ranks: Ranks) -> None:
     for rank, (refusal, _) in enumerate(gathered):
         if refusal is not None:
             _raise_as([refusal[0], f"rank {rank} of {ranks.world}: {refusal[1]}", refusal[2]])
-    p = ranks.publish_rank
+    p = int(gathered[0][1]["ProducerConfig.publish_rank"])  # rank 0's word, so that every rank names the same one
     ours = gathered[p][1]
     for rank, (_, theirs) in enumerate(gathered):
         for what in ours:

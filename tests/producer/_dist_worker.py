@@ -12,6 +12,7 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   codec       rank 1 asks for another codec: refused on both ranks before anything is published
   layout      rank 1's adapter has another LoRA rank: refused likewise (the optimizer before DDP, which refuses it too)
   publish     publish_rank = 2 in a 2-rank job: refused likewise
+  publish_rank  rank 1 names itself the publishing rank: refused likewise (the same line on both ranks)
   fsdp2       the model sharded by FSDP2's fully_shard: refused likewise
   die         rank 1 SIGKILLs itself at the second step, after its backward (the publishing rank is then in step())
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
@@ -140,6 +141,7 @@ def main():
                     p.add_(0.5)
     cfg = {"codec": "dense"} if scenario == "codec" and other else {}
     cfg |= {"publish_rank": 2} if scenario == "publish" else {}
+    cfg |= {"publish_rank": 1} if scenario == "publish_rank" and other else {}
     config = ProducerConfig(run=run, log=url, budget=Budget(0.25), checkpoint_every=3, publish_deadline_s=20,
                             rank_timeout_s=60, **cfg)
     saved = out / "opt.pt"

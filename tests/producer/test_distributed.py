@@ -181,7 +181,9 @@ def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
     ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
     ("fsdp2", r"ConfigError: rank 0 of 2: the LoRA parameters are sharded by FSDP2 \(fully_shard: DTensor parameters\): not "
               r"supported; every rank must hold the whole adapter\. Wrap the model in DistributedDataParallel instead"),
-], ids=["codec", "layout", "publish_rank", "fsdp2"])
+    ("publish_rank", r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing rank 0's "
+                     r"is 0; every rank must"),
+], ids=["codec", "layout", "publish_rank_outside", "fsdp2", "publish_rank_differs"])
 def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
     rc, out, (r0, r1) = torchrun(scenario, f"file://{tmp_path}/log", "bad", tmp_path, 2)
     assert rc != 0
