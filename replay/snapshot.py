@@ -3,8 +3,10 @@
 DIR/snapshot/{state.bin, state.msgpack, position.json, recent.msgpack}: state.bin is the replica's fp32 tensors as
 they lie in memory, concatenated (params, then each optimizer slot, manifest order: the order the digest hashes),
 state.msgpack a small header (format marker, run, version, digest, history, manifest, optimizer, slot names,
-scalars; checksummed). Raw bytes, written at disk speed: no copy, no compression (at the 1.7B/AdamW shape the
-msgpack + zstd checkpoint record spent 13.7 s to save 18% of 837 MB; `python -m hilo.ops.bench.snapshot` measures both).
+scalars; checksummed). Raw bytes, written at disk speed, uncompressed: at the 1.7B/AdamW shape 837 MB save in
+0.6 s and load cold in 0.7 s where the msgpack + zstd checkpoint record took 3.8 s and 2.3 s to keep 9-21% fewer bytes,
+and zstd over the raw bytes still cost 0.7-1.8 s more than it saved writing (docs/results/snapshot.json, written by
+`python -m hilo.ops.bench.snapshot --out docs/results`): compressing pays only on a disk slower than ~40-220 MB/s.
 `load` re-hashes the state and refuses one whose digest is not the saved one (torn, or altered); a snapshot from
 before the format (DIR/snapshot/state.ckpt, a checkpoint record) still loads.
 

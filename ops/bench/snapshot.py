@@ -1,16 +1,17 @@
 """A site's snapshot at a real adapter's shape: the checkpoint-record format (msgpack + zstd) against raw tensor bytes.
 
-    python -m hilo.ops.bench.snapshot [--shape qwen3-1.7b] [--versions 100] [--repeats 3] [--out DIR] [--json]
+    python -m hilo.ops.bench.snapshot [--shape qwen3-1.7b] [--state spar4:30 --state dense:3] [--repeats 3] [--out DIR] [--json]
 
-A site's AdamW replica is built as `hilo bench replay` builds it (spar4 at 1.6% from the synthetic gradients,
-replica/synthetic.py, for `versions` versions), so its optimizer moments compress as a running site's do. Then, each
-`repeats` times in a fresh state dir on the disk that holds the temp dir, fsynced as a site saves: SnapshotStore.save
-in the checkpoint format (format 1: msgpack + zstd level 1) and in the raw format (format 2, the default), and
-SnapshotStore.load of each after its files are dropped from the page cache (a restart's cold read; the raw load
-re-hashes the state). And what deciding on compression needs: the raw tensor bytes through zstd (level 1, and
-level 1 on every core) then written and fsynced, never stored. And the stall the apply loop sees with background
-snapshots: the copy of the state into the reused second buffers (consumer/snapshots.py StateCopy), first (allocating)
-and reused, and the digest the writer thread re-checks. Medians of `repeats`; times in seconds, sizes in bytes.
+Each --state CODEC:N is a site's AdamW replica after N versions made from the synthetic gradients (replica/synthetic.py)
+by that codec: spar4 at 1.6% as `hilo bench replay` makes them (the moments of blocks not yet sent are zero, so an
+early state compresses best), or dense (every moment set: what a long-running site's state becomes, as each entry
+is sent sooner or later). For each, `repeats` times in a fresh state dir on the disk that holds the temp dir, fsynced
+as a site saves: SnapshotStore.save in the checkpoint format (format 1: msgpack + zstd level 1) and in the raw format
+(format 2, the default), and SnapshotStore.load of each after its files are dropped from the page cache (a restart's
+cold read; the raw load re-hashes the state). What deciding on compression needs: the raw tensor bytes through zstd
+(level 1, and level 1 on every core) then written and fsynced, never stored. And the stall the apply loop sees with
+background snapshots: the copy of the state into the reused second buffers (consumer/snapshots.py StateCopy), first
+(allocating) and reused, and the digest the writer thread re-checks. Medians of `repeats`; seconds and bytes.
 """
 import argparse
 import os
@@ -38,16 +39,15 @@ def _say(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def site_state(shape: str, versions: int) -> PolicyReplica:
-    """An AdamW replica `versions` versions in, stepped as `hilo bench replay`'s trainer steps it."""
+def site_state(shape: str, codec: str, versions: int) -> PolicyReplica:
+    """An AdamW replica `versions` versions in, stepped by a trainer with `codec` (spar4 at 1.6%, or dense)."""
     manifest = qwen3_manifest(shape)
     replica = PolicyReplica.genesis("bench-snapshot", manifest, initial_params(manifest), "adamw")
-    builder = UpdateBuilder(replica, make_encoder("spar4", manifest, Budget(0.016)))
+    builder = UpdateBuilder(replica, make_encoder(codec, manifest, Budget(0.016) if codec == "spar4" else Budget()))
     stream = GradientStream(manifest, seed=0)
     for v in range(versions):
         builder.step(stream.next(), {"lr": DEFAULT_LR["adamw"]})
-        if (v + 1) % 20 == 0:
-            _say(f"bench snapshot: {shape}: state at v{v + 1}/{versions}")
+        _say(f"bench snapshot: {shape}: {codec} state at v{v + 1}/{versions}")
     return replica
 
 
@@ -109,21 +109,21 @@ def _median(rows: list) -> dict:
     return {k: (round(statistics.median(r[k] for r in rows), 3) if k.endswith("_s") else rows[0][k]) for k in rows[0]}
 
 
-def run_bench(shape: str, versions: int, repeats: int) -> dict:
-    """The rows: each format's save/load, zstd over raw, the copy and the digest."""
-    replica = site_state(shape, versions)
+def one(shape: str, codec: str, versions: int, repeats: int) -> dict:
+    """The row of one state: each format's save/load, zstd over raw, the copy and the digest."""
+    replica = site_state(shape, codec, versions)
     s = replica.state
-    raw_bytes = 4 * s.manifest.numel * (1 + len(s.slots))
+    moments = [t for ts in s.slots.values() for t in ts]
     work = pathlib.Path(tempfile.mkdtemp(prefix="hilo-bench-snapshot-"))
     try:
         formats = {}
         for fmt in ("ckpt", "raw"):
             formats[fmt] = _median([_store(replica, fmt, work) for _ in range(repeats)])
-            _say(f"bench snapshot: {fmt}: {formats[fmt]}")
+            _say(f"bench snapshot: {codec}:{versions}: {fmt}: {formats[fmt]}")
         zstd = {}
         for name, threads in (("zstd1", 0), ("zstd1_all_cores", -1)):
             zstd[name] = _median([_zstd_raw(replica, work, threads) for _ in range(repeats)])
-            _say(f"bench snapshot: raw through {name}: {zstd[name]}")
+            _say(f"bench snapshot: {codec}:{versions}: raw through {name}: {zstd[name]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     copy = StateCopy()
@@ -138,38 +138,56 @@ def run_bench(shape: str, versions: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         assert c.state.digest() == replica.digest
         digest.append(time.perf_counter() - t0)
-    return {"shape": shape, "rank": s.manifest.rank, "optimizer": "adamw", "versions": versions, "codec": "spar4",
-            "budget": "1.6%", "repeats": repeats,
-            "state_bytes": raw_bytes, "cores": os.cpu_count(), "formats": formats, "raw_through_zstd": zstd,
+    return {"codec": codec, "budget": "1.6%" if codec == "spar4" else "100%", "versions": versions,
+            "moments_nonzero": round(sum(int(t.count_nonzero()) for t in moments) / sum(t.numel() for t in moments), 3),
+            "state_bytes": 4 * s.manifest.numel * (1 + len(s.slots)), "formats": formats, "raw_through_zstd": zstd,
             "copy_first_s": round(first, 3), "copy_s": round(statistics.median(reused), 3),
             "digest_s": round(statistics.median(digest), 3),
             "save_speedup": round(formats["ckpt"]["save_s"] / formats["raw"]["save_s"], 1),
             "load_speedup": round(formats["ckpt"]["load_s"] / formats["raw"]["load_s"], 1)}
 
 
+def run_bench(shape: str, states: list, repeats: int) -> dict:
+    """One row per (codec, versions) state."""
+    return {"shape": shape, "rank": qwen3_manifest(shape).rank, "optimizer": "adamw", "repeats": repeats,
+            "cores": os.cpu_count(), "rows": [one(shape, codec, n, repeats) for codec, n in states]}
+
+
 def table(res: dict) -> str:
-    """One row per way of writing the state."""
-    out = [f"| snapshot of {res['shape']} r{res['rank']} AdamW ({res['versions']} versions in) | MB on disk | save s (fsynced) | "
-           "cold load s |", "|---|---:|---:|---:|"]
+    """One line per state and way of writing it."""
+    out = [f"| {res['shape']} r{res['rank']} AdamW state | written as | MB on disk | save s (fsynced) | cold load s |",
+           "|---|---|---:|---:|---:|"]
     names = {"ckpt": "checkpoint record: msgpack + zstd 1 (format 1)", "raw": "raw tensor bytes + header (format 2, default)"}
-    for fmt, r in res["formats"].items():
-        out.append(f"| {names[fmt]} | {r['bytes'] / 1e6:,.0f} | {r['save_s']:.2f} | {r['load_s']:.2f} |")
-    for name, r in res["raw_through_zstd"].items():
-        out.append(f"| raw through {name.replace('_', ' ')} (not stored) | {r['bytes'] / 1e6:,.0f} | {r['save_s']:.2f} | |")
-    out.append(f"| the loop's stall per background snapshot: copy into the reused buffers | | {res['copy_s']:.2f} | |")
+    for r in res["rows"]:
+        state = f"{r['codec']} x{r['versions']} ({r['moments_nonzero']:.0%} of moments set)"
+        for fmt, f in r["formats"].items():
+            out.append(f"| {state} | {names[fmt]} | {f['bytes'] / 1e6:,.0f} | {f['save_s']:.2f} | {f['load_s']:.2f} |")
+        for name, z in r["raw_through_zstd"].items():
+            out.append(f"| {state} | raw through {name.replace('_', ' ')} (not stored) | {z['bytes'] / 1e6:,.0f} | "
+                       f"{z['save_s']:.2f} | |")
+        out.append(f"| {state} | the loop's stall per background snapshot: copy into the reused buffers (first: "
+                   f"{r['copy_first_s']:.2f}) | | {r['copy_s']:.2f} | |")
     return "\n".join(out)
+
+
+def _state(text: str) -> tuple:
+    codec, _, n = text.partition(":")
+    if codec not in ("spar4", "dense") or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected spar4:N or dense:N with N >= 1")
+    return codec, int(n)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hilo.ops.bench.snapshot", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-1.7b", help="adapter shape (replica/synthetic.py; default: %(default)s)")
-    p.add_argument("--versions", type=int, default=100, help="versions stepped into the state first (default: %(default)s)")
+    p.add_argument("--state", type=_state, action="append", metavar="CODEC:N",
+                   help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and dense:3)")
     p.add_argument("--repeats", type=int, default=3, help="saves and loads per format; medians (default: %(default)s)")
     p.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
     p.add_argument("--json", action="store_true", help="print the JSON, not the table")
     a = p.parse_args(argv)
     out_dir = results_dir("snapshot", a.out)
-    res = run_bench(a.shape, a.versions, a.repeats)
+    res = run_bench(a.shape, a.state or [("spar4", 30), ("dense", 3)], a.repeats)
     if not save(res, out_dir, "snapshot", a.json):
         print(table(res))
     return 0
