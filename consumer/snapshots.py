@@ -101,6 +101,7 @@ class Snapshots:
         if self.busy:
             if not self.deferred:
                 self.deferred, self.skipped = True, self.skipped + 1
+                self.metrics.inc("snapshots_deferred")
                 logger.info("snapshot of v%d deferred: the previous one is still being written", follower.replica.version)
             return
         t0 = time.perf_counter()
@@ -120,6 +121,7 @@ class Snapshots:
             self.store.save(copy, position)
         except Exception as e:
             self.failure, self.failures = (copy.version, e), self.failures + 1
+            self.metrics.inc("snapshot_failures")
             logger.error("snapshot of v%d failed in the background: %s; the previous snapshot is whole", copy.version,
                          f"{type(e).__name__}: {e}")
             return

@@ -233,6 +233,7 @@ REGIONS = {
     "replay": _bench("replay", "table", f"{RESULTS}/replay.json"),
     "wan": _bench("wan", "markdown", f"{RESULTS}/wan.json"),
     "scrape": Region(scrape_table, (f"{RESULTS}/scrape.json",)),
+    "snapshot": _bench("snapshot", "table", f"{RESULTS}/snapshot.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
 }
 
@@ -277,7 +278,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "replay", "wan", "scrape", "startup")
+              "fanout", "rl", "replay", "snapshot", "wan", "scrape", "startup")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

@@ -67,6 +67,13 @@ def scrape(a):
     return main(a.json, a.shape, a.versions, a.every_ms, a.out)
 
 
+def snapshot(a):
+    """Snapshot save and load time and size by format, and the apply loop's stall per background snapshot."""
+    from hilo.ops.bench.snapshot import main
+    argv = ["--shape", a.shape, "--repeats", str(a.repeats)] + [x for s in a.state or () for x in ("--state", s)]
+    return main(argv + (["--out", a.out] if a.out else []) + (["--json"] if a.json else []))
+
+
 def probe(a):
     """Per block and version: the compressed method's step against the uncompressed shadow's."""
     from hilo.ops.bench.probe import ProbeConfig, main
@@ -177,6 +184,15 @@ def register(sub):
     sc.add_argument("--json", action="store_true", help="print the JSON row")
     sc.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/scrape-TIME)")
     sc.set_defaults(fn=scrape)
+    sn = bsub.add_parser("snapshot", help="a site's snapshot: save and load seconds and bytes per format (raw, msgpack + "
+                         "zstd, raw through zstd) and the apply loop's stall per background snapshot")
+    sn.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
+    sn.add_argument("--state", action="append", metavar="CODEC:N",
+                    help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and dense:3)")
+    sn.add_argument("--repeats", type=at_least(1), default=3, help="saves and loads per format; medians (default: %(default)s)")
+    sn.add_argument("--json", action="store_true", help="print the JSON")
+    sn.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
+    sn.set_defaults(fn=snapshot)
     pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
