@@ -9,6 +9,9 @@ from hilo.replica.codecs import CODECS as CODEC_REGISTRY
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
+# Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
+pytest_plugins = ["tests.leakcheck"]
+
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
 OPTIMIZERS = tuple(OPTIMIZER_REGISTRY)
@@ -80,3 +83,17 @@ def vllm():
     import requests
     requests.get(f"{url}/v1/models", timeout=10).raise_for_status()
     return url, base
+
+
+@pytest.fixture
+def logs():
+    """logs(url, **kw) -> open_log(url, **kw), closed when the test ends (the reads and appends a test makes by hand)."""
+    from hilo.log import open_log
+    opened = []
+
+    def open_(url, **kw):
+        opened.append(open_log(url, **kw))
+        return opened[-1]
+    yield open_
+    for log in reversed(opened):
+        log.close()
