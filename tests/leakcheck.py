@@ -40,7 +40,7 @@ _clients = weakref.WeakSet()  # every kafka-python client made in this process (
 def _origin(skip: int = 2) -> str:
     """Where the caller's caller was called from: the innermost frames in this repository (tests and hilo)."""
     frames = traceback.extract_stack(sys._getframe(skip))
-    here = [f for f in frames if f.filename.startswith(str(ROOT)) and not f.filename.endswith("leakcheck.py")]
+    here = [f for f in frames if f.filename.startswith(str(ROOT)) and f.filename != __file__]
     picked = (here or frames)[-3:]
     tests = [f for f in here if f.filename.startswith(str(ROOT / "tests")) and f not in picked]
     picked = tests[-1:] + picked  # and the test line that led there
@@ -180,10 +180,9 @@ def _stop(clients, pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass  # a grandchild: its parent (or init) reaps it
+    deadline = time.monotonic() + 5  # dead once a zombie: its Popen (or its parent) reaps it and keeps its status
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the killed processes' exit
     for c in clients:
         def close(c=c):
             try:
