@@ -97,3 +97,12 @@ def logs():
     yield open_
     for log in reversed(opened):
         log.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Every test of the shared vLLM server runs on one xdist worker (ops/test.sh: --dist loadgroup), whether or not
+    its module says so: they share adapter names, the server's two LoRA slots and its CPU."""
+    for item in items:
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("vllm"))

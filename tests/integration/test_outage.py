@@ -21,7 +21,8 @@ from hilo.log.tail import records
 from tests.conftest import new_run
 from tests.helpers import hilo, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# One worker, with every test of the vLLM server (test_hilo_rl... is one): the broker on port 19292 is this module's
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 19292
 OUTAGE_S = float(os.environ.get("HILO_OUTAGE_S", "45"))

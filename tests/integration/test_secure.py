@@ -25,7 +25,7 @@ from hilo.schemas.signing import generate
 from tests.conftest import new_run, producer_config, publish_random, small_model
 from tests.helpers import producer_of, site_of, with_log
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("secure")]  # one worker: ports 29192-29297
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
