@@ -9,6 +9,9 @@ from hilo.replica.codecs import CODECS as CODEC_REGISTRY
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
+# Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
+pytest_plugins = ["tests.leakcheck"]
+
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
 OPTIMIZERS = tuple(OPTIMIZER_REGISTRY)
@@ -80,3 +83,26 @@ def vllm():
     import requests
     requests.get(f"{url}/v1/models", timeout=10).raise_for_status()
     return url, base
+
+
+@pytest.fixture
+def logs():
+    """logs(url, **kw) -> open_log(url, **kw), closed when the test ends (the reads and appends a test makes by hand)."""
+    from hilo.log import open_log
+    opened = []
+
+    def open_(url, **kw):
+        opened.append(open_log(url, **kw))
+        return opened[-1]
+    yield open_
+    for log in reversed(opened):
+        log.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Every test of the shared vLLM server runs on one xdist worker (ops/test.sh: --dist loadgroup), whether or not
+    its module says so: they share adapter names, the server's two LoRA slots and its CPU."""
+    for item in items:
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("vllm"))

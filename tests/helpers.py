@@ -56,11 +56,62 @@ def wait_for_line(proc, pattern, timeout_s=120):
 
 
 def open_site(url, run, tmp_path, name="s", **kw):
-    """A Site of `run` with its state under tmp_path/NAME; waits at most 5 s for the first checkpoint by default."""
+    """A Site of `run` with its state under tmp_path/NAME; waits at most 5 s for the first checkpoint by default. Its
+    log closes with it (see `site_of`)."""
     from hilo.consumer.config import SiteConfig
-    from hilo.consumer.site import Site
     kw.setdefault("wait_checkpoint_s", 5)
-    return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
+    return site_of(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), **kw))
+
+
+def site_of(cfg, **kw):
+    """Site.open(cfg, **kw) on a log of its own that is closed with the site (`site.close()`, which `run()` ends with)
+    or when the open fails. (Site.open(cfg) alone leaves the log it opens open: its Kafka clients and their I/O
+    threads outlive the site.)"""
+    from hilo.consumer.site import Site
+    from hilo.log import open_log
+    log = open_log(cfg.log, kafka_config=cfg.kafka_config)
+    try:
+        site = Site.open(cfg, log_backend=log, **kw)
+    except BaseException:
+        log.close()
+        raise
+    close = site.close
+
+    def close_with_its_log():
+        close()
+        log.close()
+    site.close = close_with_its_log
+    return site
+
+
+def producer_of(model, cfg, **kw):
+    """HiLoProducer.open(model, cfg, **kw) whose log is closed when the constructor refuses (HiLoProducer.close() closes it
+    otherwise). (A refused HiLoProducer.open(model, cfg) alone leaves the log it opened open.)"""
+    from hilo.log import open_log
+    from hilo.producer.producer import HiLoProducer
+    log = open_log(cfg.log, chunk_bytes=cfg.chunk_bytes, kafka_config=cfg.kafka_config)
+    try:
+        return HiLoProducer.open(model, cfg, log_backend=log, **kw)
+    except BaseException:
+        log.close()
+        raise
+
+
+@contextlib.contextmanager
+def opened(url, **kw):
+    """open_log(url, **kw) for the block, closed after it."""
+    from hilo.log import open_log
+    log = open_log(url, **kw)
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def with_log(url, fn, **kw):
+    """fn(log) on a log opened for the call and closed after it (a one-off read or append)."""
+    with opened(url, **kw) as log:
+        return fn(log)
 
 
 @contextlib.contextmanager

@@ -3,10 +3,9 @@ import re
 import signal
 import time
 
-from hilo.log import open_log
 from hilo.replay.history import check, log_versions, read_history
 from tests.conftest import new_run
-from tests.helpers import hilo, open_site, wait_for_line
+from tests.helpers import hilo, open_site, wait_for_line, with_log
 
 
 def zombie(url, tmp_path):
@@ -33,8 +32,7 @@ def zombie(url, tmp_path):
     fenced_after = time.monotonic() - t0
     errors = [line for line in a_err.splitlines() if "error:" in line]
     assert a.returncode == 1 and len(errors) == 1 and "was fenced" in errors[0] and "Traceback" not in a_err, a_err[-3000:]
-    log = open_log(url)
-    assert max(log_versions(log, run)) == final  # A added nothing
+    assert max(with_log(url, lambda log: log_versions(log, run))) == final  # A added nothing
     wait_for_line(live, rf"site live: v{final} ")
     assert live.poll() is None  # never stopped
     live.send_signal(signal.SIGTERM)
@@ -50,7 +48,8 @@ def zombie(url, tmp_path):
 def check_histories(url, run, folder, trainers, sites):
     """The history check of replay/history.py over the files a fault test's processes wrote; prints its report."""
     trainer = [e for t in trainers for e in read_history(str(folder / f"{t}.jsonl"))]
-    report = check(trainer, {s: read_history(str(folder / f"{s}.jsonl")) for s in sites}, log_versions(open_log(url), run))
+    report = check(trainer, {s: read_history(str(folder / f"{s}.jsonl")) for s in sites},
+                   with_log(url, lambda log: log_versions(log, run)))
     print("\n" + report.summary())
     assert report.ok, report.summary()
     return report

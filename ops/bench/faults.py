@@ -134,14 +134,19 @@ def main(as_json: bool, url: str, kills: int, trainer_kills: int, out: str | Non
     with tqdm(total=kills, desc="site kills", file=sys.stderr) as bar:
         site_counts, launched = _site_kills(url, run, kills, folder, rng, producer, bar)
     t_sites = time.monotonic() - t0 - t_trainer
-    final = Site.open(SiteConfig(log=url, run=run, site="victim", state_dir=str(folder / "victim"), until_version=producer.version,
-                            export_adapters=False, history=str(folder / "victim.jsonl")))
-    final.run(progress=False)
-    late = Site.open(SiteConfig(log=url, run=run, site="late", state_dir=str(folder / "late"), until_version=producer.version,
-                           export_adapters=False, history=str(folder / "late.jsonl")))
-    late.run(progress=False)
-    report = check(read_history(str(folder / "trainer.jsonl")),
-                   {s: read_history(str(folder / f"{s}.jsonl")) for s in ("victim", "late")}, log_versions(open_log(url), run))
+    log = open_log(url)  # the last sites' (Site.open leaves a log it opens itself open) and the history check's
+    try:
+        def follow(name):
+            site = Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(folder / name), until_version=producer.version,
+                                        export_adapters=False, history=str(folder / f"{name}.jsonl")), log_backend=log)
+            site.run(progress=False)
+            return site
+        final = follow("victim")
+        late = follow("late")
+        report = check(read_history(str(folder / "trainer.jsonl")),
+                       {s: read_history(str(folder / f"{s}.jsonl")) for s in ("victim", "late")}, log_versions(log, run))
+    finally:
+        log.close()
     digests = {"trainer": producer.replica.digest.hex(), "victim": final.follower.replica.digest.hex(),
                "late": late.follower.replica.digest.hex()}
     divergent = sum(d != digests["trainer"] for d in digests.values())

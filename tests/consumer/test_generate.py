@@ -20,7 +20,8 @@ from tests.conftest import KAFKA_URL, new_run, producer_config
 from tests.consumer.test_vllm import TOL, tiny_model
 from tests.helpers import hilo, wait_until
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 LORA = "generate-test"   # its own adapter name on the shared server
 
 

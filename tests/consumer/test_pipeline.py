@@ -1,5 +1,6 @@
 """Producer -> log -> sites, on both backends: digests, chunking, bootstrap, restarts, bad input, lag."""
 import json
+import logging
 import re
 
 import pytest
@@ -137,10 +138,12 @@ def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path,
     restarted = HiLoProducer.open(small_model(), cfg)  # was: "resumed at v4 but the log head is ..." and no way to resume
     assert restarted.version == 4
     publish_random(restarted, 2, seed=3)
-    s = site(log_url, run, tmp_path, export_adapters=False, until_version=6)
+    s = site(log_url, run, tmp_path, export_adapters=False, until_version=6, history=str(tmp_path / "s1.jsonl"))
     s.run(progress=False)
     assert s.follower.replica.digest == restarted.replica.digest and s.follower.foreign == 1
-    assert re.search(rf"offset {at}: (not a hilo-sync record|record of run 'intruder').*skipped", caplog.text)
+    assert [(e["skip"], e["reason"]) for e in read_history(str(tmp_path / "s1.jsonl")) if "skip" in e] == [(at, "foreign")]
+    assert s.metrics.registry.get_sample_value("hilo_site_records_refused_total", {"run": run, "site": "s1", "reason": "foreign"}) == 1
+    assert any(r.levelno == logging.WARNING for r in caplog.records)  # loudly: a warning (its words are the operator's)
     restarted.close()
 
 
@@ -185,7 +188,8 @@ def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, b
     assert (s.follower.replica.version, s.follower.replica.digest) == (4, producer.replica.digest)  # untouched in memory
     pos = json.loads((tmp_path / "s1" / "snapshot" / "position.json").read_text())
     # resumes just past v4 (Kafka: before or after v4's transaction marker), never past the bad record
-    assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex() and producer.ledger.next_offset <= pos["next_offset"] <= at
+    assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex()
+    assert producer.ledger.next_offset <= pos["next_offset"] <= at
     producer.close()
 
 
@@ -196,7 +200,8 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp
     log = open_log(log_url)
     good = producer.replica.checkpoint().to_bytes()
     bad = good[:-40] + bytes(40)  # whole record, valid chunk headers, damaged zstd frame
-    at = log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 4, extra={"hilo-updates-offset": str(producer.ledger.next_offset)}))[0]
+    extra = {"hilo-updates-offset": str(producer.ledger.next_offset)}
+    at = log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 4, extra=extra))[0]
     s = site(log_url, run, tmp_path, until_version=4, export_adapters=False)
     assert s.follower.replica.version == 3  # the v3 checkpoint before the corrupt v4 one
     assert re.search(rf"{run}.checkpoints offset {at} \(checkpoint v4\).*falling back to the previous checkpoint", caplog.text)
@@ -295,7 +300,8 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog):
     s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
              log_backend=log)
     assert s.run(progress=False) == 5 and s.follower.replica.digest == producer.replica.digest
-    assert caplog.text.count("committing its position failed") == 1  # reported once, not per version
+    said = [r for r in caplog.records if r.name == "hilo.consumer.group_commit" and r.levelno == logging.WARNING]
+    assert len(said) == 1  # reported once, not per version
     assert lag_rows(open_log(log_url), run) == []  # nothing committed while it failed
     log.fail = False
     publish_random(producer, 1, seed=2)

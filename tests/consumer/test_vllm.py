@@ -27,7 +27,8 @@ from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random
 from tests.helpers import hilo, wait_until
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 IDS = [1, 2, 10, 3, 4, 11, 0, 4, 6, 12]  # "12+34=046;" as token ids: a fixed sequence to score
 TOL = 1e-4

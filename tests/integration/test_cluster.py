@@ -13,14 +13,14 @@ import time
 import pytest
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
-from hilo.log import open_log, updates_topic
+from hilo.log import updates_topic
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import check, log_versions, read_history
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import wait_until
+from tests.helpers import site_of, wait_until, with_log
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow,
+              pytest.mark.xdist_group("cluster")]  # one worker: the module's cluster and ports 19092-19097, 19192-19193
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 19092
 
@@ -52,7 +52,7 @@ def transaction_coordinator(log, transactional_id: str) -> int:
 
 
 @pytest.mark.parametrize("victim", ["updates-leader", "txn-coordinator"])
-def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, victim):
+def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, victim, logs):
     """SIGKILL the node that leads RUN.updates, or the one that coordinates the trainer's transactions (another
     node where the placement allows), mid-run: the trainer's stall on the next version is printed (docs/benchmarks.md:
     "Kills and broker faults"); nothing acknowledged is lost and every site ends at the trainer's digest."""
@@ -60,10 +60,10 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, v
     run, hist = new_run("leader"), tmp_path / "history"
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 5)
-    log = open_log(url)
+    log = logs(url)
     part = log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
     assert sorted(part["replica_nodes"]) == [1, 2, 3] and len(part["isr_nodes"]) == 3  # RF 3, all in sync
-    live = Site.open(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False,
+    live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False,
                            history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
@@ -79,12 +79,12 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, v
     follower.join(timeout=300)
     assert not follower.is_alive() and live.follower.replica.version == 13
     assert live.follower.replica.digest == producer.replica.digest  # every acknowledged version, in order, no fork
-    late = Site.open(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False,
+    late = site_of(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False,
                            history=str(hist / "late.jsonl")))
     late.run(progress=False)
     assert late.follower.replica.digest == producer.replica.digest
     report = check(read_history(str(hist / "trainer.jsonl")), {s: read_history(str(hist / f"{s}.jsonl")) for s in ("live", "late")},
-                   log_versions(open_log(url), run))
+                   with_log(url, lambda log: log_versions(log, run)))  # read afresh
     print(f"\n{victim} node {leader} SIGKILLed (updates leader {part['leader_id']}, transaction coordinator {coordinator}): "
           f"trainer stalled {stall:.1f}s on the next version\n{report.summary()}")
     assert report.ok
@@ -97,7 +97,7 @@ def _whole_cluster_restart(url, env, nodes, tmp_path):
     run, hist = new_run(f"restart{nodes}"), tmp_path / "history"
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 4)
-    live = Site.open(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=10,
+    live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=10,
                            export_adapters=False, history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
@@ -113,7 +113,7 @@ def _whole_cluster_restart(url, env, nodes, tmp_path):
     follower.join(timeout=300)
     assert not follower.is_alive() and live.follower.replica.digest == producer.replica.digest
     report = check(read_history(str(hist / "trainer.jsonl")), {"live": read_history(str(hist / "live.jsonl"))},
-                   log_versions(open_log(url), run))
+                   with_log(url, lambda log: log_versions(log, run)))
     print(f"\n{nodes}-node cluster stopped and restarted: the trainer's publish waited {stall:.1f}s\n{report.summary()}")
     assert report.ok
     producer.close()
@@ -133,7 +133,7 @@ def test_a_single_broker_restarted_mid_run_loses_nothing(tmp_path_factory, tmp_p
         subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
 
 
-def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path):
+def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path, logs):
     """The broker coordinating the sites' consumer groups SIGKILLed and kept down 45 s while the trainer publishes
     and sites apply and commit: sites keep applying (the group commit is advisory, retried), nothing is lost.
     (Tried before the fix: both sites exited with NotCoordinatorError / NodeNotReadyError from the commit.)"""
@@ -141,14 +141,14 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     run, hist = new_run("coord"), tmp_path / "history"
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 3)
-    sites = {name: Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
+    sites = {name: site_of(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
                                    export_adapters=False, history=str(hist / f"{name}.jsonl"))) for name in ("a", "b")}
     threads = [threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True) for s in sites.values()]
     for t in threads:
         t.start()
     wait_until(lambda: all(s.committer and s.committer.committed and json.loads(s.committer.committed[1])["version"] == 3
                            for s in sites.values()), 120, "both sites committed v3 (the offsets topic then exists)")
-    offsets = open_log(url).admin.describe_topics(["__consumer_offsets"])  # one partition here (start.sh)
+    offsets = logs(url).admin.describe_topics(["__consumer_offsets"])  # one partition here (start.sh)
     coordinator = offsets[0]["partitions"][0]["leader_id"]
     os.kill(int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{coordinator}" / "pid").read_text()), signal.SIGKILL)
     down_at = time.monotonic()
@@ -170,7 +170,7 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     assert all(s.follower.replica.digest == producer.replica.digest for s in sites.values())
     assert all(v == at_end for v in applied_while_down.values()), (at_end, applied_while_down)  # applied while it was down
     report = check(read_history(str(hist / "trainer.jsonl")), {n: read_history(str(hist / f"{n}.jsonl")) for n in sites},
-                   log_versions(open_log(url), run))
+                   with_log(url, lambda log: log_versions(log, run)))
     print(f"\ncoordinator node {coordinator} down 45 s: the trainer published up to v{at_end} meanwhile, the sites applied "
           f"{applied_while_down} with it still down\n{report.summary()}")
     assert report.ok
@@ -185,7 +185,7 @@ def test_a_rolling_restart_of_every_node_while_publishing_loses_nothing(cluster,
     run, hist = new_run("rolling"), tmp_path / "history"
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 2)
-    live = Site.open(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), export_adapters=False,
+    live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), export_adapters=False,
                                 history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
@@ -203,7 +203,7 @@ def test_a_rolling_restart_of_every_node_while_publishing_loses_nothing(cluster,
         for node in (1, 2, 3):
             pid = int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{node}" / "pid").read_text())
             os.kill(pid, signal.SIGTERM)
-            wait_until(lambda: not pathlib.Path(f"/proc/{pid}").exists(), 120, f"node {node} stops")
+            wait_until(lambda pid=pid: not pathlib.Path(f"/proc/{pid}").exists(), 120, f"node {node} stops")
             subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
     finally:
         rolled.set()
@@ -216,7 +216,7 @@ def test_a_rolling_restart_of_every_node_while_publishing_loses_nothing(cluster,
     follower.join(timeout=300)
     assert live.follower.replica.digest == producer.replica.digest
     report = check(read_history(str(hist / "trainer.jsonl")), {"live": read_history(str(hist / "live.jsonl"))},
-                   log_versions(open_log(url), run))
+                   with_log(url, lambda log: log_versions(log, run)))
     print(f"\nrolling restart of 3 nodes: the trainer published up to v{final} meanwhile\n{report.summary()}")
     assert report.ok
     producer.close()

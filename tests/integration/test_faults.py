@@ -7,12 +7,10 @@ import time
 import pytest
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
-from hilo.log import open_log
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import hilo, wait_for_line
+from tests.helpers import hilo, opened, site_of, wait_for_line
 from tests.scenarios import zombie
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -25,23 +23,23 @@ def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path
                             producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
     publish_random(producer, 2)
     state = str(tmp_path / "victim")
-    log = open_log(KAFKA_URL)
     behind_at_kill = 0
-    for round_ in range(20):
-        before = producer.version
-        publish_random(producer, 6, seed=round_)
-        # Kill right after a random version inside this round's work (the site replays to it from its last
-        # snapshot), plus a random slice of time: the kill lands mid-fetch, mid-apply, mid-export or mid-snapshot.
-        target = rng.randint(before + 1, producer.version - 3)
-        p = hilo("--log-level", "DEBUG", "consume", "--log", KAFKA_URL, "--run", run, "--site", "victim", "--state-dir", state,
-                  "--snapshot-every", "2", "--until-version", str(producer.version), "--no-progress")
-        wait_for_line(p, f"site victim: applied v{target} ")
-        time.sleep(rng.uniform(0.0, 0.1))  # fault injection at a random instant, not synchronisation
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        rows = [r for r in lag_rows(log, run) if r["site"] == "victim"]
-        behind_at_kill += bool(rows and rows[0]["applied_version"] < producer.version)
-    final = Site.open(SiteConfig(log=KAFKA_URL, run=run, site="victim", state_dir=state, until_version=producer.version))
+    with opened(KAFKA_URL) as log:
+        for round_ in range(20):
+            before = producer.version
+            publish_random(producer, 6, seed=round_)
+            # Kill right after a random version inside this round's work (the site replays to it from its last
+            # snapshot), plus a random slice of time: the kill lands mid-fetch, mid-apply, mid-export or mid-snapshot.
+            target = rng.randint(before + 1, producer.version - 3)
+            p = hilo("--log-level", "DEBUG", "consume", "--log", KAFKA_URL, "--run", run, "--site", "victim", "--state-dir", state,
+                     "--snapshot-every", "2", "--until-version", str(producer.version), "--no-progress")
+            wait_for_line(p, f"site victim: applied v{target} ")
+            time.sleep(rng.uniform(0.0, 0.1))  # fault injection at a random instant, not synchronisation
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            rows = [r for r in lag_rows(log, run) if r["site"] == "victim"]
+            behind_at_kill += bool(rows and rows[0]["applied_version"] < producer.version)
+    final = site_of(SiteConfig(log=KAFKA_URL, run=run, site="victim", state_dir=state, until_version=producer.version))
     final.run(progress=False)
     assert final.follower.replica.digest == producer.replica.digest
     assert behind_at_kill >= 10, f"only {behind_at_kill}/20 kills landed while the site had work left"
@@ -65,8 +63,8 @@ def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp
     done = re.search(r"done: v(\d+) digest ([0-9a-f]{32})", out)
     assert resumed and done and int(done.group(1)) == int(resumed.group(1)) + 8
     for name in ("a", "b"):
-        s = Site.open(SiteConfig(log=KAFKA_URL, run=run, site=name, state_dir=str(tmp_path / name),
-                            until_version=int(done.group(1)), export_adapters=False))
+        s = site_of(SiteConfig(log=KAFKA_URL, run=run, site=name, state_dir=str(tmp_path / name),
+                               until_version=int(done.group(1)), export_adapters=False))
         s.run(progress=False)
         assert s.follower.replica.digest.hex() == done.group(2)
 
@@ -85,6 +83,7 @@ def test_sigterm_stops_between_versions_and_saves_the_position(tmp_path, log_kin
     import json
     pos = json.loads((tmp_path / "t" / "snapshot" / "position.json").read_text())
     assert (pos["version"], pos["next_offset"]) == (5, 5)
+    producer.close()
 
 
 def test_a_resumed_zombie_trainer_is_fenced_and_no_site_stops(tmp_path):

@@ -23,7 +23,8 @@ from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random
 from tests.consumer.test_vllm import tiny_model
 from tests.helpers import reaped, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow]
+# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 N, PROMPTS = 2, 24
 
 

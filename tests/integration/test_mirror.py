@@ -10,15 +10,15 @@ import time
 import pytest
 from kafka import KafkaProducer
 
-from hilo.log import open_log, updates_topic
+from hilo.log import updates_topic
 from hilo.log.tail import head, records
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import log_versions
 from hilo.schemas import headers as H
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import hilo, open_site, wait_until
+from tests.helpers import hilo, open_site, opened, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("mirror")]  # one worker: cluster B, port 19392
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT_B = int(os.environ.get("HILO_KAFKA_MIRROR_PORT", "19392"))
 MIRROR_S = 120  # MirrorMaker picks a new run's topics up within seconds (refresh.topics.interval 2 s), then copies
@@ -53,11 +53,11 @@ def mirror(cluster_b, request):
 
 def _newest(url, run) -> int:
     """The newest version of `run` on the cluster at `url` (-1 before its topic exists)."""
-    log = open_log(url)
-    try:
-        h = head(log, updates_topic(run), run)
-    except Exception:  # noqa: BLE001 - the topic is not there yet
-        return -1
+    with opened(url) as log:
+        try:
+            h = head(log, updates_topic(run), run)
+        except Exception:  # noqa: BLE001 - the topic is not there yet
+            return -1
     return (h.version or 0) if h else 0
 
 
@@ -81,14 +81,14 @@ def _zombie_aborts(run, version):
     p.close()
 
 
-def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_records(mirror, tmp_path):
+def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_records(mirror, tmp_path, logs):
     mirror, _, run = mirror
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
     publish_random(producer, 4)
     _zombie_aborts(run, 5)
     publish_random(producer, 3, seed=1)
     wait_until(lambda: _newest(mirror, run) == 7, MIRROR_S, "the mirror holds v7")
-    a, b = open_log(KAFKA_URL), open_log(mirror)
+    a, b = logs(KAFKA_URL), logs(mirror)
     topic = updates_topic(run)
     assert not any(r.value.startswith(b"zombie") for r in records(b, topic))  # read_committed: the abort stayed on A
     assert b.end_offset(topic) < a.end_offset(topic)                         # no transaction markers on the mirror
@@ -112,7 +112,7 @@ def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_recor
     producer.close()
 
 
-def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(mirror, tmp_path):
+def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(mirror, tmp_path, logs):
     mirror, env, run = mirror
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
     publish_random(producer, 3)
@@ -132,8 +132,8 @@ def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(
     wait_until(lambda: _newest(mirror, run) == 7, MIRROR_S, "the mirror holds v7 again")
     site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)
     assert site.run(progress=False) == 7 and site.follower.replica.digest == producer.replica.digest
-    assert log_versions(open_log(mirror), run) == log_versions(open_log(KAFKA_URL), run)  # every version, once
-    assert len([r for r in records(open_log(mirror), updates_topic(run)) if r.headers.get(H.RUN) == run]) == 7
+    assert log_versions(logs(mirror), run) == log_versions(logs(KAFKA_URL), run)  # every version, once
+    assert len([r for r in records(logs(mirror), updates_topic(run)) if r.headers.get(H.RUN) == run]) == 7
     producer.close()
 
 

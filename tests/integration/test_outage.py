@@ -21,7 +21,8 @@ from hilo.log.tail import records
 from tests.conftest import new_run
 from tests.helpers import hilo, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# One worker, with every test of the vLLM server (test_hilo_rl... is one): the broker on port 19292 is this module's
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 19292
 OUTAGE_S = float(os.environ.get("HILO_OUTAGE_S", "45"))
@@ -112,7 +113,7 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     for name in sites:
         assert f"{name}: v{STEPS} digest {digest.group(2)}" in stdout[name]
     log = open_log(url)
-    firsts = [int(r.headers["hilo-version"]) for r in records(log, updates_topic(run)) if r.headers.get("hilo-chunk", "").startswith("0/")]
+    firsts = [r.parsed.version for r in records(log, updates_topic(run)) if r.parsed.first_chunk]
     log.close()
     assert firsts == list(range(1, STEPS + 1)), firsts  # every acknowledged version once, in order
 

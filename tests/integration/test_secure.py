@@ -13,8 +13,7 @@ import threading
 import pytest
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
-from hilo.log import open_log, site_group, updates_topic
+from hilo.log import site_group, updates_topic
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.kafka_config import KafkaClientConfig
 from hilo.ops.acls import grant
@@ -24,8 +23,9 @@ from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.schemas.errors import LogError
 from hilo.schemas.signing import generate
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import producer_of, site_of, with_log
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("secure")]  # one worker: ports 29192-29297
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -55,7 +55,7 @@ def clients(sec):
 def secured_run(url, sec, prefix, users=(("trainer", "trainer"), ("site", "site"))):
     """A run whose ACLs the admin granted: the trainer writes, the site reads."""
     run = new_run(prefix)
-    grant(open_log(url, kafka_config=clients(sec)["admin"]), run, dict(users))
+    with_log(url, lambda log: grant(log, run, dict(users)), kafka_config=clients(sec)["admin"])
     return run
 
 
@@ -65,14 +65,14 @@ def hilo(*args):
     return p.returncode, p.stderr
 
 
-def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_log(secure, tmp_path):
+def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_log(secure, tmp_path, logs):
     url, sec = secure
     run = secured_run(url, sec, "sec")
     keys = generate(tmp_path / "keys")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"],
                                                            signing_key=str(keys[0]), checkpoint_every=3))
     publish_random(producer, 5)
-    site = Site.open(SiteConfig(log=url, run=run, site="eu-1", state_dir=str(tmp_path / "eu-1"), until_version=5,
+    site = site_of(SiteConfig(log=url, run=run, site="eu-1", state_dir=str(tmp_path / "eu-1"), until_version=5,
                            export_adapters=False, trust=str(keys[1]), kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 5 and site.follower.replica.digest == producer.replica.digest
     # the CLI at DEBUG, kafka-python's own config dump included: the password never appears
@@ -82,19 +82,19 @@ def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_l
                      "--kafka-config", clients(sec)["site"])
     assert code == 0 and "sasl_plain_password': '***'" in err  # the dump was logged, masked
     assert password not in err and (sec / "users" / "trainer.password").read_text().strip() not in err
-    committed = open_log(url, kafka_config=clients(sec)["site"]).committed(site_group(run, "eu-2"), updates_topic(run))
+    committed = logs(url, kafka_config=clients(sec)["site"]).committed(site_group(run, "eu-2"), updates_topic(run))
     assert committed is not None and password not in committed[1]
     config = KafkaClientConfig.load(clients(sec)["site"])
     assert password not in repr(config) and password not in str(config)
     producer.close()
 
 
-def test_the_site_principal_cannot_write_an_update(secure, tmp_path):
+def test_the_site_principal_cannot_write_an_update(secure, tmp_path, logs):
     url, sec = secure
     run = secured_run(url, sec, "sec")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
     publish_random(producer, 2)
-    as_site = open_log(url, kafka_config=clients(sec)["site"])
+    as_site = logs(url, kafka_config=clients(sec)["site"])
     with pytest.raises(LogError) as e:  # a forged record sent with the site's credentials: the broker refuses it
         as_site.append(updates_topic(run), [(b"k", b"forged", {"hilo-run": run, "hilo-chunk": "0/1"})])
     # refused by the broker (the site may write RUN.rollouts only), in one line
@@ -102,15 +102,16 @@ def test_the_site_principal_cannot_write_an_update(secure, tmp_path):
                      r"\((TopicAuthorizationFailedError|ClusterAuthorizationFailedError)\)", str(e.value)) and "\n" not in str(e.value)
     RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=1), prompt_partitions=2)  # the trainer makes the return path's topics
     with pytest.raises(LogError, match="not authorised on the topic"):  # a site issues no prompts ...
-        open_log(url, kafka_config=clients(sec)["site"]).append(prompts_topic(run), [(b"k", b"forged", {"hilo-run": run})])
-    assert open_log(url, kafka_config=clients(sec)["site"]).append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]  # ... and writes rollouts
+        logs(url, kafka_config=clients(sec)["site"]).append(prompts_topic(run), [(b"k", b"forged", {"hilo-run": run})])
+    as_site = logs(url, kafka_config=clients(sec)["site"])
+    assert as_site.append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]  # ... and writes rollouts
     with pytest.raises(LogError, match="may not describe"):  # nor can it start a trainer of the run
-        HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
-    site = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
+        producer_of(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
+    site = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
                            kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 2 and site.follower.replica.digest == producer.replica.digest
     # read after the site got v2 (so the commit markers are written): the trainer's two versions, nothing more
-    records = open_log(url, kafka_config=clients(sec)["site"]).read(updates_topic(run), 0, timeout_s=5.0)
+    records = logs(url, kafka_config=clients(sec)["site"]).read(updates_topic(run), 0, timeout_s=5.0)
     assert [r.headers["hilo-version"] for r in records] == ["1", "2"]
     producer.close()
 
@@ -152,7 +153,7 @@ def test_three_secured_nodes_carry_a_run(tmp_path_factory, tmp_path):
         part = producer.log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
         assert sorted(part["replica_nodes"]) == [1, 2, 3]  # replicated across the three SASL_SSL brokers
         done = threading.Event()
-        site = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
+        site = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
                                export_adapters=False, kafka_config=clients(sec)["site"]))
         follower = threading.Thread(target=lambda: (site.run(progress=False), done.set()), daemon=True)
         follower.start()

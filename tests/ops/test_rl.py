@@ -11,7 +11,8 @@ import pytest
 from tests.conftest import KAFKA_URL, new_run
 from tests.helpers import hilo, reaped, wait_for_line
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def _site(log, run, name, tmp_path, vllm_url, steps, stderr=subprocess.DEVNULL):

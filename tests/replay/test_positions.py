@@ -36,7 +36,7 @@ def _mirror(src_url, dst_url, run, copied: dict):
 
 def _firsts(log, run) -> dict:
     """{version: offset of its first chunk} on this log."""
-    return {int(r.headers[H.VERSION]): r.offset for r in records(log, updates_topic(run))
+    return {r.parsed.version: r.offset for r in records(log, updates_topic(run))
             if r.headers.get(H.RUN) == run and r.headers[H.CHUNK].startswith("0/")}
 
 
@@ -129,11 +129,11 @@ def test_a_cluster_that_shows_the_replicas_version_within_the_patience_is_waited
     a, b, topic = open_log(url), open_log(f"file://{tmp_path}/b"), updates_topic(run)
     b.create_topics(run)
     recs = [r for r in records(a, topic) if r.headers.get(H.RUN) == run]
-    early = [r for r in recs if int(r.headers[H.VERSION]) <= 4]
+    early = [r for r in recs if r.parsed.version <= 4]
     b.append(topic, [(r.key, r.value, r.headers) for r in early])
     late = threading.Timer(0.5, lambda: b.append(topic, [(r.key, r.value, r.headers) for r in recs[len(early):]]))
     late.start()  # fault injection: the rest of the log becomes visible later
-    at = len([r for r in recs if int(r.headers[H.VERSION]) <= 5])  # where v6 will start on b: past its visible end now
+    at = len([r for r in recs if r.parsed.version <= 5])  # where v6 will start on b: past its visible end now
     try:
         assert locate(b, topic, run, 6, at) == at == _firsts(b, run)[6]  # kept once v5 showed up
     finally:
