@@ -44,14 +44,14 @@ class Site:
                  metrics: Metrics | None = None, history: HistoryWriter | None = None):
         self.cfg, self.clock = cfg, clock
         self.log, self.store, self.follower, self.verifier, self.history = log, store, follower, verifier, history
-        self.stopping = False
         self.committer = None         # the background group committer, started by the first commit
         self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
         self.serving = Serving(cfg, self.metrics)
         self.snapshots = Snapshots(store, cfg.snapshot_every, self.metrics, cfg.snapshot_every_s)
         self.start = SiteStart(cfg, log, store, verifier, self.metrics)
         self.heads = HeadWatch(log, cfg.run)
-        self.stop_reason = None       # the error that stopped the site, once one has
+        self.stopping, self.stop_reason = False, None  # stop_reason: the error that stopped the site, once one has
+        self.owns_log = False         # Site.open opened the log: close() closes it
         self.view = LagView.at(0, 0)  # head and applied position, replaced whole (a scrape reads one consistent view)
         self.outage = Outage(f"site {cfg.site}", self.metrics)  # the log reached before and unreachable now
         self.last_applied_at = clock()
@@ -69,6 +69,7 @@ class Site:
         site = cls(cfg, log, SnapshotStore(cfg.state_dir), None, verifier, clock, metrics,
                    HistoryWriter(cfg.history) if cfg.history else None)
         try:
+            site.owns_log = log_backend is None
             site._adopt(site.start.follower())
             site.serving.discard_newer(site.follower.replica.version)
             site.refresh_head(force=True)
@@ -76,8 +77,6 @@ class Site:
                 site.commit()
         except BaseException:
             site.close()
-            if log_backend is None:
-                log.close()
             raise
         return site
 
@@ -222,7 +221,8 @@ class Site:
         return n
 
     def close(self) -> None:
-        """Idempotent end (`run()`'s; a polled site calls it): snapshot, last commit, read-ahead, prompt queue. The log is the caller's."""
+        """Idempotent end (`run()`'s; a polled site calls it): snapshot, last commit, read-ahead, prompt queue, and the log
+        if `Site.open` opened it (one passed in is the caller's)."""
         self.snapshots.close(self.follower, self.clock())  # waits for the write in flight, then leaves one at the head
         if self.committer is not None:
             self.committer.close()
@@ -231,8 +231,6 @@ class Site:
             self.follower.close()
         if self.generator is not None and self.generator.queue is not None:
             self.generator.queue.close()
-
-    def stop(self, why: str) -> None:
-        """Stop the loop after the current version (a signal handler may call it)."""
-        logger.info("site %s: %s, stopping after the current version", self.cfg.site, why)
-        self.stopping = True
+        if self.owns_log:
+            self.log.close()
+            self.owns_log = False

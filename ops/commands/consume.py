@@ -35,8 +35,11 @@ def run(a):
     if a.generate:
         from hilo.consumer.generator import GenerateConfig
         site.generate(config_from_args(GenerateConfig, a))
-    for sig in (signal.SIGTERM, signal.SIGINT):  # stop between versions
-        signal.signal(sig, lambda signum, _: site.stop(f"signal {signum}"))
+    def stop(signum, _frame):  # between versions: the loop checks site.stopping after each
+        logger.info("site %s: signal %d, stopping after the current version", cfg.site, signum)
+        site.stopping = True
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
     if server:
         server.ready = lambda: site.readiness(a.ready_max_lag)
     try:

@@ -11,6 +11,7 @@ from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import with_log
 
 
 class FlakyLog:
@@ -209,8 +210,10 @@ def test_a_second_trainer_fences_the_first(log_url, tmp_path):
             publish_random(a, 1, seed=2)
     assert a.version == 3 and _site_digest(log_url, run, tmp_path, 5) == b.replica.digest
     # Read after the site got v5 (so every commit marker is written): B's five versions, nothing from A.
-    records = open_log(log_url).read(f"{run}.updates", 0, timeout_s=5.0)
-    assert [r.headers["hilo-version"] for r in records] == ["1", "2", "3", "4", "5"]
+    records = with_log(log_url, lambda log: log.read(f"{run}.updates", 0, timeout_s=5.0))
+    assert [r.parsed.version for r in records] == [1, 2, 3, 4, 5]
+    a.close()
+    b.close()
 
 
 @pytest.mark.parametrize("other", ["model", "optimizer"])
