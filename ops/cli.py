@@ -83,6 +83,9 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        for log in getattr(a, "opened_logs", ()):
+            log.close()
 
 
 if __name__ == "__main__":

@@ -247,8 +247,9 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="module", autouse=True)
 def _module_cleans_up(request):
     """A module's fixtures (a shared broker, its clients) stop what they started when the module is done."""
-    before = State.now()
+    before, opened = State.now(), len(_test_logs)
     yield
+    _close_test_logs(opened)
     _report(f"module {request.module.__name__} (its module-scoped fixtures)", leftovers(before))
 
 

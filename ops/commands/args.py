@@ -98,9 +98,12 @@ def common(p):
 
 
 def open_from(a):
-    """The log of `--log`, with the TLS/SASL settings of `--kafka-config`."""
+    """The log of `--log`, with the TLS/SASL settings of `--kafka-config`; `hilo`'s main closes it when the command
+    returns (a command run in-process, as the tests and `hilo rl` do, leaves no Kafka client behind)."""
     from hilo.log import open_log
-    return open_log(a.log, kafka_config=a.kafka_config)
+    log = open_log(a.log, kafka_config=a.kafka_config)
+    a.opened_logs = getattr(a, "opened_logs", []) + [log]
+    return log
 
 
 def existing_run(log, run: str):
