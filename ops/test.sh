@@ -4,7 +4,7 @@
 # 3-node and secured (SASL_SSL, ACLs) brokers with the same scripts, on separate ports, and wipe them after.
 #   ops/test.sh                 # everything, Kafka integration tests included
 #   ops/test.sh -k determinism  # extra arguments go to pytest
-#   ops/test.sh -n 0            # no parallel workers (HILO_TEST_WORKERS sets how many; default 4)
+#   ops/test.sh -n 0            # no parallel workers (HILO_TEST_WORKERS sets how many; default 3: more only oversubscribes 2 cores)
 # Tests run on HILO_TEST_WORKERS pytest-xdist workers (--dist loadgroup): tests that share a fixed-port broker, or the
 # vLLM server, carry the same @pytest.mark.xdist_group and run on one worker, one after another.
 set -euo pipefail
@@ -30,4 +30,4 @@ if ! ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
 fi
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
 export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
-"$HILO_VENV/bin/python" -m pytest -p no:cacheprovider -n "${HILO_TEST_WORKERS:-4}" --dist loadgroup "$@"
+"$HILO_VENV/bin/python" -m pytest -p no:cacheprovider -n "${HILO_TEST_WORKERS:-3}" --dist loadgroup "$@"
