@@ -315,7 +315,9 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog):
 def test_a_state_dir_of_another_run_is_named_as_such(log_url, tmp_path):
     first, second = new_run(), new_run()
     for run in (first, second):
-        publish_random(HiLoProducer.open(small_model(), producer_config(run=run, log=log_url)), 1)
+        producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
+        publish_random(producer, 1)
+        producer.close()
     site(log_url, first, tmp_path, name="shared", export_adapters=False, until_version=1).run(progress=False)
     with pytest.raises(ConfigError, match=rf"holds a snapshot of run '{first}', not of run '{second}'"):
         site(log_url, second, tmp_path, name="shared", export_adapters=False)
