@@ -67,12 +67,22 @@ def site_of(cfg, **kw):
     """Site.open(cfg, **kw) on a log of its own that is closed with the site (`site.close()`, which `run()` ends with)
     or when the open fails. (Site.open(cfg) alone leaves the log it opens open: its Kafka clients and their I/O
     threads outlive the site.)"""
+    import threading
+
     from hilo.consumer.site import Site
     from hilo.log import open_log
+    from hilo.log.prefetch import Prefetcher
     log = open_log(cfg.log, kafka_config=cfg.kafka_config)
+    before = set(threading.enumerate())
     try:
         site = Site.open(cfg, log_backend=log, **kw)
     except BaseException:
+        # Site.open also leaves the read-ahead it started (a thread and a log of its own) running when a later step
+        # refuses (vLLM, the adapter): stopped here until Site.open stops it itself.
+        for t in set(threading.enumerate()) - before:
+            reader = getattr(getattr(t, "_target", None), "__self__", None)
+            if isinstance(reader, Prefetcher):
+                reader.close()
         log.close()
         raise
     close = site.close

@@ -31,8 +31,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GRACE_S = float(os.environ.get("HILO_LEAK_GRACE_S", "10"))
-# Threads a library starts once per process and keeps for good, not a test's to stop: tqdm's monitor.
-PROCESS_WIDE = re.compile(r"^(TMonitor)$")
+# Threads a library starts once per process and keeps while it likes, not a test's to stop: tqdm's monitor (it ends
+# when the process's last progress bar closes, which may be another test's).
+PROCESS_WIDE = re.compile(r"^(tqdm_monitor|TMonitor)$")
 
 _clients = weakref.WeakSet()  # every kafka-python client made in this process (closed ones included)
 

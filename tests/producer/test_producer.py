@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
 from hilo.log import open_log
 from hilo.log.base import Transaction
 from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import site_of
 
 
 class FlakyLog:
@@ -74,7 +74,7 @@ def _reference(tmp_path, gens):
 
 
 def _site_digest(url, run, tmp_path, version):
-    s = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
+    s = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
     s.run(progress=False)
     return s.follower.replica.digest
 
@@ -194,7 +194,7 @@ FENCED = {"file": r"run {run}: this trainer \(token 1\) was fenced by a newer tr
                    r"\(another trainer of this run\) took over; it publishes nothing more"}
 
 
-def test_a_second_trainer_fences_the_first(log_url, tmp_path):
+def test_a_second_trainer_fences_the_first(log_url, tmp_path, logs):
     """The zombie: trainer A paused, B started on the same run, A resumes. A is refused in one line, publishes
     nothing more; sites never stop and end at B's digest. (The file log: a fencing token; Kafka: B's
     transactional producer bumps the epoch of transactional id hilo.RUN.)"""
@@ -209,7 +209,7 @@ def test_a_second_trainer_fences_the_first(log_url, tmp_path):
             publish_random(a, 1, seed=2)
     assert a.version == 3 and _site_digest(log_url, run, tmp_path, 5) == b.replica.digest
     # Read after the site got v5 (so every commit marker is written): B's five versions, nothing from A.
-    records = open_log(log_url).read(f"{run}.updates", 0, timeout_s=5.0)
+    records = logs(log_url).read(f"{run}.updates", 0, timeout_s=5.0)
     assert [r.headers["hilo-version"] for r in records] == ["1", "2", "3", "4", "5"]
 
 
