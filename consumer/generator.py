@@ -19,6 +19,7 @@ from hilo.log import crashpoints, retry
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError, NoSuchTopic
 from hilo.schemas.framing import split_trailer
+from hilo.schemas.options import opt
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
 from .vllm_serving import VllmDown, VllmError
@@ -44,19 +45,15 @@ def load_reward(spec: str):
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """How a site generates.
+    """How a site generates: the reward it scores rollouts with, how many prompts it takes at a time and for how
+    long, and the key it signs rollouts with; checked at construction. Each field's help is in its metadata
+    (`hilo consume --help`, docs/cli.md)."""
 
-    reward: MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit task's:
-        hilo.ops.digit_task:reward).
-    batch_prompts: prompts taken at a time. Default: 4
-    lease_s: embedded log only: how long taken prompts stay this site's. Default: 120
-    signing_key: the site's Ed25519 private key; its rollouts are signed. Default: None
-    """
-
-    reward: str
-    batch_prompts: int = 4
-    lease_s: float = 120.0
-    signing_key: str | None = None
+    reward: str = opt(help="MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit task's: "
+                      "hilo.ops.digit_task:reward)")
+    batch_prompts: int = opt(4, "prompts taken at a time")
+    lease_s: float = opt(120.0, "embedded log only: how long taken prompts stay this site's")
+    signing_key: str | None = opt(None, "the site's Ed25519 private key; its rollouts are signed")
 
     def __post_init__(self):
         if self.batch_prompts < 1:
@@ -66,24 +63,23 @@ class GenerateConfig:
 
 
 class Generator:
-    """Answers the run's prompts through `server` (a VllmServer) for `site`; `serving()` is the version it serves.
-
-    open_queue: () -> the site's PromptQueue. serving_ok: () -> False while the site's vLLM refuses or does not
-    answer version loads. A site whose vLLM stops answering (a request fails, or a load does) says so once, gives
-    its prompts back and leaves the queue (on Kafka its partitions go to the other sites); it checks the server
-    again with a backoff (2 s doubling to 60 s) and takes prompts again once it answers.
+    """Answers the run's prompts (from `log`'s prompt queue) for `site` through what it serves: `serving` (a
+    consumer/serving.Serving) gives the vLLM server, the version it serves (`version`) and whether its loads
+    succeed (`healthy`); the generator reads nothing else of the site. A site whose vLLM stops answering (a
+    request fails, or a load does) says so once, gives its prompts back and leaves the queue (on Kafka its
+    partitions go to the other sites); it checks the server again with a backoff (2 s doubling to 60 s) and takes
+    prompts again once it answers.
     """
 
-    def __init__(self, cfg: GenerateConfig, open_queue, server, run: str, site: str, serving, verifier=None, signer=None,
-                 metrics=None, serving_ok=lambda: True, clock=time.monotonic):
-        self.cfg, self.open_queue, self.server, self.run, self.site = cfg, open_queue, server, run, site
-        self.serving_ok = serving_ok
+    def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, verifier=None, signer=None, metrics=None,
+                 clock=time.monotonic):
+        self.cfg, self.log, self.server, self.run, self.site = cfg, log, serving.server, run, site
         self.queue = None       # opened once the trainer has made the return path's topics
         self.clock, self.retry = clock, retry.Backoff(2.0, 60.0)
         self.retry_at = 0.0     # when to try opening the queue (again)
         self.paused = False     # left the queue because vLLM stopped answering
         self._said_waiting = False
-        self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics
+        self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics  # serving: read only
         self.reward = load_reward(cfg.reward)
         self.reward_name = cfg.reward
         self.settled = self.rollouts = 0
@@ -93,10 +89,10 @@ class Generator:
 
     def step(self, timeout_s: float = 0.2) -> int:
         """Take one batch, answer it and settle it; the number of rollouts settled (0 when there was nothing to do)."""
-        version = self.serving()
+        version = self.serving.version
         if version is None:
             return 0  # nothing served yet
-        if not self.serving_ok():
+        if not self.serving.healthy:
             self._pause("vLLM does not take the newest version")
             return 0
         if not self._ensure_queue():
@@ -132,7 +128,8 @@ class Generator:
                 except VllmError as e:
                     if isinstance(e, VllmDown):
                         raise
-                    self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")  # this prompt only (too long for the model, say): settled unanswered
+                    # this prompt only (too long for the model, say): settled unanswered
+                    self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")
                 if i == 0:
                     crashpoints.reach("generate.generating")
         except VllmDown as e:
@@ -179,7 +176,7 @@ class Generator:
                 self.retry_at = self.clock() + self.retry.next()
                 return False
         try:
-            self.queue = self.open_queue()
+            self.queue = self.log.prompt_queue(self.run, self.site, self.cfg.lease_s)
         except NoSuchTopic as e:
             if not self._said_waiting:
                 logger.info("site %s: waiting for the trainer to make the return path's topics (%s)", self.site, e)
@@ -212,7 +209,7 @@ class Generator:
         t0 = time.perf_counter()
         samples = self.server.complete(p.token_ids, p.sampling)
         t1 = time.perf_counter()
-        end = self.serving()
+        end = self.serving.version
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
             reward = float(self.reward(p.token_ids, ids))

@@ -45,3 +45,13 @@ class LagView:
         """{metric key: value} of GAUGES."""
         return {"applied_version": self.applied_version, "head_version": self.head_version,
                 "lag_versions": self.lag_versions, "lag_bytes": self.lag_bytes}
+
+    def readiness(self, max_lag: int, stopped: str | None = None, outage: str | None = None) -> tuple:
+        """(ready, why): not `stopped` by an error, not in an `outage`, at most `max_lag` versions behind the head."""
+        if stopped is not None:
+            return False, f"stopped: {stopped}"
+        if outage is not None:
+            return False, f"v{self.applied_version}: {outage}"
+        if self.lag_versions > max_lag:
+            return False, f"v{self.applied_version} is {self.lag_versions} versions behind the head v{self.head_version} (bound {max_lag})"
+        return True, f"v{self.applied_version}, {self.lag_versions} behind the head"

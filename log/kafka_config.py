@@ -116,7 +116,8 @@ class KafkaClientConfig:
         kw = {"security_protocol": self.security_protocol}
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kw |= {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile, "ssl_keyfile": self.ssl_keyfile,
-                   "ssl_password": None if self.ssl_password is None else Secret(self.ssl_password), "ssl_check_hostname": self.ssl_check_hostname}
+                   "ssl_password": None if self.ssl_password is None else Secret(self.ssl_password),
+                   "ssl_check_hostname": self.ssl_check_hostname}
         if self.security_protocol.startswith("SASL_"):
             kw |= {"sasl_mechanism": self.sasl_mechanism, "sasl_plain_username": self.sasl_username,
                    "sasl_plain_password": Secret(self.sasl_password)}

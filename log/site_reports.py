@@ -1,27 +1,17 @@
-"""What each site of a run last said about itself: the metadata of its consumer group's committed position.
+"""Reading what each site of a run last said about itself: its consumer group's committed position and metadata.
 
-A site commits its position with JSON metadata (consumer/site.py, `Site.commit`): its name, applied version and
-digest, the log bytes through it, when it applied it (its wall clock), the version vLLM serves, and its link's
-measured fetch throughput (LINK_BPS). `hilo lag` lays these out; `--budget auto` sizes messages by the slowest link.
+The metadata's format is schemas/site_report.py (SiteReport); the site writes it (consumer/site.py, `Site.commit`).
 """
-import json
+from hilo.schemas.site_report import LINK_BPS, SiteReport  # noqa: F401  (LINK_BPS: the key, for readers of raw reports)
 
 from .base import site_group, updates_topic
 
-LINK_BPS = "link_bps"  # bytes/s: median of the site's last multi-chunk fetches (replay/follower.py, Applied.transfer)
-
 
 def site_reports(log, run: str) -> list:
-    """(group, committed offset, metadata dict) per site group of `run` that has committed; unreadable metadata is {}."""
+    """(group, committed offset, SiteReport) per site group of `run` that has committed; unreadable fields are absent."""
     topic, prefix, out = updates_topic(run), site_group(run, ""), []
     for group in log.groups(prefix):
         c = log.committed(group, topic)
-        if c is None:
-            continue
-        offset, meta = c
-        try:
-            m = json.loads(meta or "{}")
-        except json.JSONDecodeError:
-            m = {}
-        out.append((group, offset, m if isinstance(m, dict) else {}))
+        if c is not None:
+            out.append((group, c[0], SiteReport.from_json(c[1], group[len(prefix):])))
     return out

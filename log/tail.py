@@ -39,10 +39,7 @@ def _last_record(log, topic: str, before: int, begin: int):
 
 def _chunk(rec, run: str):
     """(i, n) of a record's "i/n" chunk header if it is this run's, else None."""
-    i, _, n = rec.headers.get(H.CHUNK, "").partition("/")
-    if not (i.isdigit() and n.isdigit()) or rec.headers.get(H.RUN) != run:
-        return None
-    return int(i), int(n)
+    return rec.parsed.chunk if rec.parsed.of_run(run) else None
 
 
 def last_message(log, topic: str, run: str, before: int | None = None) -> Message | None:
@@ -94,18 +91,18 @@ def _assemble(log, topic: str, run: str, start: int, last: int) -> Message | Non
     return None
 
 
-def head(log, topic: str, run: str) -> dict | None:
-    """Headers of the newest complete message, reading one record when the log ends on a last chunk."""
+def head(log, topic: str, run: str) -> H.RecordHeaders | None:
+    """Headers of the newest complete message (parsed), reading one record when the log ends on a last chunk. They
+    say what the tail claims, not what a follower would accept (`newest` reads that)."""
     end, begin = log.end_offset(topic), log.begin_offset(topic)
     if end <= begin:
         return None
     rec = _last_record(log, topic, end, begin)
-    if rec is not None and _chunk(rec, run) is not None:
-        i, n = _chunk(rec, run)
-        if i == n - 1:
-            return dict(rec.headers)
+    if rec is not None:
+        if rec.parsed.of_run(run) and rec.parsed.last_chunk:
+            return rec.parsed
     msg = last_message(log, topic, run)
-    return None if msg is None else msg.headers
+    return None if msg is None else msg.parsed
 
 
 NEWEST_WINDOW = 16   # accepted messages `newest` compares at most: a replayed old version at the tail is not the head
@@ -147,7 +144,7 @@ def _first_record(log, topic: str, run: str, offset: int, end: int):
     while offset < end:
         batch = log.read(topic, offset, timeout_s=1.0, max_bytes=1 << 20)
         for rec in batch:
-            if rec.offset < end and rec.headers.get(H.RUN) == run and rec.headers.get(H.VERSION, "").isdigit():
+            if rec.offset < end and rec.parsed.run == run and rec.parsed.version is not None:
                 return rec
         if batch.next_offset <= offset:
             return None
@@ -179,15 +176,16 @@ class _Behind(Exception):
 def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> int:
     """The offset to read from on this cluster to get `version` of `run` next (its first chunk, or the end when
     `version` is not written yet). `hint` is a stored offset: right on the cluster it came from (one read confirms
-    it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A mirror copies records but not transaction markers, so the same version sits at
-    another offset there; versions only grow along the topic, so a binary search over the records' version headers
-    finds it. LogError when this cluster lacks the version (expired); _Behind when it holds less than version - 1.
+    it; an offset before the version's start, as `--from-offset` gives, is kept too), elsewhere only a guess. A
+    mirror copies records but not transaction markers, so the same version sits at another offset there; versions
+    only grow along the topic, so a binary search over the records' version headers finds it. LogError when this
+    cluster lacks the version (expired); _Behind when it holds less than version - 1.
     `accept` (see `newest`): how far the cluster holds the run is read from messages it takes, not from the tail's
     headers (default: the tail's headers)."""
     begin, end = log.begin_offset(topic), log.end_offset(topic)
 
     def is_start(rec):
-        return rec is not None and int(rec.headers[H.VERSION]) == version and rec.headers.get(H.CHUNK, "").startswith("0/")
+        return rec is not None and rec.parsed.version == version and rec.parsed.first_chunk
 
     def at_hint(h, newest_version) -> bool:
         """Whether reading from `hint` gets `version` next, given what the cluster holds (up to `newest_version`)."""
@@ -195,17 +193,17 @@ def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> 
             return False
         rec = _first_record(log, topic, run, hint, end)
         # at or before the version's start (what is re-read first is an applied version: checked and skipped)
-        older = rec is not None and int(rec.headers[H.VERSION]) < version and newest_version >= version - 1
+        older = rec is not None and rec.parsed.version < version and newest_version >= version - 1
         # nothing retained at all (every update expired): nothing to compare, the offset is all there is
         return is_start(rec) or older or (rec is None and (newest_version == version - 1 or h is None))
 
     h = head(log, topic, run)  # the tail's headers: right unless someone appended a record the run never wrote
-    newest_version = int(h[H.VERSION]) if h and h.get(H.VERSION, "").isdigit() else 0
+    newest_version = (h.version if h else None) or 0
     if at_hint(h, newest_version):
         return hint
     if accept is not None:  # the tail may be anyone's: what the cluster holds is what a follower would accept
         found = newest(log, topic, run, accept)
-        h, newest_version = (None, 0) if found is None else (found.headers, found.version)
+        h, newest_version = (None, 0) if found is None else (found.parsed, found.version)
         if found is not None and found.version == version - 1 and found.last_offset < hint <= end:
             return hint  # nothing newer here: what lies between the head and `hint` is junk the follower skips
         if at_hint(h, newest_version):
@@ -214,7 +212,7 @@ def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> 
     while lo < hi:  # the smallest offset whose next record of the run has a version >= `version`
         mid = (lo + hi) // 2
         rec = _first_record(log, topic, run, mid, end)
-        if rec is None or int(rec.headers[H.VERSION]) >= version:
+        if rec is None or rec.parsed.version >= version:
             hi = mid
         else:
             lo = rec.offset + 1
@@ -227,4 +225,4 @@ def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> 
         raise _Behind(f"{log.url}: {topic} holds run {run!r} up to v{newest_version}, behind this replica's v{version - 1}: a "
                       f"mirror that lags (wait for it, or use another cluster) or a cluster without this run's history")
     raise LogError(f"{log.url}: v{version} of run {run!r} is not on {topic} (the next version here is "
-                   f"v{rec.headers[H.VERSION]} at offset {rec.offset}): expired, or a cluster that did not copy it")
+                   f"v{rec.parsed.version} at offset {rec.offset}): expired, or a cluster that did not copy it")

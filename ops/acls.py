@@ -62,8 +62,9 @@ def grant(log, run: str, users: dict) -> int:
     result = _kafka(log).create_acls(acls)
     if result["failed"]:
         acl, err = result["failed"][0]
+        why = type(err).__name__ if not isinstance(err, type) else err.__name__
         raise LogError(f"{log.url}: creating ACL {acl.operation.name} on {acl.resource_pattern.resource_type.name} "
-                       f"{acl.resource_pattern.resource_name!r} for {acl.principal} failed: {type(err).__name__ if not isinstance(err, type) else err.__name__} "
+                       f"{acl.resource_pattern.resource_name!r} for {acl.principal} failed: {why} "
                        f"(--kafka-config must name a super user or a principal with ALTER on the cluster)")
     return len(acls)
 

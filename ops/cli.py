@@ -36,8 +36,9 @@ def _chosen(argv) -> str | None:
 def parser(argv=None) -> argparse.ArgumentParser:
     """The argument parser. With `argv`, only the command it names gets its full parser (the others are listed
     with their summaries); without, every command's parser is built."""
-    ap = argparse.ArgumentParser(prog="hilo", allow_abbrev=False, description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
-                                 "compressed gradients over a log (Kafka, or an embedded file log).",
+    ap = argparse.ArgumentParser(prog="hilo", allow_abbrev=False,
+                                 description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
+                                             "compressed gradients over a log (Kafka, or an embedded file log).",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
     ap.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -82,6 +83,9 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        for log in getattr(a, "opened_logs", ()):
+            log.close()
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def run_demo(log_url: str | None, steps: int, as_json: bool, out=sys.stdout) -> 
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else (lambda *a: print(*a, file=out, flush=True))
     say(f"hilo demo: run {run}, log {url}, work dir {work}")
     cfg = ProducerConfig(run=run, log=url, codec="spar4", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10)
-    producer = HiLoProducer(build_model(seed=0), cfg)
+    producer = HiLoProducer.open(build_model(seed=0), cfg)
     adapter = producer.manifest.adapter_bytes()
     say(f"trainer: tiny Qwen3 + LoRA r={producer.manifest.rank}, {producer.manifest.numel:,} LoRA params "
         f"({adapter:,} B in bf16), codec spar4 at 1.6%, optimizer adamw, {steps} steps")

@@ -1,11 +1,10 @@
 """`hilo topics describe`: each topic of a run: retained offsets and versions, retention, what a late site can use."""
 from hilo.log import checkpoints_topic, updates_topic
-from hilo.schemas import headers as H
 
 
 def _version_at(log, topic, offset):
     recs = log.read(topic, offset, timeout_s=5.0, max_bytes=1)
-    return int(recs[0].headers[H.VERSION]) if recs and recs[0].offset == offset and H.VERSION in recs[0].headers else None
+    return recs[0].parsed.version if recs and recs[0].offset == offset else None
 
 
 def describe_run(log, run: str) -> list:
@@ -24,5 +23,6 @@ def format_rows(rows: list) -> str:
     out = []
     for r in rows:
         out.append(f"{r['topic']}: offsets {r['begin_offset']}..{r['end_offset']} ({r['records']} records), versions "
-                   f"{r['oldest_version']}..{r['newest_version']}, retention.ms {r['retention.ms']}, retention.bytes {r['retention.bytes']}")
+                   f"{r['oldest_version']}..{r['newest_version']}, retention.ms {r['retention.ms']}, "
+                   f"retention.bytes {r['retention.bytes']}")
     return "\n".join(out)

@@ -13,7 +13,6 @@ from hilo.log import updates_topic
 from hilo.replay.bad_records import reason_of
 from hilo.replay.checks import message_what, unframe_key, unframe_update, update_reassembler
 from hilo.replay.follower import bootstrap_from_log
-from hilo.schemas import headers as H
 from hilo.schemas.errors import Fork, Gap, HiloError, LogError
 from hilo.schemas.records import UpdateMessage
 
@@ -54,11 +53,11 @@ def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
         raise LogError(f"{topic}: offset {offset} holds no record a reader gets (a transaction marker, or an aborted record)")
     first = recs[0]
     out = {"topic": topic, "offset": offset, "bytes": len(first.value or b""), "headers": dict(first.headers)}
-    chunk = first.headers.get(H.CHUNK, "")
-    n = int(chunk.partition("/")[2]) if chunk.partition("/")[2].isdigit() else 1
-    if chunk and not chunk.startswith("0/"):
+    chunk = first.parsed.chunk
+    n = chunk[1] if chunk else 1
+    if chunk and not first.parsed.first_chunk:
         return out | {"verdict": "continuation", "reason": None,
-                      "detail": f"chunk {chunk} of a message that starts at an earlier offset (inspect that one)"}
+                      "detail": f"chunk {chunk[0]}/{chunk[1]} of a message that starts at an earlier offset (inspect that one)"}
     replica, _ = bootstrap_from_log(log, run, verifier=verifier)  # what a new site starts from, and its limits
     r = update_reassembler(run, topic, replica.manifest)
     try:
@@ -68,7 +67,8 @@ def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
             if msg is not None:
                 break
         if msg is None:
-            return out | {"verdict": "incomplete", "reason": None, "detail": f"the {n} chunks of the message are not all retained or written"}
+            return out | {"verdict": "incomplete", "reason": None,
+                          "detail": f"the {n} chunks of the message are not all retained or written"}
         body = check_message(replica, msg, run, message_what(topic, msg))
     except HiloError as e:
         reason = reason_of(e)

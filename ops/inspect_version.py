@@ -1,7 +1,6 @@
 """`hilo inspect --version V`: the header fields of one update and, per block, the codec's rank/k and bytes."""
 from hilo.log import updates_topic
 from hilo.log.tail import last_message
-from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import LogError
 from hilo.schemas.records import UpdateMessage, decode_record
@@ -18,7 +17,7 @@ def find_update(log, run: str, version: int):
         if not recs:
             break
         for rec in recs:
-            if rec.headers.get(H.VERSION) == str(version):
+            if rec.parsed.version == version:
                 msg = r.feed(rec)
                 if msg is not None:
                     upd = decode_record(msg.data, f"{topic} offset {msg.first_offset}")

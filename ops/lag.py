@@ -1,7 +1,7 @@
 """`hilo lag`: where every site of a run stands, laid out like `kafka-consumer-groups --describe`."""
 import time
 
-from hilo.log import site_group, updates_topic
+from hilo.log import updates_topic
 from hilo.log.site_reports import site_reports
 from hilo.log.tail import head, locate
 from hilo.schemas import headers as H
@@ -16,26 +16,23 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
     """One dict per site that has committed a position for `run`."""
     now = time.time() if now is None else now
     topic = updates_topic(run)
-    h = head(log, topic, run) or {}
-    head_version = int(h.get(H.VERSION, 0))
-    head_bytes = int(h.get(H.LOG_BYTES, 0))
-    # delta mode: how far the head version trails the trainer's master (relative); absent in gradient mode
-    trainer_lag = float(h[H.LAG]) if H.LAG in h else None
+    h = head(log, topic, run) or H.RecordHeaders()
+    head_version, head_bytes = h.version or 0, h.log_bytes or 0
+    trainer_lag = h.lag  # delta mode: how far the head version trails the trainer's master (relative); None in gradient mode
     end = log.end_offset(topic)
     rows = []
-    prefix = site_group(run, "")
-    for group, offset, m in site_reports(log, run):
-        version = int(m.get("version", -1))
+    for _, offset, r in site_reports(log, run):
+        version = r.version
         rows.append({
-            "site": m.get("site", group[len(prefix):]), "applied_version": version,
-            "serving_version": m.get("serving_version"),  # None: no vLLM configured, or none loaded yet
+            "site": r.site, "applied_version": version,
+            "serving_version": r.serving_version,  # None: no vLLM configured, or none loaded yet
             "head_version": head_version,
             "lag": head_version - version if version >= 0 else None,
-            "lag_bytes": head_bytes - int(m.get("log_bytes", 0)) if version >= 0 else None,
+            "lag_bytes": head_bytes - r.log_bytes if version >= 0 else None,
             "trainer_lag": trainer_lag,
             "current_offset": offset, "log_end_offset": end,
-            "last_applied_age_s": round(now - m["applied_at"], 1) if "applied_at" in m else None,
-            "digest": m.get("digest"),
+            "last_applied_age_s": round(now - r.applied_at, 1) if r.applied_at is not None else None,
+            "digest": r.digest,
         })
     return rows
 
@@ -68,7 +65,7 @@ def _newest(log, topic: str, run: str) -> int | None:
         h = head(log, topic, run)
     except HiloError:
         return None
-    return int(h[H.VERSION]) if h and H.VERSION in h else 0
+    return (h.version if h else None) or 0
 
 
 def mirror_rows(source, mirrors: dict, run: str, now: float | None = None) -> list:
@@ -84,7 +81,8 @@ def mirror_rows(source, mirrors: dict, run: str, now: float | None = None) -> li
         lag_s = 0.0 if lag is not None and lag <= 0 else None
         if lag is not None and lag > 0:
             # a hint past the end: locate searches by version on the source
-            rec = next(iter(source.read(topic, locate(source, topic, run, newest + 1, source.end_offset(topic) + 1, patience_s=0), timeout_s=5.0)), None)
+            at = locate(source, topic, run, newest + 1, source.end_offset(topic) + 1, patience_s=0)
+            rec = next(iter(source.read(topic, at, timeout_s=5.0)), None)
             lag_s = round(now - rec.timestamp, 1) if rec is not None and rec.timestamp is not None else None
         rows.append({"cluster": url, "newest_version": newest, "source_head": src_head, "lag": lag, "lag_s": lag_s})
     return rows

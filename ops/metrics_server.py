@@ -17,24 +17,21 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import make_wsgi_app
 
 from hilo.schemas.errors import ConfigError
+from hilo.schemas.options import opt
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """Where the endpoint listens and what /readyz requires; checked at construction.
+    """Where the endpoint listens and what /readyz requires; checked at construction. Each field's help is in its
+    metadata (`hilo consume --help`, docs/cli.md); a command without --metrics-port builds none and serves nothing."""
 
-    metrics_port: serve /metrics, /healthz and /readyz on this TCP port (0: any free port, logged at start).
-        Default: None (serve nothing)
-    metrics_host: the address that port is bound on (0.0.0.0: every interface, as Prometheus scrapes from
-        another machine). Default: 0.0.0.0
-    ready_max_lag: /readyz answers 503 while a site is more than this many versions behind the head. Default: 10
-    """
-
-    metrics_port: int
-    metrics_host: str = "0.0.0.0"
-    ready_max_lag: int = 10
+    metrics_port: int = opt(help="serve /metrics, /healthz and /readyz on this TCP port (0: any free port, logged at start; "
+                            "not given: serve nothing)")
+    metrics_host: str = opt("0.0.0.0", "the address that port is bound on (0.0.0.0: every interface, as Prometheus scrapes "
+                            "from another machine)")
+    ready_max_lag: int = opt(10, "/readyz answers 503 while a site is more than this many versions behind the head")
 
     def __post_init__(self):
         if not 0 <= self.metrics_port <= 65535:

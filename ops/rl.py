@@ -3,8 +3,9 @@
     hilo rl --vllm http://127.0.0.1:8011 --sites 2 --staleness 2 --steps 20      # embedded log in a temp folder
 
 The trainer is a tiny Qwen3 + LoRA (--base: the random one the tests serve, or the student pretrained on the
-task, ops/rl_bases.py; the vLLM servers must serve the same base, and the run checks that) under HiLoProducer; it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B
-complete groups, takes one GRPO step (group-normalised advantages, token-level truncated importance weights from
+task, ops/rl_bases.py; the vLLM servers must serve the same base, and the run checks that) under HiLoProducer;
+it issues digit-task prompts through a RolloutExchange (at most (S + 1) * B in flight), waits for B complete
+groups, takes one GRPO step (group-normalised advantages, token-level truncated importance weights from
 vLLM's behaviour log-probabilities) and publishes it. The sites apply every version, serve it through vLLM
 (each under its own adapter name) and answer prompts between versions. It prints one line per step (reward,
 staleness, prompts in flight, each site's lag) and ends with a table and every site's digest against the
@@ -38,6 +39,7 @@ from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.producer.rollout_ledger import RolloutLedger
 from hilo.replica.codecs import Budget
 from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable
+from hilo.schemas.options import opt
 from hilo.schemas.rollouts import Sampling
 
 REWARD = "hilo.ops.digit_task:reward"
@@ -46,59 +48,45 @@ STALL_S = 300.0  # no complete group for this long: the sites are not answering 
 
 @dataclass(frozen=True)
 class RLConfig:
-    """One GRPO run across sites.
+    """One GRPO run across sites: the vLLM servers and base, the log and run (resumable with a state dir), how many
+    sites generate, the staleness bound, the GRPO batch and the trainer's optimizer and compression; checked at
+    construction. Each field's help is in its metadata (`hilo rl --help`, docs/cli.md)."""
 
-    vllm: base URL of the vLLM server the sites generate with (ops/vllm/start.sh), or a comma list: site i uses
-        the i-th (modulo), so each site can have its own server. Not needed with sites = 0 (the sites run
-        elsewhere; given, it is checked). Default: None
-    base: the model trained and served: tiny (random; reward stays ~0) or student (pretrained on the digit task;
-        ops/rl_bases.py). The servers must serve it: python -m hilo.ops.rl_bases NAME prints the directory. Default: tiny
-    log: the log URL. Default: a file:// log in a temp folder
-    run: the run id; with state_dir, the run to resume. Default: a new one (rl-TIME-PID)
-    state_dir: the trainer's state (its snapshot and the rollout ledger, producer/rollout_ledger.py): a restarted
-        `hilo rl` with the same run and state dir continues where the log says it was, training on no group twice
-        and losing no prompt in flight. Default: None
-    sites: how many generating sites this command starts (0: sites started elsewhere answer). Default: 2
-    prompt_partitions: partitions of RUN.prompts on Kafka (at most this many sites share the prompts). Default: 4
-    staleness: S, how many versions a sample's policy may trail the trainer's (0: synchronous). Default: 2
-    steps: optimizer steps (versions published). Default: 20
-    batch_prompts: B, complete groups per step. Default: 4
-    samples: n, samples per prompt (the GRPO group). Default: 4
-    lr: the trainer's learning rate (AdamW). Default: 0.003
-    codec: how versions are compressed. Default: spar4
-    budget: bytes per version as a fraction of the bf16 adapter. Default: 0.016
-    seed: prompts and sampling seeds. Default: 0
-    reward: MODULE:FUNCTION of the reward. Default: the digit task's
-    trainer_threads: torch threads of the trainer. On one machine it shares the cores with the sites and vLLM, and
-        OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a run 1.6x slower. Default: 1
-    """
-
-    vllm: str | None = None
-    base: str = "tiny"
-    log: str | None = None
-    run: str | None = None
-    state_dir: str | None = None
-    sites: int = 2
-    prompt_partitions: int = 4
-    staleness: int = 2
-    steps: int = 20
-    batch_prompts: int = 4
-    samples: int = 4
-    lr: float = 3e-3
-    codec: str = "spar4"
-    budget: float = 0.016
-    seed: int = 0
-    reward: str = REWARD
-    trainer_threads: int = 1
+    vllm: str | None = opt(None, "base URL of the vLLM server the sites generate with (ops/vllm/start.sh), or a comma list: "
+                           "site i uses the i-th (modulo), so each site can have its own server. Not needed with sites = 0 "
+                           "(the sites run elsewhere; given, it is checked)")
+    base: str = opt("tiny", "the model trained and served: tiny (random; reward stays ~0) or student (pretrained on the digit "
+                    "task; ops/rl_bases.py). The servers must serve it: python -m hilo.ops.rl_bases NAME prints the directory")
+    log: str | None = opt(None, "the log URL (none: a file:// log in a temp folder)")
+    run: str | None = opt(None, "the run id; with state_dir, the run to resume (none: a new one, rl-TIME-PID)")
+    state_dir: str | None = opt(None, "the trainer's state (its snapshot and the rollout ledger, producer/rollout_ledger.py): "
+                                "a restarted `hilo rl` with the same run and state dir continues where the log says it was, "
+                                "training on no group twice and losing no prompt in flight")
+    sites: int = opt(2, "how many generating sites this command starts (0: sites started elsewhere answer)")
+    prompt_partitions: int = opt(4, "partitions of RUN.prompts on Kafka (at most this many sites share the prompts)")
+    staleness: int = opt(2, "S, how many versions a sample's policy may trail the trainer's (0: synchronous)")
+    steps: int = opt(20, "optimizer steps (versions published)")
+    batch_prompts: int = opt(4, "B, complete groups per step")
+    samples: int = opt(4, "n, samples per prompt (the GRPO group)")
+    lr: float = opt(3e-3, "the trainer's learning rate (AdamW)")
+    codec: str = opt("spar4", "how versions are compressed")
+    budget: float = opt(0.016, "bytes per version as a fraction of the bf16 adapter")
+    seed: int = opt(0, "prompts and sampling seeds")
+    reward: str = opt(REWARD, "MODULE:FUNCTION of the reward")
+    trainer_threads: int = opt(1, "torch threads of the trainer. On one machine it shares the cores with the sites and vLLM, "
+                               "and OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a run 1.6x "
+                               "slower")
 
     def __post_init__(self):
-        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0), ("trainer_threads", 1)):
+        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0),
+                         ("trainer_threads", 1)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if self.vllm is None and self.sites == 0:
             pass  # the sites run elsewhere, each checking its own server
         elif not isinstance(self.vllm, str) or not all(u.startswith(("http://", "https://")) for u in self.vllm.split(",")):
-            raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server (--vllm URL; ops/vllm/start.sh starts one)")
+            raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server "
+                              f"(--vllm URL; ops/vllm/start.sh starts one)")
         rl_base(self.base)
 
     @property
@@ -191,7 +179,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads)
     model = with_lora(rl_base(cfg.base).model())
-    producer = HiLoProducer(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
+    producer = HiLoProducer.open(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
                                                   state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
     ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None
@@ -218,7 +206,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
         while producer.version < cfg.steps:
             waited = time.monotonic()
 
-            def going():
+            def going(waited=waited):
                 dead = [n for n, p in procs.items() if p.poll() is not None]
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")

@@ -4,14 +4,14 @@
 # 3-node and secured (SASL_SSL, ACLs) brokers with the same scripts, on separate ports, and wipe them after.
 #   ops/test.sh                 # everything, Kafka integration tests included
 #   ops/test.sh -k determinism  # extra arguments go to pytest
-#   ops/test.sh -n 0            # no parallel workers (HILO_TEST_WORKERS sets how many; default 4)
-# Tests run on HILO_TEST_WORKERS pytest-xdist workers (--dist loadgroup): tests that share a fixed-port broker, or the
-# vLLM server, carry the same @pytest.mark.xdist_group and run on one worker, one after another.
+#   HILO_TEST_WORKERS=2 ops/test.sh  # pytest-xdist workers (default: none, one process)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 ops/setup.sh
 HILO_VENV=${HILO_VENV:-${HILO_CACHE:-$HOME/.cache/hilo-sync}/venv}
+# Lint first (pyproject.toml [tool.ruff]): a style or undefined-name error fails in seconds, before any service starts.
+"$HILO_VENV/bin/ruff" check "$ROOT"
 started=0 vllm_started=0
 trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; true' EXIT
 if ! ops/kafka/wait.sh --timeout 1 >/dev/null 2>&1; then
@@ -28,4 +28,9 @@ if ! ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
 fi
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
 export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
-"$HILO_VENV/bin/python" -m pytest -p no:cacheprovider -n "${HILO_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# Parallel workers are opt-in (HILO_TEST_WORKERS=N, --dist loadfile: one module per worker keeps a module's fixed-port
+# broker on one worker). --dist loadgroup would also keep the vLLM tests of several modules together, but here
+# (pytest 9.2, pytest-xdist 3.8) it does not group: two tests of one xdist_group ran on two workers.
+par=()
+[ "${HILO_TEST_WORKERS:-0}" != 0 ] && par=(-n "$HILO_TEST_WORKERS" --dist loadfile)
+"$HILO_VENV/bin/python" -m pytest -p no:cacheprovider "${par[@]}" "$@"

@@ -1,84 +1,87 @@
 """ProducerConfig: everything a trainer is told, checked once, at construction."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from hilo.log.base import check_run
-from hilo.log.kafka_config import check_kafka_config
-from hilo.replay.bad_records import POLICIES
-from hilo.replica.codecs import CODECS, Budget
+from hilo.log.target import LogTarget
+from hilo.replay.bad_records import OnBadRecord
+from hilo.replica.codecs import CODECS
+from hilo.replica.codecs.budget import AutoBudget, Budget
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
 from hilo.schemas.errors import ConfigError
+from hilo.schemas.options import opt
 
 from .delta import MODES
-from .link_budget import AutoBudget
 
 
 @dataclass(frozen=True)
 class ProducerConfig:
-    """Trainer-side configuration. Every field is checked at construction.
+    """Trainer-side configuration: the run and log it publishes to, how each version is compressed and stepped,
+    when checkpoints are written, and how the trainer rides out outages and records it did not write. Every field
+    is checked once, at construction; each field's help is in its metadata (`hilo produce --help`, docs/cli.md),
+    and `target` is the checked LogTarget of log, run and kafka_config."""
 
-    run: run id; topics are RUN.updates and RUN.checkpoints.
-    log: file://DIR (embedded, one machine) or kafka://HOST:PORT. Default: file://./hilo-log
-    codec: dense | topk | powersgd | spar | spar4 (replica/codecs/__init__.py). Default: spar4 (4-bit factors; `spar` sends fp16 ones, see README "Does it learn as well?")
-    budget: bytes per message (Budget(fraction=...) of the bf16 adapter, or Budget(bytes=...)), or AutoBudget():
-        each version's budget fitted to the slowest site's measured link (`--budget auto`, producer/link_budget.py).
-        Default: 1.6%
-    optimizer: sgd | adamw | lion | muon. Default: adamw
-    hparams: optimizer hyperparameter defaults (lr, betas, ...); step(**h) overrides per step.
-    checkpoint_every: publish a full checkpoint every K versions (bootstrap for late sites). Default: 50
-    chunk_bytes: largest record value; bigger messages are split. Kafka topics, producer and readers are sized
-        to it, and a cluster that cannot take it is refused at start. Default: 900 KiB (Kafka's 1 MiB default)
-    state_dir: the trainer's own snapshot, for fast restarts. Default: None (resume from the log)
-    adapter: PEFT adapter name. Default: "default"
-    new_history: start a new genesis even where the run's earlier records expired (sites of the old one refuse it). Default: False
-    keep_checkpoints: the checkpoints topic keeps the newest K this trainer published (older ones are deleted with
-        Kafka's DeleteRecords; the file log keeps everything). Default: 3
-    signing_key: Ed25519 private key (PEM, mode 0600; `hilo keys generate`) that signs every update and checkpoint.
-        Default: None (unsigned)
-    kafka_config: Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log. Default: None (plaintext)
-    history: append (version, digest, offset) of every acknowledged version to this file (replay/history.py). Default: None
-    mode: what a message carries (MODES). "gradient": the compressed gradient; every replica runs `optimizer` on it.
-        "delta": the trainer runs `optimizer` on its own master copy and publishes the compressed difference between
-        the master and the sites' copy; sites apply it with the stateless "add" step (no optimizer state; their
-        policy trails the master by the lag each message reports). Default: gradient
-    flush_lag: `flush()` (delta mode; also run by `close()`) publishes messages until the sites' relative lag behind
-        the master is at most this. Default: 0.001
-    flush_max: the most messages one flush publishes. Default: 64
-    publish_deadline_s: how long one step may wait for the log to take its message (a broker restart, a rolling upgrade,
-        a network partition): it retries and waits out the outage meanwhile, saying so once and then every minute. Past
-        it step() raises one line and the trainer stays at its last committed version; a restart resumes exactly.
-        Default: 600 (a single broker's restart takes about a minute, a 3-node rolling upgrade a few)
-    on_bad_record: skip | stop. What the trainer does with a record on RUN.updates that it did not write and that
-        cannot be a valid message of the run, when it reads the log (start, resync): skip it with one warning and
-        publish after it, or stop. A conflicting message it did sign stops it either way. Default: skip
-    """
-
-    run: str
-    log: str = "file://./hilo-log"
-    codec: str = "spar4"
-    budget: Budget | AutoBudget = Budget()
-    optimizer: str = "adamw"
-    hparams: dict = field(default_factory=dict)
-    checkpoint_every: int = 50
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    state_dir: str | None = None
-    adapter: str = "default"
-    new_history: bool = False
-    keep_checkpoints: int = 3
-    signing_key: str | None = None
-    kafka_config: str | None = None
-    history: str | None = None
-    mode: str = "gradient"
-    flush_lag: float = 1e-3
-    flush_max: int = 64
-    on_bad_record: str = "skip"
-    publish_deadline_s: float = 600.0
+    run: str = opt(help="run id; topics are RUN.updates and RUN.checkpoints")
+    log: str = opt("file://./hilo-log", "file://DIR (embedded, one machine) or kafka://HOST:PORT")
+    codec: str = opt("spar4", "dense | topk | powersgd | spar | spar4 (replica/codecs/__init__.py); spar4 sends 4-bit factors, "
+                     "spar fp16 ones (README: Does it learn as well?)")
+    budget: Budget | AutoBudget = opt(Budget(), "bytes per message: 1.6%, 0.016, 2MB or 2000000 (a Budget: a fraction of the bf16 "
+                                      "adapter, or bytes); or auto[:SHARE] (an AutoBudget), fitted per version to the slowest "
+                                      f"site's measured link so that a version reaches it within SHARE of the step time (default "
+                                      f"{AutoBudget.share}; producer/link_budget.py)")
+    optimizer: str = opt("adamw", "sgd | adamw | lion | muon")
+    hparams: dict = opt(help="optimizer hyperparameter defaults (lr, betas, ...); step(**h) overrides per step", factory=dict)
+    checkpoint_every: int = opt(50, "publish a full checkpoint every K versions (bootstrap for late sites)")
+    chunk_bytes: int = opt(DEFAULT_CHUNK_BYTES, "largest record value; bigger messages are split. Kafka topics, producer and "
+                           "readers are sized to it, and a cluster that cannot take it is refused at start (the default, "
+                           "900 KiB, fits Kafka's 1 MiB default)")
+    state_dir: str | None = opt(None, "the trainer's own snapshot, for fast restarts (none: resume from the log)")
+    adapter: str = opt("default", "PEFT adapter name")
+    new_history: bool = opt(False, "start a new genesis even where the run's earlier records expired (sites of the old one "
+                            "refuse it)")
+    keep_checkpoints: int = opt(3, "the checkpoints topic keeps the newest K this trainer published (older ones are deleted "
+                                "with Kafka's DeleteRecords; the file log keeps everything)")
+    signing_key: str | None = opt(None, "Ed25519 private key (PEM, mode 0600; `hilo keys generate`) that signs every update and "
+                                  "checkpoint (none: unsigned)")
+    kafka_config: str | None = opt(None, "Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log (none: "
+                                   "plaintext)")
+    history: str | None = opt(None, "append (version, digest, offset) of every acknowledged version to this file "
+                              "(replay/history.py)")
+    mode: str = opt("gradient", "what a message carries (MODES). gradient: the compressed gradient; every replica runs "
+                    "`optimizer` on it. delta: the trainer runs `optimizer` on its own master copy and publishes the "
+                    "compressed difference between the master and the sites' copy; sites apply it with the stateless "
+                    "\"add\" step (no optimizer state; their policy trails the master by the lag each message reports)")
+    flush_lag: float = opt(1e-3, "`flush()` (delta mode; also run by `close()`) publishes messages until the sites' relative "
+                           "lag behind the master is at most this")
+    flush_max: int = opt(64, "the most messages one flush publishes")
+    on_bad_record: OnBadRecord = opt(OnBadRecord.SKIP, "skip | stop. What the trainer does with a record on RUN.updates that "
+                                     "it did not write and that cannot be a valid message of the run, when it reads the log "
+                                     "(start, resync): skip it with one warning and publish after it, or stop. A conflicting "
+                                     "message it did sign stops it either way")
+    publish_deadline_s: float = opt(600.0, "how long one step may wait for the log to take its message (a broker restart, a "
+                                    "rolling upgrade, a network partition): it retries and waits out the outage meanwhile, "
+                                    "saying so once and then every minute. Past it step() raises one line and the trainer "
+                                    "stays at its last committed version; a restart resumes exactly. A single broker's "
+                                    "restart takes about a minute, a 3-node rolling upgrade a few")
+    publish_rank: int = opt(0, "in a torch.distributed job (torchrun, accelerate launch): the one rank that opens the log and "
+                            "publishes. Every rank constructs the same optimizer; the others apply each message it publishes and "
+                            "hold the same bits (producer/distributed.py)")
+    rank_timeout_s: float | None = opt(None, "in a torch.distributed job: how long a rank waits for the others at start and for "
+                                       "the publishing rank's step (its whole publish included) before the job stops with one "
+                                       "line; must exceed publish_deadline_s (none: publish_deadline_s + 300)")
 
     def __post_init__(self):
-        check_run(self.run, "ProducerConfig.run")
+        # set once here (the dataclass is frozen): the producer opens target, so log, run and kafka_config are
+        # checked by the one rule the site uses too, and a bad one is named as ProducerConfig's field
+        object.__setattr__(self, "target", LogTarget(self.log, self.run, self.kafka_config, what="ProducerConfig"))
+        # a str ("skip", from the CLI or an older caller) becomes the enum
+        object.__setattr__(self, "on_bad_record", OnBadRecord.of(self.on_bad_record, "ProducerConfig.on_bad_record"))
         if not self.publish_deadline_s > 0:
             raise ConfigError(f"ProducerConfig.publish_deadline_s = {self.publish_deadline_s}: must be > 0")
-        check_kafka_config(self.log, self.kafka_config)
+        if self.publish_rank < 0:
+            raise ConfigError(f"ProducerConfig.publish_rank = {self.publish_rank}: must be >= 0")
+        if self.rank_timeout_s is not None and not self.rank_timeout_s > self.publish_deadline_s:
+            raise ConfigError(f"ProducerConfig.rank_timeout_s = {self.rank_timeout_s:g}: must exceed publish_deadline_s = "
+                              f"{self.publish_deadline_s:g} (a rank waits out the publishing rank's whole publish)")
         if not isinstance(self.budget, (Budget, AutoBudget)):
             raise ConfigError(f"ProducerConfig.budget = {self.budget!r}: expected a Budget or an AutoBudget")
         if self.codec not in CODECS:
@@ -91,8 +94,6 @@ class ProducerConfig:
             raise ConfigError(f"ProducerConfig.checkpoint_every = {self.checkpoint_every}: must be >= 1")
         if not 1024 <= self.chunk_bytes <= 64 << 20:
             raise ConfigError(f"ProducerConfig.chunk_bytes = {self.chunk_bytes}: must be in [1 KiB, 64 MiB]")
-        if self.on_bad_record not in POLICIES:
-            raise ConfigError(f"ProducerConfig.on_bad_record = {self.on_bad_record!r}: expected one of {list(POLICIES)}")
         if self.mode not in MODES:
             raise ConfigError(f"ProducerConfig.mode = {self.mode!r}: expected one of {list(MODES)}")
         if not 0 <= self.flush_lag < 1:
@@ -100,5 +101,3 @@ class ProducerConfig:
         if self.flush_max < 0:
             raise ConfigError(f"ProducerConfig.flush_max = {self.flush_max}: must be >= 0")
         OPTIMIZERS[self.optimizer]().check_hparams(OPTIMIZERS[self.optimizer]().defaults() | self.hparams, "ProducerConfig.hparams")
-
-

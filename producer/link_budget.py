@@ -1,4 +1,5 @@
-"""`--budget auto`: each version's byte budget fitted to the slowest site's link.
+"""`--budget auto`: each version's byte budget fitted to the slowest site's link (AutoBudget's settings are in
+replica/codecs/budget.py; LinkBudget here applies them).
 
 Sites measure what their link delivers. For each message written while a site was already waiting for it (its
 first record's log timestamp, Kafka's CreateTime on the trainer's clock, is after the site's read began), the site
@@ -25,61 +26,15 @@ import collections
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 
-from hilo.log.site_reports import LINK_BPS, site_reports
-from hilo.replica.codecs import Budget
-from hilo.schemas.errors import ConfigError, HiloError
+from hilo.log.site_reports import site_reports
+from hilo.replica.codecs.budget import AutoBudget, Budget
+from hilo.schemas.errors import HiloError
 
 logger = logging.getLogger(__name__)
 STEPS_KEPT = 8  # step intervals the step time is the median of
 CPU_KEPT = 16   # (fraction, trainer CPU seconds) pairs the CPU slope is fitted to
 MIN_SPREAD = 1.5  # the largest fraction seen must be this many times the smallest before a slope is fitted
-
-
-@dataclass(frozen=True)
-class AutoBudget:
-    """`--budget auto` (ProducerConfig.budget): the rule's settings, as fractions of the bf16 adapter.
-
-    start: the budget until a site reports its link. Default: 0.016
-    share: the share of the step time a version may take to cross the slowest site's link. Default: 0.05 (in
-        strict on-policy training the transfer adds to every step; `hilo bench wan` measures what a larger share
-        costs. Raise it where the sync overlaps the trainer's compute.)
-    floor: the smallest budget chosen. Default: 0.002
-    ceiling: the largest budget chosen. Default: 0.25
-    refresh_s: seconds between reads of the sites' reports. Default: 10
-    max_age_s: a report whose site applied nothing for this long is ignored (a site that left). Default: 600
-    """
-
-    start: float = 0.016
-    share: float = 0.05
-    floor: float = 0.002
-    ceiling: float = 0.25
-    refresh_s: float = 10.0
-    max_age_s: float = 600.0
-
-    def __post_init__(self):
-        for name in ("start", "floor", "ceiling"):
-            if not 0 < getattr(self, name) <= 4:
-                raise ConfigError(f"AutoBudget.{name} = {getattr(self, name)!r}: a fraction of the adapter in (0, 4]")
-        if not self.floor <= self.start <= self.ceiling:
-            raise ConfigError(f"AutoBudget.start = {self.start}: must lie in [floor {self.floor}, ceiling {self.ceiling}]")
-        if not 0 < self.share <= 1:
-            raise ConfigError(f"AutoBudget.share = {self.share!r}: a share of the step time in (0, 1]")
-        if self.refresh_s < 0 or self.max_age_s <= 0:
-            raise ConfigError(f"AutoBudget.refresh_s / max_age_s = {self.refresh_s} / {self.max_age_s}: must be >= 0 / > 0")
-
-    def describe(self) -> str:
-        """As `--budget` takes it."""
-        return "auto"
-
-    def message_bytes(self, manifest) -> int:
-        """The smallest message it may choose (what the producer checks leaves room for a payload)."""
-        return Budget(self.floor).message_bytes(manifest)
-
-    def payload_bytes(self, manifest) -> int:
-        """The payload of the smallest message it may choose."""
-        return Budget(self.floor).payload_bytes(manifest)
 
 
 def cpu_slope(samples) -> float | None:
@@ -124,10 +79,9 @@ class LinkBudget:
         except HiloError as e:  # the reports are advisory: keep the last ones
             logger.warning("run %s: --budget auto could not read the sites' reports (%s); keeping the last", self.run, e)
             return self.links
-        for group, _, m in reports:
-            bps = m.get(LINK_BPS)
-            if isinstance(bps, (int, float)) and bps > 0 and now - float(m.get("applied_at", 0)) <= self.cfg.max_age_s:
-                out[str(m.get("site", group))] = float(bps)
+        for _, _, report in reports:
+            if report.link_bps is not None and now - (report.applied_at or 0.0) <= self.cfg.max_age_s:
+                out[report.site] = report.link_bps
         return out
 
     def choose(self) -> tuple:

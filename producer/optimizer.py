@@ -11,18 +11,38 @@ the message, so any LR scheduler drives it. A skipped step (a grad scaler that f
 `state_dict()` names the run's version and digest and carries the encoder's error-feedback state (and in
 delta mode the master's params and optimizer state: ProducerConfig(mode="delta")), so a
 framework's checkpoint/resume continues the same run: never a duplicate version, never a fork.
+In a torch.distributed job (torchrun, accelerate launch) construct it on every rank: one rank publishes and every
+rank's model holds the published params (producer/distributed.py).
 """
 import logging
 
 import torch
 
+from hilo.replica.optimizers import get_optimizer
 from hilo.schemas.errors import ConfigError, LogError
 
 from .config import ProducerConfig
+from .distributed import unwrap
+from .lora_params import lora_parameters
 from .producer import HiLoProducer
 
 logger = logging.getLogger(__name__)
 HOUSEKEEPING = frozenset({"params", "initial_lr", "name"})  # group keys torch schedulers and frameworks add
+
+
+def _group_defaults(model: torch.nn.Module, config: ProducerConfig, hparams: dict) -> dict:
+    """The param group's hyperparameters; refuses names the run's optimizer lacks and trainable non-LoRA params."""
+    rule = get_optimizer(config.optimizer)  # gradient mode: every replica's step; delta mode: the master's
+    unknown = sorted(set(hparams) - set(rule.hparams))
+    if unknown:
+        raise ConfigError(f"HiLoOptimizer: {unknown} are not hyperparameters of {rule.name!r} (it has {sorted(rule.hparams)})")
+    defaults = rule.check_hparams(rule.defaults() | config.hparams | hparams, "HiLoOptimizer")
+    lora = {id(p) for p in lora_parameters(model, config.adapter)[1]}
+    stray = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in lora]
+    if stray:
+        raise ConfigError(f"HiLoOptimizer: {len(stray)} trainable parameter(s) outside LoRA adapter {config.adapter!r} would not "
+                          f"be replicated to the sites, e.g. {stray[0]!r}; freeze them (modules_to_save is not supported)")
+    return defaults
 
 
 class HiLoOptimizer(torch.optim.Optimizer):
@@ -36,18 +56,13 @@ class HiLoOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log_backend=None, **hparams):
-        self.producer = HiLoProducer(model, config, log_backend)
-        rule = self.producer.rule
-        unknown = sorted(set(hparams) - set(rule.hparams))
-        if unknown:
-            raise ConfigError(f"HiLoOptimizer: {unknown} are not hyperparameters of {rule.name!r} (it has {sorted(rule.hparams)})")
-        defaults = rule.check_hparams(rule.defaults() | config.hparams | hparams, "HiLoOptimizer")
-        lora = {id(p) for p in self.producer.params}
-        stray = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in lora]
-        if stray:
-            raise ConfigError(f"HiLoOptimizer: {len(stray)} trainable parameter(s) outside LoRA adapter {config.adapter!r} would not "
-                              f"be replicated to the sites, e.g. {stray[0]!r}; freeze them (modules_to_save is not supported)")
-        super().__init__(self.producer.params, defaults)
+        model, checked = unwrap(model), {}
+
+        def check():  # every refusal before the log is opened (in a torch.distributed job, on every rank at once)
+            checked["defaults"] = _group_defaults(model, config, hparams)
+            return {"HiLoOptimizer hyperparameters": repr(sorted(hparams.items()))}
+        self.producer = HiLoProducer.open(model, config, log_backend, check=check)
+        super().__init__(self.producer.params, checked["defaults"])
 
     def add_param_group(self, param_group: dict) -> None:
         """Only the constructor's single group: the adapter is replicated as a whole."""
@@ -84,8 +99,9 @@ class HiLoOptimizer(torch.optim.Optimizer):
         """Torch's layout plus "hilo": run, version, digest and the encoder state (tensors, ints, strs only)."""
         sd = super().state_dict()
         p = self.producer
-        sd["hilo"] = {"run": p.config.run, "version": p.version, "digest": p.replica.digest.hex(),
-                      "encoder": p.builder.encoder.state_dict()}
+        sd["hilo"] = {"run": p.config.run, "version": p.version, "digest": p.replica.digest.hex()}
+        if p.builder is not None:  # a torch.distributed job: the publishing rank's alone (producer/distributed.py)
+            sd["hilo"]["encoder"] = p.builder.encoder.state_dict()
         if p.master is not None:
             sd["hilo"]["master"] = p.master.state_dict()
         return sd
@@ -98,7 +114,8 @@ class HiLoOptimizer(torch.optim.Optimizer):
             raise ConfigError("HiLoOptimizer.load_state_dict: not a HiLoOptimizer state (no 'hilo' entry)")
         p = self.producer
         if saved["run"] != p.config.run:
-            raise LogError(f"HiLoOptimizer.load_state_dict: the checkpoint belongs to run {saved['run']!r}, this optimizer publishes {p.config.run!r}")
+            raise LogError(f"HiLoOptimizer.load_state_dict: the checkpoint belongs to run {saved['run']!r}, "
+                           f"this optimizer publishes {p.config.run!r}")
         v, head = int(saved["version"]), p.version
         known = p.replica.recent.get(v)
         if v > head:
@@ -108,11 +125,16 @@ class HiLoOptimizer(torch.optim.Optimizer):
             raise LogError(f"run {p.config.run}: the checkpoint's v{v} has digest {saved['digest'][:12]}, the log's v{v} has "
                            f"{known.hex()[:12]}: a fork; refusing to resume")
         super().load_state_dict({k: val for k, val in state_dict.items() if k != "hilo"})
-        if v == head:
+        if v < head:
+            logger.warning("run %s: the checkpoint is at v%d, the log at v%d; continuing from v%d (the log wins; the steps "
+                           "after v%d will see their data again, and error feedback restarts from zero)", p.config.run, v, head, head, v)
+        elif p.builder is None:
+            pass  # a rank of a torch.distributed job that does not publish keeps no encoder state
+        elif saved.get("encoder") is None:
+            logger.warning("run %s: the checkpoint has no encoder state (saved by a rank that does not publish); error "
+                           "feedback restarts from zero", p.config.run)
+        else:
             p.builder.encoder.load_state_dict(saved["encoder"], "HiLoOptimizer checkpoint encoder state")
             if p.master is not None and "master" in saved:
                 p.master.load_state_dict(saved["master"], "HiLoOptimizer checkpoint master state")
-        else:
-            logger.warning("run %s: the checkpoint is at v%d, the log at v%d; continuing from v%d (the log wins; the steps "
-                           "after v%d will see their data again, and error feedback restarts from zero)", p.config.run, v, head, head, v)
         p.write_back()  # whatever the framework loaded into the model, the params are the log's

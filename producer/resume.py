@@ -9,17 +9,16 @@ this one catches up. The decision:
   else the newest checkpoint; then every update to the log head is applied, as a site applies them.
 A checkpoint whose updates expired is replaced by a fresh one, so late sites can always bootstrap.
 """
-import json
 import logging
 import os
 from dataclasses import dataclass
 
-from hilo.log import checkpoints_topic, site_group, updates_topic
+from hilo.log import checkpoints_topic, updates_topic
+from hilo.log.site_reports import site_reports
 from hilo.log.tail import head
 from hilo.replay.follower import Follower
 from hilo.replay.start import Source, Start, choose_start
 from hilo.replica.replica import PolicyReplica
-from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, LogError
 from hilo.schemas.position import Position
 from hilo.schemas.records import NONCE_BYTES
@@ -38,12 +37,14 @@ class Resumed:
     position: Position
     snapshot_version: int | None
     skips: dict | None = None   # reason -> records skipped while catching up
+    checkpoint: bool = False    # the caller publishes a checkpoint of `replica` at `position` before anything else
 
 
-def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip") -> Follower:
+def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip", trust=None) -> Follower:
     """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
-    duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer)."""
-    follower = Follower(log, run, replica, position, on_bad_record)
+    duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer).
+    `trust`: the key the trainer signs with (a signed run applies only what it signed)."""
+    follower = Follower(log, run, replica, position, on_bad_record, trust=trust)
     follower.catch_up_all()
     return follower
 
@@ -60,16 +61,15 @@ class Decision:
 
 
 class TrainerStart:
-    """The start decision of one trainer. publish_checkpoint(replica, updates_offset, log_bytes) publishes one.
+    """The start decision of one trainer of run `run`, for a model of `manifest` whose sites apply `site_optimizer`.
 
     `decide` makes every refusal by reading the log only, so a trainer that would be refused is refused before it
-    fences the one that runs; `run` then (after fencing) publishes what the start needs and catches up."""
+    fences the one that runs; `run` then (after fencing) catches up and says which checkpoint the start needs."""
 
-    def __init__(self, log, config, manifest, site_optimizer: str, publish_checkpoint=None):
-        self.log, self.config, self.manifest = log, config, manifest
-        self.site_optimizer, self.publish_checkpoint = site_optimizer, publish_checkpoint
-        self.run_id = config.run
-        self.updates, self.checkpoints = updates_topic(config.run), checkpoints_topic(config.run)
+    def __init__(self, log, run: str, manifest, site_optimizer: str, new_history: bool = False, on_bad_record="skip"):
+        self.log, self.run_id, self.manifest, self.site_optimizer = log, run, manifest, site_optimizer
+        self.new_history, self.on_bad_record = new_history, on_bad_record
+        self.updates, self.checkpoints = updates_topic(run), checkpoints_topic(run)
 
     def decide(self, snapshot, verifier=None) -> Decision:
         """Every check against the log (history, manifest, optimizer, signing key, retention), writing nothing."""
@@ -82,18 +82,19 @@ class TrainerStart:
             self.check_layout(snapshot[0])
         if head(log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
             if log.end_offset(self.updates) > log.begin_offset(self.updates):
-                raise LogError(f"{log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; refusing to start a second history")
+                raise LogError(f"{log.url}: {self.updates} has records but {self.checkpoints} has no checkpoint; "
+                               f"refusing to start a second history")
             had = max(log.end_offset(self.updates), end)  # offsets survive retention
             if had and snapshot is not None:
                 self._check_no_site_ahead(snapshot[0])
                 return Decision("expired", end)
-            if had and not self.config.new_history:
+            if had and not self.new_history:
                 raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records have all expired, "
                                f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
                                f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
                                f"to start over (sites that followed the old history refuse the new one until their state is reset)")
             return Decision("genesis", end, had=had)
-        theirs = head(log, self.checkpoints, run).get(H.GENESIS)
+        theirs = head(log, self.checkpoints, run).genesis
         if snapshot is not None and theirs is not None and theirs != snapshot[0].genesis.hex():
             raise ConfigError(f"run {run}: the trainer's state dir holds v{snapshot[0].version} of history "
                               f"{snapshot[0].genesis.hex()[:12]}, the log's checkpoints are of history {theirs[:12]} (another "
@@ -112,7 +113,8 @@ class TrainerStart:
 
     def run(self, snapshot, params: list, verifier=None, decided: Decision | None = None) -> Resumed:
         """Start from `snapshot` ((replica, Position) of the trainer's state dir, or None) and the model's `params`;
-        `decided` (by `decide`, before fencing) is used when no checkpoint was published since, else decided again."""
+        `decided` (by `decide`, before fencing) is used when no checkpoint was published since, else decided again.
+        Writes nothing: where the start needs a checkpoint published, the result says so (Resumed.checkpoint)."""
         run, log = self.run_id, self.log
         if decided is None or decided.checkpoints_end != log.end_offset(self.checkpoints):
             decided = self.decide(snapshot, verifier)
@@ -122,23 +124,23 @@ class TrainerStart:
             # A fresh nonce: a history started again from the same weights (the same seed) is still another history.
             replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer,
                                             nonce=os.urandom(NONCE_BYTES))
-            offset = log.end_offset(self.updates)
-            self.publish_checkpoint(replica, offset, 0)
             if decided.had:
-                logger.warning("run %s: STARTED A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run, replica.genesis.hex()[:12])
-            logger.info("run %s: published genesis checkpoint (%d params, digest %s)", run, self.manifest.numel, replica.digest.hex()[:12])
-            return Resumed(replica, Position(offset, 0), None)
+                logger.warning("run %s: STARTING A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run,
+                               replica.genesis.hex()[:12])
+            logger.info("run %s: genesis (%d params, digest %s), published as the first checkpoint", run, self.manifest.numel,
+                        replica.digest.hex()[:12])
+            return Resumed(replica, Position(log.end_offset(self.updates), 0), None, checkpoint=True)
         start = decided.start
         replica, position = start.replica, start.position
         snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
-        if verifier is not None:  # a signed run: the trainer applies only what its key signed, whatever it started from
-            replica.verifier = verifier
-        follower = catch_up(log, run, replica, position, self.config.on_bad_record)
+        # a signed run: the trainer applies only what its key signed, whatever it started from
+        follower = catch_up(log, run, replica, position, self.on_bad_record, trust=verifier)
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
-        if not log.retained(self.updates, int(head(log, self.checkpoints, run).get(H.UPDATES_OFFSET, 0))):  # no site could bootstrap from it
-            self.publish_checkpoint(replica, follower.next_offset, follower.log_bytes)
-            logger.warning("run %s: the newest checkpoint's updates have expired; published a fresh checkpoint at v%d", run, replica.version)
-        return Resumed(replica, follower.position(), snapshot_version, dict(follower.skips))
+        stale = not log.retained(self.updates, head(log, self.checkpoints, run).updates_offset or 0)  # no site could bootstrap from it
+        if stale:
+            logger.warning("run %s: the newest checkpoint's updates have expired; a fresh checkpoint at v%d is published", run,
+                           replica.version)
+        return Resumed(replica, follower.position(), snapshot_version, dict(follower.skips), checkpoint=stale)
 
     def check_layout(self, replica):
         """The model and config must be the run's: same adapter layout, same optimizer."""
@@ -155,21 +157,13 @@ class TrainerStart:
     def _check_no_site_ahead(self, replica):
         """Continuing an expired log from `replica` must not fork a site that is already past it."""
         run = self.run_id
-        for group in self.log.groups(site_group(run, "")):  # sites' committed positions outlive the records
-            c = self.log.committed(group, self.updates)
-            try:
-                seen = json.loads(c[1] or "{}").get("version", -1) if c else -1
-            except ValueError:
-                seen = -1
-            if seen > replica.version:
-                raise LogError(f"run {run}: site group {group} is at v{seen}, beyond this trainer's snapshot v{replica.version}; "
-                               f"continuing from the snapshot would fork it. Use the trainer's newest state dir")
+        for group, _, report in site_reports(self.log, run):  # sites' committed positions outlive the records
+            if report.version > replica.version:
+                raise LogError(f"run {run}: site group {group} is at v{report.version}, beyond this trainer's snapshot "
+                               f"v{replica.version}; continuing from the snapshot would fork it. Use the trainer's newest state dir")
 
     def _continue_expired(self, replica, position):
         """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
-        run = self.run_id
-        offset = self.log.end_offset(self.updates)
-        self.publish_checkpoint(replica, offset, position.log_bytes)
-        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (fresh checkpoint published)",
-                       run, replica.version)
-        return Resumed(replica, Position(offset, position.log_bytes), replica.version)
+        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (a fresh checkpoint "
+                       "is published)", self.run_id, replica.version)
+        return Resumed(replica, Position(self.log.end_offset(self.updates), position.log_bytes), replica.version, checkpoint=True)

@@ -65,6 +65,10 @@ class UpdateBuilder:
         msg.digest = state.digest()
         return Proposal(msg, state, enc, {"encode": t1 - t0, "apply": time.perf_counter() - t1})
 
+    def use_budget(self, budget) -> None:
+        """Encode the next proposals within `budget` (a Budget): `--budget auto` fits one per version."""
+        self.encoder.budget = budget
+
     def commit(self, proposal: Proposal) -> None:
         """Adopt a proposal whose message the log holds: the replica's state and the encoder's residual."""
         if proposal.message.parent_digest != self.replica.digest:

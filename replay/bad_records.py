@@ -6,14 +6,31 @@ digest can move it, so a skipped record that was needed shows itself as a gap at
 only then does the follower stop, naming what it skipped. A fork (a message that decodes, verifies and conflicts
 with the chain) and a divergence (a digest this replica does not reproduce) still stop at once.
 
-POLICIES: "skip" (the default) or "stop" (fail-stop: the first bad record stops the follower, as before).
+OnBadRecord: SKIP ("skip", the default) or STOP ("stop": fail-stop, the first bad record stops the follower).
 """
 from dataclasses import dataclass
+from enum import StrEnum
 
-from hilo.schemas.errors import ForeignRecord, LimitExceeded, MalformedMessage, NonFinite, OtherRun, UnsupportedVersion
+from hilo.schemas.errors import ConfigError, ForeignRecord, LimitExceeded, MalformedMessage, NonFinite, OtherRun, UnsupportedVersion
 from hilo.schemas.signing import BadSignature, OtherKey, Unsigned
 
-POLICIES = ("skip", "stop")
+
+class OnBadRecord(StrEnum):
+    """What a follower does with a record that cannot be a valid message of its run (str-valued: "skip" == SKIP)."""
+
+    SKIP = "skip"
+    STOP = "stop"
+
+    @classmethod
+    def of(cls, value, what: str = "on_bad_record") -> "OnBadRecord":
+        """`value` (an OnBadRecord or its string) as an OnBadRecord; else ConfigError naming `what`."""
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{what} = {value!r}: expected one of {[p.value for p in cls]}") from None
+
+
+
 
 # (error type, reason), most specific first: the reason is what the warning, the counters and the history say.
 SKIPPABLE = (

@@ -7,12 +7,12 @@ acts on it (snapshot, commit, export) and asks for the next one, or stops iterat
 import collections
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, DivergenceError, Expired, Gap, HiloError, LogError, MalformedMessage
+from hilo.schemas.errors import DivergenceError, Expired, Gap, HiloError, LogError, MalformedMessage
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
@@ -22,7 +22,7 @@ from hilo.log import crashpoints
 from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message, locate
 
-from .bad_records import POLICIES, Skipped, reason_of
+from .bad_records import OnBadRecord, Skipped, reason_of
 from .checks import accepts, message_what, unframe_key, unframe_update, update_reassembler, warn_if_signed
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
             ckpt = decode_record(msg.data, what)
             if not isinstance(ckpt, Checkpoint) or ckpt.run != run:
                 raise LogError(f"{what}: not a checkpoint of run {run!r}")
-            if H.UPDATES_OFFSET not in msg.headers:
-                raise MalformedMessage(f"{what}: missing header '{H.UPDATES_OFFSET}'")
+            if msg.parsed.updates_offset is None:
+                raise MalformedMessage(f"{what}: header '{H.UPDATES_OFFSET}' missing or not a decimal offset")
             replica = PolicyReplica.from_checkpoint(ckpt, what)
         except (MalformedMessage, DivergenceError, LogError, SignatureError) as e:
             logger.warning("%s; falling back to the previous checkpoint", e)
@@ -71,7 +71,7 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
         if skipped is not None:
             logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
         replica.verifier = verifier
-        return replica, Position(int(msg.headers[H.UPDATES_OFFSET]), int(msg.headers.get(H.LOG_BYTES, 0)))
+        return replica, Position(msg.parsed.updates_offset, msg.parsed.log_bytes or 0)
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,13 @@ class Follower:
     right after a skip stops with a line that names the skipped record.
     """
 
-    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position, on_bad_record: str = "skip",
-                 reader=None):
+    def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position,
+                 on_bad_record: OnBadRecord | str = OnBadRecord.SKIP, reader=None, trust: Verifier | None = None):
+        """`trust`: the run's key as configured (None: an unsigned run). The follower owns what the replica trusts:
+        the newest key rotation `position` records (this reader verified it before a restart), else `trust`; then
+        every rotation it applies."""
         self.log, self.run, self.replica = log_backend, run, replica
+        replica.verifier = Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if trust is not None and position.keys else trust
         # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
         # offsets, heads and everything else come from log_backend
         self.reader = reader if reader is not None else log_backend
@@ -119,9 +123,9 @@ class Follower:
         self.log_bytes = position.log_bytes  # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = update_reassembler(run, self.topic, replica.manifest)
-        if on_bad_record not in POLICIES:
-            raise ConfigError(f"on_bad_record = {on_bad_record!r}: expected one of {POLICIES}")
-        self.on_bad_record = on_bad_record
+        # checked where it was configured (SiteConfig, ProducerConfig); a string is taken as its enum value because
+        # producer/resume.py's catch_up still passes "skip" by default
+        self.on_bad_record = OnBadRecord(on_bad_record)
         self.skips = collections.Counter()  # reason -> records skipped
         self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
         self.fetch_s = 0.0                 # time in reads that returned records since the last applied version
@@ -194,7 +198,7 @@ class Follower:
     def _feed(self, rec) -> Applied | Skipped | None:
         """One record: reassemble; apply a complete update (returns it), skip (returns a Skipped) what cannot be a
         valid message of this run, or raise what must stop the follower."""
-        if rec.headers.get(H.CHUNK, "").startswith("0/"):
+        if rec.parsed.first_chunk:
             ts = rec.timestamp
             self._first = (ts, ts is not None and ts >= self._read_start)
         try:
@@ -215,7 +219,7 @@ class Follower:
             first = self.skipped_since_applied[0]
             raise Gap(f"{error}; the record skipped at offset {first.offset} ({first.reason}: {first.detail}) was probably "
                       f"the missing version: stopping (if it was genuine, a limit or a trusted key is set wrong here)") from None
-        if reason is None or self.on_bad_record == "stop":
+        if reason is None or self.on_bad_record is OnBadRecord.STOP:
             raise error
         skipped = Skipped(offset, reason, str(error))
         self.skips[reason] += 1
@@ -240,7 +244,8 @@ class Follower:
         timing["apply"] = time.perf_counter() - t2
         self.fetch_s = 0.0
         crashpoints.reach("follower.applied")
-        self.log_bytes = int(msg.headers.get(H.LOG_BYTES, self.log_bytes + len(msg.data)))
+        said = msg.parsed.log_bytes  # a verified message's; absent only from writers before the header existed
+        self.log_bytes = said if said is not None else self.log_bytes + len(msg.data)
         self.next_offset = msg.last_offset + 1
         self.skipped_since_applied = []
         delivery = None

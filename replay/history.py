@@ -13,7 +13,6 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from hilo.schemas import headers as H
 from hilo.schemas.chunks import Reassembler
 from hilo.schemas.errors import HiloError
 
@@ -39,6 +38,12 @@ class HistoryWriter:
                  | ({"start": True} if start else {}) | extra)
         self._f.write(json.dumps(entry) + "\n")
         self._f.flush()
+
+    def applied(self, applied) -> None:
+        """A version a follower applied (its Applied): when the log wrote it, its record bytes, the work it took."""
+        work = sum(applied.timing.get(k, 0.0) for k in ("verify", "decode", "apply"))
+        self.record(applied.version, applied.digest, applied.last_offset, w=applied.written_at, b=applied.record_bytes,
+                    a=round(work, 5))
 
     def skip(self, offset: int, reason: str) -> None:
         """A record skipped as not a valid message of the run (no version: the replica did not move)."""
@@ -113,7 +118,8 @@ def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Repor
     if log_versions is not None:  # what the trainer published (a start is a state it resumed from, not a publish)
         for v, d in sorted({e["v"]: e["d"] for e in trainer if not e.get("start")}.items()):
             if log_versions.get(v) != d:
-                rep.anomalies.append(f"log: acknowledged v{v} ({d[:12]}) is {'missing' if v not in log_versions else 'different'} on the log")
+                how = "missing" if v not in log_versions else "different"
+                rep.anomalies.append(f"log: acknowledged v{v} ({d[:12]}) is {how} on the log")
     for name, entries in sites.items():
         sessions, last = _sessions(entries), None
         for session, run in sessions:
@@ -146,7 +152,7 @@ def log_versions(log, run: str) -> dict:
             except HiloError:  # a record that is not a message of the run: no version of it
                 continue
             if msg is not None and msg.kind == "update":
-                out[msg.version] = msg.headers.get(H.DIGEST)
+                out[msg.version] = msg.parsed.digest
         pos = max(pos, batch.next_offset)
     return out
 

@@ -64,7 +64,7 @@ class PolicyReplica:
         draws so that this history is told apart from another started from the same weights (none: the v0 digest)."""
         opt = get_optimizer(optimizer)
         params = [p.detach().to(torch.float32).clone().contiguous() for p in params]
-        for p, b in zip(params, manifest.blocks):
+        for p, b in zip(params, manifest.blocks, strict=True):  # a missing or extra block is an error, not a shorter check
             if tuple(p.shape) != b.shape:
                 raise MalformedMessage(f"genesis: '{b.key}' has shape {tuple(p.shape)}, manifest says {b.shape}")
         slots = {s: [torch.zeros(b.shape) for b in manifest.blocks] for s in opt.slots}
@@ -117,9 +117,11 @@ class PolicyReplica:
                 raise Fork(f"{what}: fork at version {msg.version}: digest {msg.digest.hex()} != applied {seen.hex()}")
             return "duplicate"
         if msg.version != self.version + 1:
-            raise Gap(f"{what}: gap: message is version {msg.version}, replica is at {self.version} (missing {self.version + 1}..{msg.version - 1})")
+            raise Gap(f"{what}: gap: message is version {msg.version}, replica is at {self.version} "
+                      f"(missing {self.version + 1}..{msg.version - 1})")
         if msg.parent_digest != self.digest:
-            raise Fork(f"{what}: fork: version {msg.version} starts from {msg.parent_digest.hex()}, replica v{self.version} is {self.digest.hex()}")
+            raise Fork(f"{what}: fork: version {msg.version} starts from {msg.parent_digest.hex()}, "
+                       f"replica v{self.version} is {self.digest.hex()}")
         return "apply"
 
     def compute(self, msg: UpdateMessage, what: str, decoded: list | None = None) -> ReplicaState:
@@ -134,7 +136,10 @@ class PolicyReplica:
             raise MalformedMessage(f"{what}: optimizer {msg.optimizer!r}, this replica's state is for {self.state.optimizer!r}")
         opt = get_optimizer(msg.optimizer, what)
         hparams = opt.check_hparams(msg.hparams, what)
-        grads = decoded if decoded is not None else decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
+        if decoded is not None:
+            grads = decoded
+        else:
+            grads = decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
         _finite("decoded gradient", grads, self.manifest, msg, what)  # finite factors can still multiply to Inf
         s = self.state
         params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams, self._buffers())

@@ -57,7 +57,8 @@ class ReplicaState:
              for name, bufs in zip(ckpt.slots, ckpt.slot_tensors)},
             dict(ckpt.scalars))
         if state.digest() != ckpt.digest:
-            raise DivergenceError(f"{what}: checkpoint v{ckpt.version} content hashes to {state.digest().hex()}, record says {ckpt.digest.hex()}")
+            raise DivergenceError(f"{what}: checkpoint v{ckpt.version} content hashes to {state.digest().hex()}, "
+                                  f"record says {ckpt.digest.hex()}")
         return state
 
 

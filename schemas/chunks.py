@@ -1,5 +1,6 @@
 """Splitting one framed message into log records, and reassembling them on the consumer (SPEC.md, "Log records")."""
 from dataclasses import dataclass
+from functools import cached_property
 
 import xxhash
 
@@ -20,6 +21,11 @@ class Record:
     headers: dict  # str -> str
     timestamp: float | None = None  # Unix seconds the writer appended it (Kafka's CreateTime, kept by a mirror); None on the file log
 
+    @cached_property
+    def parsed(self) -> H.RecordHeaders:
+        """Its headers, parsed by the one rule for garbled values (schemas/headers.py)."""
+        return H.RecordHeaders.of(self.headers)
+
 
 @dataclass(frozen=True)
 class Message:
@@ -34,6 +40,11 @@ class Message:
     written_at: float | None = None  # the last chunk's log timestamp (Kafka CreateTime; None on the file log)
     record_bytes: int = 0            # values and headers of its chunks, as the log delivered them
 
+    @cached_property
+    def parsed(self) -> H.RecordHeaders:
+        """Its headers, parsed by the one rule for garbled values (schemas/headers.py)."""
+        return H.RecordHeaders.of(self.headers)
+
 
 def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:
     """(key, value, headers) per chunk; every chunk carries the whole message's size and checksum."""
@@ -44,11 +55,11 @@ def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEF
     return [(key, data[i * chunk_bytes:(i + 1) * chunk_bytes], common | {H.CHUNK: f"{i}/{n}"}) for i in range(n)]
 
 
-def _int(headers, name, what, hi):
-    v = headers.get(name)
-    if v is None or not v.isdigit() or int(v) > hi:
-        raise MalformedMessage(f"{what}: header '{name}' = {v!r}, expected a decimal int <= {hi}")
-    return int(v)
+def _int(rec, name: str, value: int | None, what: str, hi: int) -> int:
+    """A parsed header value that must be there and at most `hi` (MalformedMessage naming the raw value if not)."""
+    if value is None or value > hi:
+        raise MalformedMessage(f"{what}: header '{name}' = {rec.headers.get(name)!r}, expected a decimal int <= {hi}")
+    return value
 
 
 class Reassembler:
@@ -76,12 +87,12 @@ class Reassembler:
             raise ForeignRecord(f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
         if h[H.RUN] != self.run:
             raise ForeignRecord(f"{what}: record of run {h[H.RUN]!r} in the topic of run {self.run!r}")
-        i_s, _, n_s = h[H.CHUNK].partition("/")
-        if not (i_s.isdigit() and n_s.isdigit()) or not 0 <= int(i_s) < int(n_s) <= self.limits.max_chunks:
+        p = rec.parsed  # one rule for every header value (schemas/headers.py): a garbled one is absent
+        if p.chunk is None or p.chunk[1] > self.limits.max_chunks:
             raise MalformedMessage(f"{what}: header '{H.CHUNK}' = {h[H.CHUNK]!r}, expected i/n with 0 <= i < n <= {self.limits.max_chunks}")
-        i, n = int(i_s), int(n_s)
-        version = _int(h, H.VERSION, what, 1 << 62)
-        size = _int(h, H.SIZE, what, 1 << 62)
+        i, n = p.chunk
+        version = _int(rec, H.VERSION, p.version, what, 1 << 62)
+        size = _int(rec, H.SIZE, p.size, what, 1 << 62)
         if size > self.max_bytes:
             raise LimitExceeded(f"{what} (v{version}): message of {size} bytes > limit {self.max_bytes}")
         ident = (h.get(H.SUM), version, n, size)

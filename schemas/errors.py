@@ -49,6 +49,15 @@ class LogUnavailable(LogError):
     """A log reached before does not answer now (a broker restarting, a network partition): worth waiting out."""
 
 
+class NotPublished(LogUnavailable):
+    """A step's message did not reach the log before its deadline. `in_doubt`: the log could not be read to tell
+    whether it holds it (the trainer's next step settles that first); False: it is not on the log."""
+
+    def __init__(self, message: str, in_doubt: bool = False):
+        super().__init__(message)
+        self.in_doubt = in_doubt
+
+
 class Expired(LogError):
     """The versions a reader needs next were deleted by retention before it read them."""
 

@@ -3,6 +3,7 @@
 Every record a hilo-sync writer appends carries the chunk headers; update and checkpoint records add the
 position headers a reader of the topic's tail (`hilo lag`, bootstrap) needs without decoding the body.
 """
+from dataclasses import dataclass
 
 # On every chunk (schemas/chunks.py)
 RUN = "hilo-run"                        # run id; a record of another run is foreign
@@ -26,3 +27,76 @@ LEASE = "hilo-lease"                    # rollout on the embedded log: the lease
 
 CHUNK_HEADERS = (RUN, KIND, VERSION, CHUNK, SIZE, SUM)
 ALL = CHUNK_HEADERS + (DIGEST, LOG_BYTES, UPDATES_OFFSET, GENESIS, LAG, PROMPT, SITE, LEASE)
+
+
+# -- parsed values ------------------------------------------------------------------------------------------------
+# Headers are read before anything is verified: a forged or garbled value must never raise or mislead a reader.
+# The one rule: a value that is not canonical (decimal digits, hex of the right length, a chunk "i/n" with i < n)
+# is absent (None), exactly as if the writer had not set it.
+_MAX_DIGITS = 19  # fits an int64, which is what Kafka offsets and every count here are
+_DIGEST_HEX = 32  # an xxh3-128 state digest (records.DIGEST_BYTES), hex
+
+
+def _decimal(v) -> int | None:
+    return int(v) if isinstance(v, str) and 0 < len(v) <= _MAX_DIGITS and v.isascii() and v.isdigit() else None
+
+
+def _hex(v, chars: int) -> str | None:
+    ok = isinstance(v, str) and len(v) == chars and all(c in "0123456789abcdef" for c in v)
+    return v if ok else None
+
+
+def _chunk(v) -> tuple | None:
+    i, sep, n = v.partition("/") if isinstance(v, str) else ("", "", "")
+    i, n = _decimal(i), _decimal(n)
+    return (i, n) if sep and i is not None and n is not None and i < n else None
+
+
+def _float(v) -> float | None:
+    try:
+        x = float(v) if isinstance(v, str) and len(v) <= 32 else None
+    except ValueError:
+        return None
+    return x if x is not None and x == x and abs(x) != float("inf") else None
+
+
+@dataclass(frozen=True)
+class RecordHeaders:
+    """One record's (or message's) headers, parsed once; every field is None where the header is missing or garbled."""
+
+    run: str | None = None
+    kind: str | None = None
+    version: int | None = None
+    chunk: tuple | None = None          # (i, n): chunk i of n
+    size: int | None = None             # bytes of the whole message
+    checksum: str | None = None         # xxh3-64 of the whole message, hex
+    digest: str | None = None           # hex
+    log_bytes: int | None = None
+    updates_offset: int | None = None
+    genesis: str | None = None          # hex
+    lag: float | None = None
+
+    @classmethod
+    def of(cls, raw: dict | None) -> "RecordHeaders":
+        """Parse `raw` (name -> str) by the one rule above."""
+        raw = raw or {}
+        text = lambda name: raw.get(name) if isinstance(raw.get(name), str) else None  # noqa: E731
+        return cls(run=text(RUN), kind=text(KIND), version=_decimal(raw.get(VERSION)), chunk=_chunk(raw.get(CHUNK)),
+                   size=_decimal(raw.get(SIZE)), checksum=_hex(raw.get(SUM), 16),
+                   digest=_hex(raw.get(DIGEST), _DIGEST_HEX), log_bytes=_decimal(raw.get(LOG_BYTES)),
+                   updates_offset=_decimal(raw.get(UPDATES_OFFSET)), genesis=_hex(raw.get(GENESIS), _DIGEST_HEX),
+                   lag=_float(raw.get(LAG)))
+
+    @property
+    def first_chunk(self) -> bool:
+        """Whether this is chunk 0 of its message."""
+        return self.chunk is not None and self.chunk[0] == 0
+
+    @property
+    def last_chunk(self) -> bool:
+        """Whether this is the last chunk of its message."""
+        return self.chunk is not None and self.chunk[0] == self.chunk[1] - 1
+
+    def of_run(self, run: str) -> bool:
+        """Whether the record says it is a chunk of `run`'s (what a reader may look at further)."""
+        return self.run == run and self.chunk is not None

@@ -1,4 +1,4 @@
-"""Every metric hilo-sync exports: the one table (the README's metrics table and the Grafana test read it).
+"""Every metric hilo-sync exports: the one table (docs/operations.md's metrics table and the Grafana test read it).
 
 Names follow Prometheus conventions: `hilo_<role>_<key>`, base units (seconds, bytes), counters end in
 `_total` on the wire (prometheus_client adds it). Every metric of a role carries that role's identity
@@ -76,8 +76,13 @@ TABLE = (
     _site("versions_applied", "counter", "Versions applied since the process started (replayed ones included)."),
     _site("versions_replayed", "counter", "Versions applied while catching up to the head seen at start."),
     _site("stage_seconds", "histogram", "Time per version and stage: fetch (reads that returned records), verify "
-          "(signature), decode (unframe), apply (gradient decode, optimizer step, digest), snapshot, export, "
-          "vllm_reload.", ("stage",), STAGE_BUCKETS),
+          "(signature), decode (unframe), apply (gradient decode, optimizer step, digest), snapshot_copy (the apply "
+          "loop's stall: the state copied for a background snapshot), snapshot (writing it, on the writer thread; on "
+          "exit, in the loop), export, vllm_reload.", ("stage",), STAGE_BUCKETS),
+    _site("snapshots_deferred", "counter", "Snapshots that came due while the previous one was still being written: "
+          "taken at the first version after it finished."),
+    _site("snapshot_failures", "counter", "Background snapshot writes that failed (the previous snapshot stays whole; "
+          "the site then stops)."),
     _site("records_refused", "counter", "Records skipped by reason (SPEC.md, Records a reader skips); reason=foreign "
           "counts records of other runs.", ("reason",)),
     _site("bootstrap_info", "gauge", "1 for the source this process bootstrapped from.", ("source",)),
@@ -193,7 +198,7 @@ class _View:
 
 
 def markdown_table() -> str:
-    """The README's metrics table."""
+    """The metrics table of docs/operations.md."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in TABLE:
         labels = ", ".join(ROLES[spec.role] + spec.labels)

@@ -98,12 +98,14 @@ class Manifest:
             if F.req(b, "dtype", bw) != "float32":
                 raise MalformedMessage(f"{bw}: field 'dtype' = {b['dtype']!r}, expected 'float32'")
             shape = F.get_list(b, "shape", bw, 2)
-            if len(shape) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s <= limits.max_block_elements for s in shape):
+            if len(shape) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s <= limits.max_block_elements
+                                          for s in shape):
                 raise MalformedMessage(f"{bw} '{module}': field 'shape' = {shape!r}, expected two positive ints")
             if shape[0] * shape[1] > limits.max_block_elements:
                 raise LimitExceeded(f"{bw} '{module}': shape {shape} has more than {limits.max_block_elements} elements")
             if (kind == "A" and shape[0] != rank) or (kind == "B" and shape[1] != rank):
-                raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} on its {'first' if kind == 'A' else 'second'} axis")
+                axis = "first" if kind == "A" else "second"
+                raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} on its {axis} axis")
             blocks.append(BlockSpec(module, kind, tuple(shape)))
         try:
             return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank, F.get_float(d, "alpha", what),
@@ -196,7 +198,8 @@ class Checkpoint:
             for spec, buf in zip(manifest.blocks, arrays):
                 want = nbytes("float32", spec.shape)
                 if not isinstance(buf, bytes) or len(buf) != want:
-                    raise MalformedMessage(f"{what}: {name} block '{spec.key}' is {len(buf) if isinstance(buf, bytes) else type(buf).__name__} bytes, expected {want}")
+                    got = len(buf) if isinstance(buf, bytes) else type(buf).__name__
+                    raise MalformedMessage(f"{what}: {name} block '{spec.key}' is {got} bytes, expected {want}")
         scalars = F.get_scalar_map(body, "scalars", what, limits.max_params)
         version, digest = F.get_int(body, "version", what), F.get_bytes(body, "digest", what, DIGEST_BYTES)
         genesis = F.get_bytes(body, "genesis", what, DIGEST_BYTES)

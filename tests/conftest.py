@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.replica.codecs import CODECS as CODEC_REGISTRY
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica

@@ -99,8 +99,8 @@ class Admin:
             broker, cfg = b["broker_id"], self.configs(ConfigResourceType.BROKER, str(b["broker_id"]))
             cap = int(cfg["socket.request.max.bytes"]["value"])
             if self.record_bytes > cap:
-                raise LogError(f"{self.url}: chunk_bytes {self.chunk_bytes} needs records of {self.record_bytes} bytes, but broker {broker} "
-                               f"takes requests of at most {cap} bytes (socket.request.max.bytes; message.max.bytes is "
+                raise LogError(f"{self.url}: chunk_bytes {self.chunk_bytes} needs records of {self.record_bytes} bytes, but broker "
+                               f"{broker} takes requests of at most {cap} bytes (socket.request.max.bytes; message.max.bytes is "
                                f"{cfg['message.max.bytes']['value']}); lower chunk_bytes")
 
     def configs(self, kind, name) -> dict:

@@ -10,7 +10,8 @@ Replacement policy (each rule covers a kafka-python behaviour seen here, with th
 - reconnecting while every broker is down is a retriable empty read, not a verdict on the address
   (tests/log/test_log_contract.py::test_a_reader_replaced_while_every_broker_is_down_waits_instead_of_failing);
 - after STALE_S of empty reads the end offset is checked: records the reader does not get mean a wedged client
-  (kafka-python kept polling a SIGKILLed leader: tests/integration/test_cluster.py::test_the_updates_leader_sigkilled_mid_run_loses_nothing);
+  (kafka-python kept polling a SIGKILLed leader:
+  tests/integration/test_cluster.py::test_the_updates_leader_sigkilled_mid_run_loses_nothing);
 - an offsets request that times out twice in a row replaces the client (same restart test).
 A failed read waits before returning, but never longer than the read's own timeout. Reads that have failed for
 UNAVAILABLE_AFTER_S in a row raise LogUnavailable instead (so does an offsets request after OFFSETS_PATIENCE_S): the

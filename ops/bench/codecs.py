@@ -3,7 +3,7 @@
     hilo bench codecs [--json] [--shapes qwen3-1.7b,qwen3-0.6b] [--steps 3]
 
 Adapters: LoRA rank 64 on q,k,v,o,gate,up,down of every layer (Qwen3-1.7B: 69,730,304 params, 139.46 MB
-bf16). Gradients: ops/bench/synthetic.py (decaying, unequal spectra). Per row, medians over --steps
+bf16). Gradients: replica/synthetic.py (decaying, unequal spectra). Per row, medians over --steps
 messages after one warm-up: encode_ms = encoder (with error feedback and its self-check decode) + framing;
 apply_ms = verify + unframe + decode + optimizer step + digest on a separate replica; rel_error = ||decoded - c|| / ||c||
 for c = gradient + residual, the compression error of one message; sign_ms / verify_ms = the Ed25519 signature
@@ -17,7 +17,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tqdm import tqdm
 
-from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replica.codecs import decode, make_encoder
 from hilo.replica.replica import PolicyReplica
@@ -92,7 +92,8 @@ def run(shapes, codecs, optimizers, steps, budget):
 
 def table(rows) -> str:
     """Markdown table of the rows."""
-    head = "| shape | codec | optimizer | bytes | % of bf16 adapter | encode ms | decode+apply ms | rel error |\n|---|---|---|---:|---:|---:|---:|---:|\n"
+    head = ("| shape | codec | optimizer | bytes | % of bf16 adapter | encode ms | decode+apply ms | rel error |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|\n")
     return head + "".join(
         f"| {r['shape']} | {r['codec']} | {r['optimizer']} | {r['bytes']:,} | {100 * r['fraction_of_adapter']:.3f} | "
         f"{r['encode_ms']:.0f} | {r['apply_ms']:.0f} | {r['rel_error']:.3f} |\n" for r in rows)

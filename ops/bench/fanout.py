@@ -29,28 +29,24 @@ import time
 from hilo.ops.bench.report import results_dir, save
 from hilo.replay.history import read_history
 from hilo.schemas.errors import ConfigError
+from hilo.schemas.options import opt
 
 MIRROR_SH = pathlib.Path(__file__).resolve().parents[1] / "kafka" / "mirror.sh"
 
 
 @dataclasses.dataclass(frozen=True)
 class FanoutConfig:
-    """The layouts and the run.
+    """The layouts and the run of `hilo bench fanout`: the source cluster and an optional mirror, the site counts,
+    and how many versions are published how often; checked at construction. Each field's help is in its metadata
+    (`hilo bench fanout --help`, docs/cli.md)."""
 
-    log: the source cluster (the trainer's). Default: kafka://127.0.0.1:9092
-    mirror: a second cluster to split the largest site count over (MirrorMaker 2 fills it). Default: None (no split)
-    sites: site counts on the source alone. Default: (1, 4, 16)
-    versions: versions published per layout (the first is a warm-up). Default: 20
-    interval_s: seconds between versions (the sites are idle, waiting, when each arrives). Default: 1.0
-    ready_s: how long sites may take to start and bootstrap. Default: 300
-    """
-
-    log: str = "kafka://127.0.0.1:9092"
-    mirror: str | None = None
-    sites: tuple = (1, 4, 16)
-    versions: int = 20
-    interval_s: float = 1.0
-    ready_s: float = 300.0
+    log: str = opt("kafka://127.0.0.1:9092", "the source cluster (the trainer's)")
+    mirror: str | None = opt(None, "a second cluster to split the largest site count over (MirrorMaker 2 fills it; none: "
+                             "no split)")
+    sites: tuple = opt((1, 4, 16), "site counts on the source alone")
+    versions: int = opt(20, "versions published per layout (the first is a warm-up)")
+    interval_s: float = opt(1.0, "seconds between versions (the sites are idle, waiting, when each arrives)")
+    ready_s: float = opt(300.0, "how long sites may take to start and bootstrap")
 
     def __post_init__(self):
         for name in ("log", "mirror"):
@@ -146,7 +142,7 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
     run = f"fanout-{int(time.time())}-{on_source}-{on_mirror}"
     label = f"{on_source} on the source" + (f" + {on_mirror} on the mirror" if on_mirror else "")
     _say(f"bench fanout: {label}: run {run}")
-    producer = HiLoProducer(build_model(seed=0), ProducerConfig(
+    producer = HiLoProducer.open(build_model(seed=0), ProducerConfig(
         run=run, log=cfg.log, codec="spar4", budget=Budget(0.016), optimizer="adamw", checkpoint_every=10_000))
     env = dict(os.environ, HILO_MIRROR_DIR=str(work / "mirror"))
     sites = None
@@ -222,7 +218,7 @@ def run_bench(cfg: FanoutConfig) -> dict:
 
 
 def table(res: dict) -> str:
-    """The README's table."""
+    """The table of docs/benchmarks.md."""
     out = ["| sites (source + mirror) | freshness median s | p90 s | max s | apply (median) s | delivery (median) s | "
            "source egress per version | mirror egress per version |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:

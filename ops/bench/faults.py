@@ -130,7 +130,7 @@ def main(as_json: bool, url: str, kills: int, trainer_kills: int, out: str | Non
     # checkpoint) instead of jumping to a fresh checkpoint past its --until-version, so every site point is reached.
     cfg = ProducerConfig(run=run, log=url, codec="spar", budget=Budget(0.25), checkpoint_every=10 ** 6,
                          history=str(folder / "trainer.jsonl"))
-    producer = HiLoProducer(build_model(seed=0), cfg)
+    producer = HiLoProducer.open(build_model(seed=0), cfg)
     with tqdm(total=kills, desc="site kills", file=sys.stderr) as bar:
         site_counts, launched = _site_kills(url, run, kills, folder, rng, producer, bar)
     t_sites = time.monotonic() - t0 - t_trainer

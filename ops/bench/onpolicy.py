@@ -16,8 +16,9 @@ Every message is framed and decoded exactly as on the wire, by the production cl
 
 Fidelity, per run: the cosine between the rollout replica's total parameter movement and that of an
 uncompressed "shadow" optimizer stepping on the same trajectory (gradient mode; in delta mode the master
-is that optimizer; in post mode the trainer's optimizer is), how often each block was sent, and the error-feedback residual's norm relative to the
-encoder's input (the gradient; in delta mode the master's movement).
+is that optimizer; in post mode the trainer's optimizer is), how often each block was sent, and the
+error-feedback residual's norm relative to the encoder's input (the gradient; in delta mode the master's
+movement).
 """
 import copy
 import math
@@ -202,7 +203,7 @@ def run(cfg: RunConfig, student_base, teacher, probe: list | None = None) -> dic
     shadow_move = [torch.zeros_like(p) for p in start]
     curve, sizes, lossless, digests_equal, residual_ratio, lag = [], [], [], 0, [], []
     sends = [0] * len(manifest.blocks)
-    for step in range(cfg.steps):
+    for _ in range(cfg.steps):
         ab = train[torch.randint(len(train), (cfg.prompts_per_step,), generator=gen)]
         prompts, answers = encode(ab)
         prompts, answers = prompts.repeat_interleave(cfg.group, 0), answers.repeat_interleave(cfg.group, 0)

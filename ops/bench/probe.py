@@ -21,28 +21,22 @@ from hilo.ops.bench.onpolicy import SYNCS, RunConfig, run
 from hilo.ops.bench.pretrain import STUDENT, TEACHER, pretrained
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.schemas.errors import ConfigError
+from hilo.schemas.options import opt
 
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """What `hilo bench probe` runs.
+    """What `hilo bench probe` runs: the task, the optimizers and their rates, the compressed sync probed and its
+    budget, the seeds and the steps per run; checked at construction. Each field's help is in its metadata
+    (`hilo bench probe --help`, docs/cli.md)."""
 
-    task: distill or rl. Default: rl
-    optimizers: each is run at its rate in lrs. Default: ("muon", "adamw")
-    sync: a sync of the quality benchmark other than delta (spar4, topk, powersgd, post, ...). Default: spar4
-    budget: bytes per version as a fraction of the bf16 adapter. Default: 0.016
-    lrs: one learning rate per optimizer. Default: (0.001, 0.001)
-    seeds: val-split seeds (never a test seed). Default: (1000, 1001, 1002)
-    steps: on-policy steps (versions) per run. Default: 60
-    """
-
-    task: str = "rl"
-    optimizers: tuple = ("muon", "adamw")
-    sync: str = "spar4"
-    budget: float = 0.016
-    lrs: tuple = (1e-3, 1e-3)
-    seeds: tuple = (1000, 1001, 1002)
-    steps: int = 60
+    task: str = opt("rl", "distill or rl")
+    optimizers: tuple = opt(("muon", "adamw"), "each is run at its rate in lrs")
+    sync: str = opt("spar4", "a sync of the quality benchmark other than delta (spar4, topk, powersgd, post, ...)")
+    budget: float = opt(0.016, "bytes per version as a fraction of the bf16 adapter")
+    lrs: tuple = opt((1e-3, 1e-3), "one learning rate per optimizer")
+    seeds: tuple = opt((1000, 1001, 1002), "val-split seeds (never a test seed)")
+    steps: int = opt(60, "on-policy steps (versions) per run")
 
     def __post_init__(self):
         if self.task not in ("distill", "rl"):
@@ -83,18 +77,18 @@ def probe(cfg: ProbeConfig, say=print) -> dict:
     """Run every (optimizer, seed) with the probe; per optimizer the summary and the per-run scores."""
     student, teacher = pretrained(STUDENT, say), pretrained(TEACHER, say)
     out = {"config": asdict(cfg), "optimizers": {}}
-    for opt, lr in zip(cfg.optimizers, cfg.lrs):
+    for optimizer, lr in zip(cfg.optimizers, cfg.lrs):
         probes, runs = [], []
         for seed in cfg.seeds:
             got = []
-            r = run(RunConfig(cfg.task, opt, cfg.sync, lr, seed=seed, steps=cfg.steps, eval_split="val", budget=cfg.budget),
+            r = run(RunConfig(cfg.task, optimizer, cfg.sync, lr, seed=seed, steps=cfg.steps, eval_split="val", budget=cfg.budget),
                     student, teacher, got)
             probes += got
             runs.append({"seed": seed, "val_pass1": r["pass1"], "shadow_cosine": r["shadow_cosine"],
                          "residual_by_version": [round(statistics.mean(p["residual_ratio"]), 3) for p in got]})
-            say(f"probe: {cfg.task}/{opt}/{cfg.sync} lr={lr:g} seed={seed}: val pass@1 {r['pass1']:.3f}, "
+            say(f"probe: {cfg.task}/{optimizer}/{cfg.sync} lr={lr:g} seed={seed}: val pass@1 {r['pass1']:.3f}, "
                 f"shadow cosine {r['shadow_cosine']:.2f}")
-        out["optimizers"][opt] = {"lr": lr, **summarise(probes), "runs": runs}
+        out["optimizers"][optimizer] = {"lr": lr, **summarise(probes), "runs": runs}
     return out
 
 
@@ -104,9 +98,11 @@ def table(res: dict) -> str:
             "| step norm ratio (sent / unsent) | residual / gradient | shadow cosine at the end | val pass@1 |",
             "|---|---:|---:|---|---|---|---:|---:|---:|"]
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
-    for opt, o in res["optimizers"].items():
-        rows.append(f"| {opt} | {o['lr']:g} | {100 * o['sent_fraction']:.0f}% | {f(o['decoded_rank_sent'], 1)} of {o['block_rank']:.0f} | "
-                    f"{f(o['step_cosine_sent'])} / {f(o['step_cosine_unsent'])} | {f(o['norm_ratio_sent'])} / {f(o['norm_ratio_unsent'])} | "
+    for optimizer, o in res["optimizers"].items():
+        rows.append(f"| {optimizer} | {o['lr']:g} | {100 * o['sent_fraction']:.0f}% | "
+                    f"{f(o['decoded_rank_sent'], 1)} of {o['block_rank']:.0f} | "
+                    f"{f(o['step_cosine_sent'])} / {f(o['step_cosine_unsent'])} | "
+                    f"{f(o['norm_ratio_sent'])} / {f(o['norm_ratio_unsent'])} | "
                     f"{f(o['residual_ratio_mean'])} | {statistics.mean(r['shadow_cosine'] for r in o['runs']):.2f} | "
                     f"{statistics.mean(r['val_pass1'] for r in o['runs']):.3f} |")
     return "\n".join(rows)

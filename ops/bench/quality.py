@@ -10,9 +10,10 @@ only when neither it nor the next larger half-decade rate collapses on any tunin
 next rate is run when the grid stops short of it), so the choice is never the edge of a cliff. Then 5 test
 seeds per cell on the test split. Runs of different methods with the same seed share the LoRA init, the prompt
 stream and the evaluation sampling, so "vs full" is the paired difference, with its standard error and a
-95% t interval over the seeds. Cells run one (sync, budget) stage at a time, budgets in PRIORITY order (1.6% first). Runs go to a pool of --workers
-processes (one torch thread each); every finished run is appended to DIR/runs.jsonl, so rerunning with the same
---out resumes an interrupted sweep, and --saved-only reports the runs saved so far without computing any.
+95% t interval over the seeds. Cells run one (sync, budget) stage at a time, budgets in PRIORITY order (1.6%
+first). Runs go to a pool of --workers processes (one torch thread each); every finished run is appended to
+DIR/runs.jsonl, so rerunning with the same --out resumes an interrupted sweep, and --saved-only reports the
+runs saved so far without computing any.
 Results: DIR/quality.json, DIR/pass4_vs_bytes.png, DIR/curves.png; the table is printed.
 """
 import hashlib
@@ -96,8 +97,9 @@ class SweepConfig:
     def cells(self) -> list:
         """(sync, budget) pairs to run, in PRIORITY order of budget (full sync's budget is None)."""
         syncs = self.syncs or (QUICK_SYNCS if self.quick else tuple(PLAN))
+        default = (RunConfig.budget,)
         pairs = [(s, None) if s == "full" else (s, b) for s in syncs
-                 for b in ((None,) if s == "full" else self.budgets or ((RunConfig.budget,) if self.quick else PLAN.get(s, (RunConfig.budget,))))]
+                 for b in ((None,) if s == "full" else self.budgets or (default if self.quick else PLAN.get(s, default)))]
         rank, order = {b: i for i, b in enumerate(PRIORITY)}, {s: i for i, s in enumerate(PLAN)}
         return sorted(dict.fromkeys(pairs), key=lambda p: (rank.get(p[1], len(rank)), order.get(p[0], len(order))))
 
@@ -291,14 +293,16 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
     spec = STUDENTS[cfg.student]
     student, teacher = pretrained(spec, _say), pretrained(TEACHER, _say)
-    base = {"student": cfg.student, "student_greedy_test_acc": greedy_accuracy(student), "teacher_greedy_test_acc": greedy_accuracy(teacher),
+    base = {"student": cfg.student, "student_greedy_test_acc": greedy_accuracy(student),
+            "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
             "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99)),
             # the tuning rule's collapse line: a run that ends below where it started on val
             "untrained_val": evaluate(student, teacher, "val", RunConfig.group, evals, torch.Generator().manual_seed(99))}
     bases = {"student": weights_digest(student), "teacher": weights_digest(teacher)}
     base["bases"] = bases
-    _say(f"quality: student {bases['student'][:12]} greedy test accuracy {base['student_greedy_test_acc']:.3f}, teacher {base['teacher_greedy_test_acc']:.3f}")
+    _say(f"quality: student {bases['student'][:12]} greedy test accuracy {base['student_greedy_test_acc']:.3f}, "
+         f"teacher {base['teacher_greedy_test_acc']:.3f}")
     steps = cfg.steps or (QUICK_STEPS if quick else STEPS)
     seeds = cfg.seeds or (1 if quick else SEEDS)
     runs = RunStore(out)
@@ -378,7 +382,8 @@ def table(res: dict) -> str:
         f = full.get((c["task"], c["optimizer"]))
         kr = (u["kl"] - c["kl_mean"]) / (u["kl"] - f["kl_mean"]) if f and f["kl_mean"] != u["kl"] else float("nan")
         lag = "" if c.get("lag_mean") is None else f"{c['lag_mean']:.3f}"
-        out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['seeds']} | {c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
+        out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['seeds']} | "
+                   f"{c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
                    f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs_full(c)} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
                    f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} | {c['shadow_cosine']:.2f} | "
                    f"{c['blocks_never_sent']:.1f} / {c['blocks']} | {c['blocks_sent_at_most_3']:.1f} | {c['residual_ratio']:.2f} | {lag} |")
@@ -414,7 +419,7 @@ def fidelity(res: dict) -> str:
     out = ["| method | pairs | bytes/step | shadow cosine | blocks never sent | sent <= 3x | residual ratio | site lag |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, cs in groups.items():
-        mean = lambda k: statistics.mean(c[k] for c in cs)  # noqa: E731
+        mean = lambda k, cs=cs: statistics.mean(c[k] for c in cs)  # noqa: E731
         lag = "" if cs[0].get("lag_mean") is None else f"{mean('lag_mean'):.3f}"
         out.append(f"| {name} | {len(cs)} | {mean('bytes_per_step'):,.0f} | {mean('shadow_cosine'):.2f} | "
                    f"{mean('blocks_never_sent'):.1f} / {cs[0]['blocks']} | {mean('blocks_sent_at_most_3'):.1f} | "
@@ -483,6 +488,7 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     res["plots"] = plots(res, out)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")
-    print(json.dumps(res, indent=2) if as_json else table(res) + "\n\npass@4 vs full sync, points, paired over seeds [95% CI]:\n\n" + summary(res)
+    print(json.dumps(res, indent=2) if as_json
+          else table(res) + "\n\npass@4 vs full sync, points, paired over seeds [95% CI]:\n\n" + summary(res)
           + "\n\nfidelity, mean over each method's pairs:\n\n" + fidelity(res))
     return 0

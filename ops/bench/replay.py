@@ -3,7 +3,7 @@
     hilo bench replay [--shape qwen3-1.7b] [--behind 100] [--json]
 
 Per optimizer (AdamW and SGD in gradient mode; "add", what a delta-mode site runs): a trainer replica makes `behind`
-versions of spar4 at 1.6% from the synthetic gradients (ops/bench/synthetic.py) and appends them, chunked and with
+versions of spar4 at 1.6% from the synthetic gradients (replica/synthetic.py) and appends them, chunked and with
 the headers the producer writes, to an embedded log. A site that holds version 0 then replays them through the real
 follower (read, reassemble, unframe, decode, optimizer step, digest): versions per second and the time per stage,
 twice from the same log: with new buffers per version, then recycling the replaced state's (what a site runs).
@@ -20,7 +20,7 @@ import time
 from hilo.log import open_log, updates_topic
 from hilo.ops.bench.codecs import DEFAULT_LR
 from hilo.ops.bench.report import results_dir, save
-from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replay.follower import Applied, Follower
 from hilo.replay.snapshot import SnapshotStore
@@ -116,7 +116,7 @@ def run_bench(shape: str, behind: int, optimizers: list) -> dict:
 
 
 def table(res: dict) -> str:
-    """The README's table."""
+    """The table of docs/benchmarks.md."""
     out = ["| optimizer (site) | versions/s replayed | new buffers per version: versions/s | per version: fetch / decode / "
            "apply s | snapshot MB | save s | load s |", "|---|---:|---:|---|---:|---:|---:|"]
     for r in res["rows"]:

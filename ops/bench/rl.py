@@ -30,6 +30,7 @@ from hilo.ops.bench.report import mean_ci, results_dir, save, save_figure
 from hilo.ops.bench.runstore import RunStore
 from hilo.ops.rl import RLConfig, run_rl
 from hilo.schemas.errors import ConfigError
+from hilo.schemas.options import opt
 
 RUN_VERSION = 1  # bump when a run's result would change for the same settings (invalidates saved runs)
 SERVES = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .* now serves v(\d+) as ")  # consumer/vllm_serving.py
@@ -37,29 +38,20 @@ SERVES = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .* now serves v(
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """The benchmark's grid.
+    """The grid of `hilo bench rl`: the vLLM servers and base, the staleness bounds compared, the paired seeds, and
+    each run's steps, sites, GRPO batch and learning rate; checked at construction. Each field's help is in its
+    metadata (`hilo bench rl --help`, docs/cli.md)."""
 
-    vllm: the vLLM server(s) the sites use (a comma list: site i uses the i-th), serving `base`.
-    base: the model, tiny or student (ops/rl_bases.py; python -m hilo.ops.rl_bases NAME writes its directory).
-        Default: student
-    staleness: the bounds S compared; the first is the reference. Default: (0, 1, 2, 4)
-    seeds: paired seeds. Default: 5
-    steps: optimizer steps per run. Default: 40
-    sites: generating sites. Default: 2
-    batch_prompts: complete groups per step (B). Default: 8
-    samples: samples per prompt (n, the GRPO group). Default: 8
-    lr: the trainer's AdamW learning rate. Default: 0.001
-    """
-
-    vllm: str | None
-    base: str = "student"
-    staleness: tuple = (0, 1, 2, 4)
-    seeds: int = 5
-    steps: int = 40
-    sites: int = 2
-    batch_prompts: int = 8
-    samples: int = 8
-    lr: float = 1e-3
+    vllm: str | None = opt(help="the vLLM server(s) the sites use (a comma list: site i uses the i-th), serving `base`")
+    base: str = opt("student", "the model, tiny or student (ops/rl_bases.py; python -m hilo.ops.rl_bases NAME writes its "
+                    "directory)")
+    staleness: tuple = opt((0, 1, 2, 4), "the bounds S compared; the first is the reference")
+    seeds: int = opt(5, "paired seeds")
+    steps: int = opt(40, "optimizer steps per run")
+    sites: int = opt(2, "generating sites")
+    batch_prompts: int = opt(8, "complete groups per step (B)")
+    samples: int = opt(8, "samples per prompt (n, the GRPO group)")
+    lr: float = opt(1e-3, "the trainer's AdamW learning rate")
 
     def __post_init__(self):
         if self.vllm is None:
@@ -217,7 +209,7 @@ def run_bench(cfg: BenchConfig, out_dir: pathlib.Path) -> dict:
 
 
 def table(res: dict) -> str:
-    """The README's table."""
+    """The table of docs/benchmarks.md."""
     out = ["| S | seeds | reward, last third | vs S = 0 (95% CI) | reward, all steps | vs S = 0 (95% CI) | wall s | "
            "wall / S = 0 | trainer idle | rollouts/s | staleness histogram | publish -> served s (median) | mismatch KL | "
            "bytes/version (adapter) | CPU busy |",

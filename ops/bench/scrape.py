@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hilo.log import checkpoints_topic, open_log
 from hilo.ops.bench.replay import CHUNK_BYTES, publish
 from hilo.ops.bench.report import results_dir, save
-from hilo.ops.bench.synthetic import initial_params, qwen3_manifest
+from hilo.replica.synthetic import initial_params, qwen3_manifest
 from hilo.ops.metrics_server import MetricsConfig, MetricsServer
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H

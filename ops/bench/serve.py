@@ -30,7 +30,7 @@ import torch
 from hilo.consumer.config import SiteConfig
 from hilo.consumer.site import Site
 from hilo.ops.bench.report import results_dir, save
-from hilo.ops.bench.synthetic import QWEN3
+from hilo.replica.synthetic import QWEN3
 from hilo.ops.tiny_trainer import PAD, STOI, TOKENS, build_tokenizer
 from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
@@ -65,7 +65,8 @@ def build_peft(shape: str, base_dir: pathlib.Path, seed: int = 0):
     base.to(torch.bfloat16).save_pretrained(base_dir)
     build_tokenizer().save_pretrained(base_dir)
     rank = SHAPES[shape]
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank,
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     return get_peft_model(base.float(), lora)
 
 
@@ -91,7 +92,7 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
     env = _server(str(base_dir), SHAPES[shape], run_dir)
     try:
         log = f"file://{work}/log-{shape}"
-        producer = HiLoProducer(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))  # spar at 1.6%
+        producer = HiLoProducer.open(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))  # spar at 1.6%
         site = Site.open(SiteConfig(log=log, run=f"serve-{shape}", site="bench", state_dir=str(work / f"site-{shape}"),
                                vllm=url, keep_adapters=2))
         gen = torch.Generator().manual_seed(1)
@@ -110,11 +111,11 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             t3 = time.perf_counter()
             after = _logprob(url)
             t4 = time.perf_counter()
-            assert site.state.serving[0] == v and after != before, f"v{v} not served"
+            assert site.serving.version == v and after != before, f"v{v} not served"
             before = after
-            rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.timing["export_s"],
-                         "reload_s": site.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})
-            _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload {site.timing['load_s']:.2f} s)")
+            rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.serving.timing["export_s"],
+                         "reload_s": site.serving.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})
+            _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload {site.serving.timing['load_s']:.2f} s)")
         site.close()
         producer.close()
     finally:
@@ -136,6 +137,6 @@ def main(as_json: bool, shapes: list, versions: int, out: str | None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in res["shapes"]:
         m = s["median"]
-        print(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | {m['publish_s']:.3f} | {m['apply_s']:.3f} | "
-              f"{m['export_s']:.3f} | {m['reload_s']:.3f} | {m['first_s']:.3f} | {m['total_s']:.3f} |")
+        print(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | {m['publish_s']:.3f} | "
+              f"{m['apply_s']:.3f} | {m['export_s']:.3f} | {m['reload_s']:.3f} | {m['first_s']:.3f} | {m['total_s']:.3f} |")
     return 0

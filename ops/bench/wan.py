@@ -5,7 +5,7 @@
 1. CPU, on the quiet machine, at the Qwen3-1.7B rank-64 scale (69,730,304 params), one method at a time: the
    message bytes, the trainer's encode (HiLo: the encoder, the trainer's own apply, which the digest needs before
    publishing, and msgpack + zstd framing), the Ed25519 signature, and a site's verify and decode + apply (a
-   recycling site replica, as `hilo consume` runs). Gradients are ops/bench/synthetic.py's, parameters move by
+   recycling site replica, as `hilo consume` runs). Gradients are replica/synthetic.py's, parameters move by
    AdamW (lr 1e-4), so the bf16 adapter changes as training changes it, which the lossless delta has to encode.
 2. Network: ops/wan/ makes site namespaces behind tbf-shaped links (one link per site, or --shared: one uplink for
    all); a broker listens on 10.77.0.1:9192. The trainer side publishes each step's real signed message as the
@@ -37,10 +37,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hilo.ops.bench.baselines import apply_lossless_delta, bf16_flat, full_adapter_payload, lossless_delta_payload
 from hilo.ops.bench.report import results_dir, save, save_figure
-from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
-from hilo.producer.link_budget import AutoBudget, cpu_slope, fit
+from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.producer.link_budget import cpu_slope, fit
 from hilo.producer.update_builder import UpdateBuilder
-from hilo.replica.codecs import Budget, make_encoder
+from hilo.replica.codecs import AutoBudget, Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas.chunks import split
 from hilo.schemas.framing import split_trailer
@@ -215,7 +215,8 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
                     if rate is not None and n * c.nbytes * 8 / (mbit * 1e6) > MAX_MEASURED_S:
                         got[m] = (c.nbytes / rate, "modelled")
                     else:
-                        got[m] = (statistics.median(measure_network(c.messages, n, mbit, shared, f"wan-{tag}-{len(rows)}-{m[:4]}")), "measured")
+                        times = measure_network(c.messages, n, mbit, shared, f"wan-{tag}-{len(rows)}-{m[:4]}")
+                        got[m] = (statistics.median(times), "measured")
                         rate = c.nbytes / got[m][0]  # effective bytes/s of the slowest site, largest message so far
                     rows.append(_row(m, c, n, mbit, shared, *got[m], compute_s))
                 base = next(r for r in rows[-len(fixed):] if r["method"] == "spar4 1.6%")
@@ -249,7 +250,8 @@ def targets(rows: list) -> dict:
         here = {r["method"]: r for r in rows if (r["link_mbit"], r["sites"]) == (mbit, n)}
         best = min((r for m, r in here.items() if m in FIXED), key=lambda r: r["step_s"])
         tag = f"{n} site(s), {mbit} Mbit/s"
-        out[tag] = {"best_fixed": best["method"], "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"], 2),
+        out[tag] = {"best_fixed": best["method"],
+                    "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"], 2),
                     **{f"{m}_over_best_fixed": round(r["step_s"] / best["step_s"], 3) for m, r in here.items() if m.startswith("auto")}}
     one = [r for r in rows if r["method"] == "spar4 1.6%" and r["sites"] == 1 and r["link_mbit"] == 100]
     if one:
@@ -269,7 +271,8 @@ def plot(res: dict, out_dir: pathlib.Path) -> str:
         for m in methods:
             pts = sorted((r["link_mbit"], r["step_s"], r["network"]) for r in res["rows"] if r["method"] == m and r["sites"] == n)
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", label=m)
-            ax.plot([p[0] for p in pts if p[2] == "modelled"], [p[1] for p in pts if p[2] == "modelled"], "x", color=line.get_color(), ms=10)
+            modelled = [p for p in pts if p[2] == "modelled"]
+            ax.plot([p[0] for p in modelled], [p[1] for p in modelled], "x", color=line.get_color(), ms=10)
         ax.set(xscale="log", yscale="log", xlabel="link rate (Mbit/s)", ylabel="step time (s)",
                title=f"{res['shape']} r64, {n} site(s){' on one shared uplink' if n > 1 else ''}; x = modelled")
         ax.grid(alpha=0.3)
@@ -288,12 +291,13 @@ def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, ou
 
 
 def markdown(res: dict) -> str:
-    """The README's table of the rows."""
+    """The table of the rows in docs/benchmarks.md."""
     lines = ["| method | sites | link Mbit/s | bytes/step | encode s | network s | apply s | freshness s (signed) | step s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         name = r["method"] + (f" → {100 * r['auto']['fraction']:.2g}% ({r['auto']['rule']})" if "auto" in r else "")
         net = f"{r['network_s']:.2f}" + (" (modelled)" if r["network"] == "modelled" else "")
         lines.append(f"| {name} | {r['sites']}{' shared' if r['shared_uplink'] else ''} | {r['link_mbit']} | {r['bytes_per_step']:,} | "
-                     f"{r['encode_s']:.2f} | {net} | {r['apply_s']:.2f} | {r['freshness_s']:.2f} ({r['freshness_signed_s']:.2f}) | {r['step_s']:.2f} |")
+                     f"{r['encode_s']:.2f} | {net} | {r['apply_s']:.2f} | {r['freshness_s']:.2f} ({r['freshness_signed_s']:.2f}) | "
+                     f"{r['step_s']:.2f} |")
     return "\n".join(lines)

@@ -15,4 +15,5 @@ COMMANDS = {
     "lag": ("lag", "applied and serving version, lag in versions and bytes, offsets, age: one row per site"),
     "inspect": ("inspect", "one update's header fields and per-block rank/k and bytes"),
     "bench": ("bench", "benchmarks (JSON with --json)"),
+    "docs": ("docs", "write the generated docs pages (benchmark tables, metrics); --check fails on a stale one"),
 }

@@ -1,46 +1,46 @@
 """Argument types and option groups the commands share, and options generated from config dataclasses.
 
-A config's fields, defaults and help are written once, in the dataclass and its docstring
-("name: what it is. Default: X"); `config_options` turns them into options and `config_from_args`
-turns parsed options back into the config.
+A config's fields, defaults and help are written once, in the dataclass: each field declares its help in its
+metadata (`opt(default, help)`, schemas/options.py); `config_options` turns fields into options and
+`config_from_args` turns parsed options back into the config.
 """
 import argparse
 import dataclasses
 import json
-import re
 import types
 import typing
 
 
+def kind(name: str):
+    """Name an argparse type function for people (docs/cli.md's type column): `@kind("budget")`."""
+    def mark(fn):
+        fn.kind = name
+        return fn
+    return mark
+
+
+@kind("budget")
 def budget(text: str):
     """'0.016' (fraction of the bf16 adapter), '1.6%', a byte count like '2MB' / '500000', or 'auto[:SHARE]'
-    (fitted to the slowest site's link: a version may take SHARE of the step time to reach it, default 0.5)."""
-    from hilo.replica.codecs import Budget
+    (fitted to the slowest site's link: replica/codecs/budget.py `parse_budget`)."""
+    from hilo.replica.codecs.budget import parse_budget
     from hilo.schemas.errors import ConfigError
-    t = text.strip().upper()
     try:
-        if t == "AUTO" or t.startswith("AUTO:"):
-            from hilo.producer.link_budget import AutoBudget
-            return AutoBudget(share=float(t[5:])) if t.startswith("AUTO:") else AutoBudget()
-        if t.endswith("%"):
-            return Budget(fraction=float(t[:-1]) / 100)
-        for suffix, mult in (("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("B", 1)):
-            if t.endswith(suffix):
-                return Budget(fraction=None, bytes=int(float(t[: -len(suffix)]) * mult))
-        v = float(t)
-        return Budget(fraction=v) if v <= 4 else Budget(fraction=None, bytes=int(v))
-    except (ValueError, ConfigError) as e:
-        raise argparse.ArgumentTypeError(f"--budget {text!r}: {e}") from None
+        return parse_budget(text, "--budget")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
+@kind("fractions")
 def fractions(text: str) -> tuple:
     """'1.6%,6.4%' or '0.016,0.064': budgets as fractions of the bf16 adapter (no byte counts)."""
-    out = tuple(budget(t).fraction for t in text.split(","))
+    out = tuple(getattr(budget(t), "fraction", None) for t in text.split(","))
     if None in out:
         raise argparse.ArgumentTypeError(f"--budgets {text!r}: give fractions of the adapter (1.6% or 0.016), not bytes")
     return out
 
 
+@kind("run id")
 def run_id(text: str) -> str:
     """A run id, checked by the one rule every backend uses."""
     from hilo.log.base import check_run
@@ -53,6 +53,7 @@ def run_id(text: str) -> str:
 
 def at_least(lo: int):
     """argparse type: an int >= lo."""
+    @kind(f"int >= {lo}")
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -66,6 +67,7 @@ def at_least(lo: int):
 
 def names(allowed):
     """argparse type: a comma list of names from `allowed` (a registry's keys)."""
+    @kind("comma list")
     def parse(text: str) -> list:
         got = [n for n in text.split(",") if n]
         bad = [n for n in got if n not in allowed]
@@ -96,9 +98,12 @@ def common(p):
 
 
 def open_from(a):
-    """The log of `--log`, with the TLS/SASL settings of `--kafka-config`."""
+    """The log of `--log`, with the TLS/SASL settings of `--kafka-config`; `hilo`'s main closes it when the command
+    returns (a command run in-process, as the tests and `hilo rl` do, leaves no Kafka client behind)."""
     from hilo.log import open_log
-    return open_log(a.log, kafka_config=a.kafka_config)
+    log = open_log(a.log, kafka_config=a.kafka_config)
+    a.opened_logs = getattr(a, "opened_logs", []) + [log]
+    return log
 
 
 def existing_run(log, run: str):
@@ -130,48 +135,50 @@ def report(subparsers, name, summary, rows_of, format_rows):
 
 
 # -- options from config dataclasses ----------------------------------------------------------------
-def field_docs(cls) -> dict:
-    """{field: help} from a config docstring's "name[, name]: text" paragraphs (continuation lines indented)."""
-    out, current = {}, None
-    for line in (cls.__doc__ or "").splitlines():
-        m = re.match(r"^    ([a-z_, ]+): (.*)$", line)
-        if m and all(n.strip() in cls.__dataclass_fields__ for n in m.group(1).split(",")):
-            current = [n.strip() for n in m.group(1).split(",")]
-            for n in current:
-                out[n] = m.group(2).strip()
-        elif current and line.startswith("        "):
-            for n in current:
-                out[n] += " " + line.strip()
-        else:
-            current = None
+def field_help(cls) -> dict:
+    """{field: help} of a config dataclass: each field's metadata help (schemas/options.py `opt`). A field that
+    declares none (or an empty one) is a TypeError naming the class and field, so no option loses its help."""
+    from hilo.schemas.options import help_of
+    out = {f.name: help_of(f) for f in dataclasses.fields(cls)}
+    missing = [n for n, text in out.items() if not (text and text.strip())]
+    if missing:
+        raise TypeError(f"{', '.join(f'{cls.__name__}.{n}' for n in missing)}: no help text; declare each field as "
+                        f"`name: T = opt(default, \"help\")` (schemas/options.py)")
     return out
 
 
 def _scalar(annotation):
-    """int / float / str of an annotation such as `int | None`."""
+    """int / float / str of an annotation such as `int | None` (a str enum reads as str)."""
     args = [t for t in typing.get_args(annotation) if t is not type(None)] if isinstance(annotation, types.UnionType) else [annotation]
-    return args[0] if args and args[0] in (int, float, str, bool) else str
+    t = args[0] if args else str
+    return t if t in (int, float, str, bool) else str
 
 
-def config_options(p, cls, fields, flags=None, choices=None):
-    """Add one option per field of `cls`: flag --field-name (or flags[field]), type, default and help from the
-    dataclass. A bool field whose default is True becomes a --no-... switch."""
-    flags, choices, docs = flags or {}, choices or {}, field_docs(cls)
+def shown(default) -> str:
+    """A default as an option takes it: a budget's text, an enum's value, else str()."""
+    return default.describe() if hasattr(default, "describe") else str(default)
+
+
+def config_options(p, cls, fields, flags=None, choices=None, types=None):
+    """Add one option per field of `cls`: flag --field-name (or flags[field]), type (or types[field]), default and
+    help from the dataclass field. A bool field whose default is True becomes a --no-... switch."""
+    flags, choices, types, docs = flags or {}, choices or {}, types or {}, field_help(cls)
     hints = typing.get_type_hints(cls)
     for name in fields:
         f = cls.__dataclass_fields__[name]
         default = f.default if f.default is not dataclasses.MISSING else None
-        text = re.sub(r"\s*Default: .*$", "", docs.get(name, name)).replace("%", "%%")
-        kind = _scalar(hints[name])
+        text = docs[name].replace("%", "%%")
+        kind = types.get(name, _scalar(hints[name]))
         if kind is bool:
             flag = flags.get(name, ("--no-" if default else "--") + name.replace("_", "-"))
-            p.add_argument(flag, dest=name, action="store_false" if default else "store_true",
-                           help=f"turn off (on by default): {text}" if default else text)
-            continue
-        flag = flags.get(name, "--" + name.replace("_", "-"))
-        shown = " (default: %(default)s)" if default is not None else ""
-        p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name), help=text + shown,
-                       metavar=None if name in choices else flag[2:].upper().replace("-", "_"))
+            action = p.add_argument(flag, dest=name, action="store_false" if default else "store_true",
+                                    help=f"turn off (on by default): {text}" if default else text)
+        else:
+            flag = flags.get(name, "--" + name.replace("_", "-"))
+            suffix = f" (default: {shown(default)})".replace("%", "%%") if default is not None else ""
+            action = p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name), help=text + suffix,
+                                    metavar=None if name in choices else flag[2:].upper().replace("-", "_"))
+        action.config_field = f"{cls.__name__}.{name}"  # what the CLI reference (ops/cli_reference.py) links it to
 
 
 def config_from_args(cls, a, **given):

@@ -67,6 +67,13 @@ def scrape(a):
     return main(a.json, a.shape, a.versions, a.every_ms, a.out)
 
 
+def snapshot(a):
+    """Snapshot save and load time and size by format, and the apply loop's stall per background snapshot."""
+    from hilo.ops.bench.snapshot import main
+    argv = ["--shape", a.shape, "--repeats", str(a.repeats)] + [x for s in a.state or () for x in ("--state", s)]
+    return main(argv + (["--out", a.out] if a.out else []) + (["--json"] if a.json else []))
+
+
 def probe(a):
     """Per block and version: the compressed method's step against the uncompressed shadow's."""
     from hilo.ops.bench.probe import ProbeConfig, main
@@ -86,14 +93,15 @@ def register(sub):
     from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
     from hilo.ops.bench.rl import BenchConfig
     from hilo.ops.bench.serve import SHAPES as SERVE_SHAPES
-    from hilo.ops.bench.synthetic import QWEN3
+    from hilo.replica.synthetic import QWEN3
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
     all_codecs, optimizers, shapes = list(CODECS), list(OPTIMIZERS), list(QWEN3)
     p = sub.add_parser("bench", help=COMMANDS["bench"][1])
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     b = bsub.add_parser("codecs", help="message bytes, encode ms, decode+apply ms, error per codec x optimizer")
-    b.add_argument("--shapes", type=names(shapes), default="qwen3-1.7b,qwen3-0.6b", help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
+    b.add_argument("--shapes", type=names(shapes), default="qwen3-1.7b,qwen3-0.6b",
+                   help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
     b.add_argument("--codecs", type=names(all_codecs), default=",".join(all_codecs), help="default: %(default)s")
     b.add_argument("--optimizers", type=names(optimizers), default=",".join(optimizers), help="default: %(default)s")
     b.add_argument("--steps", type=at_least(1), default=3, help="timed messages per row after one warm-up (default: %(default)s)")
@@ -147,7 +155,8 @@ def register(sub):
     b.add_argument("--bytes", type=at_least(1), default=100_000, help="record size (default: %(default)s)")
     b.add_argument("--rounds", type=at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
     w = bsub.add_parser("wan", help="freshness and step time over tc-shaped links (needs root, ip, tc; Java for Kafka)")
-    w.add_argument("--steps", type=at_least(1), default=3, help="timed messages per method and config after a warm-up (default: %(default)s)")
+    w.add_argument("--steps", type=at_least(1), default=3,
+                   help="timed messages per method and config after a warm-up (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
                    help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
     w.add_argument("--links", default="10,100,1000", help="link rates in Mbit/s (default: %(default)s)")
@@ -175,11 +184,21 @@ def register(sub):
     sc.add_argument("--json", action="store_true", help="print the JSON row")
     sc.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/scrape-TIME)")
     sc.set_defaults(fn=scrape)
+    sn = bsub.add_parser("snapshot", help="a site's snapshot: save and load seconds and bytes per format (raw, msgpack + "
+                         "zstd, raw through zstd) and the apply loop's stall per background snapshot")
+    sn.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
+    sn.add_argument("--state", action="append", metavar="CODEC:N",
+                    help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and dense:3)")
+    sn.add_argument("--repeats", type=at_least(1), default=3, help="saves and loads per format; medians (default: %(default)s)")
+    sn.add_argument("--json", action="store_true", help="print the JSON")
+    sn.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
+    sn.set_defaults(fn=snapshot)
     pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     config_options(pr, ProbeConfig, ("task", "sync", "budget", "steps"))
-    pr.add_argument("--optimizers", type=names(optimizers), default=",".join(ProbeConfig.optimizers), help="comma list (default: %(default)s)")
+    pr.add_argument("--optimizers", type=names(optimizers), default=",".join(ProbeConfig.optimizers),
+                    help="comma list (default: %(default)s)")
     pr.add_argument("--lrs", type=lambda t: [float(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.lrs)),
                     help="one learning rate per optimizer, comma list (default: %(default)s)")
     pr.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.seeds)),

@@ -5,15 +5,17 @@ its last good version (and vLLM keeps serving it), /readyz answers 503 with the 
 A supervisor that restarted it would only read the same record again; an alert on /readyz tells an operator why.
 """
 import logging
+import signal
 import time
 
 from . import COMMANDS
-from .args import common, config_from_args, config_options, metrics_options, metrics_server
+from .args import common, config_from_args, config_options, field_help, metrics_options, metrics_server
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("snapshot_every", "export_adapters", "export_dtype", "keep_adapters", "on_version", "vllm", "trust", "lora_name",
-          "from_offset", "from_version", "until_version", "idle_exit_s", "wait_checkpoint_s", "history", "on_bad_record", "prefetch")
+FIELDS = ("snapshot_every", "snapshot_every_s", "export_adapters", "export_dtype", "keep_adapters", "on_version", "vllm", "trust",
+          "lora_name", "from_offset", "from_version", "until_version", "idle_exit_s", "wait_checkpoint_s", "history",
+          "on_bad_record", "prefetch")
 FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_checkpoint_s": "--wait-checkpoint"}
 
 
@@ -33,7 +35,11 @@ def run(a):
     if a.generate:
         from hilo.consumer.generator import GenerateConfig
         site.generate(config_from_args(GenerateConfig, a))
-    site.install_signal_handlers()
+    def stop(signum, _frame):  # between versions: the loop checks site.stopping after each
+        logger.info("site %s: signal %d, stopping after the current version", cfg.site, signum)
+        site.stopping = True
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
     if server:
         server.ready = lambda: site.readiness(a.ready_max_lag)
     try:
@@ -53,12 +59,13 @@ def register(sub):
     """The consume parser."""
     from hilo.consumer.adapter_export import DTYPES
     from hilo.consumer.config import SiteConfig
-    from hilo.replay.bad_records import POLICIES
+    from hilo.replay.bad_records import OnBadRecord
     p = sub.add_parser("consume", help=COMMANDS["consume"][1])
     common(p)
-    p.add_argument("--site", required=True, help="this site's name (its consumer group is hilo.RUN.SITE)")
-    p.add_argument("--state-dir", required=True, help="snapshot + exported adapters live here")
-    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": list(POLICIES)})
+    docs = field_help(SiteConfig)
+    p.add_argument("--site", required=True, help=docs["site"])
+    p.add_argument("--state-dir", required=True, help=docs["state_dir"])
+    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": [o.value for o in OnBadRecord]})
     from hilo.consumer.generator import GenerateConfig
     g = p.add_argument_group("generating (the return path)", "answer the run's prompts with the policy vLLM serves, between "
                              "versions; rollouts and the prompts they answer settle together (exactly once)")

@@ -2,8 +2,8 @@
 from . import COMMANDS
 from .args import at_least, budget, common, config_from_args, config_options, metrics_options, metrics_server
 
-FIELDS = ("codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history", "on_bad_record",
-          "publish_deadline_s")
+FIELDS = ("budget", "codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history",
+          "on_bad_record", "publish_deadline_s")
 
 
 def run(a):
@@ -15,7 +15,7 @@ def run(a):
     cfg = config_from_args(ProducerConfig, a)
     metrics = Metrics("trainer", run=cfg.run)
     server = metrics_server(a, metrics.registry)  # bound before the trainer fences or publishes anything
-    producer = HiLoProducer(build_model(seed=a.seed), cfg, metrics=metrics)
+    producer = HiLoProducer.open(build_model(seed=a.seed), cfg, metrics=metrics)
     if server:
         server.ready = lambda: (False, "fenced by a newer trainer") if producer.fenced else (True, f"v{producer.version}")
     adapter = producer.manifest.adapter_bytes()
@@ -36,17 +36,14 @@ def register(sub):
     """The produce parser; codec, optimizer and mode choices come from their registries."""
     from hilo.producer.delta import MODES
     from hilo.producer.config import ProducerConfig
-    from hilo.replay.bad_records import POLICIES
+    from hilo.replay.bad_records import OnBadRecord
     from hilo.replica.codecs import CODECS
     from hilo.replica.optimizers import OPTIMIZERS
     p = sub.add_parser("produce", help=COMMANDS["produce"][1])
     common(p)
-    p.add_argument("--budget", type=budget, default=ProducerConfig.budget,
-                   help=f"bytes per message: 1.6%%, 0.016, 2MB or 2000000; or auto[:SHARE], fitted per version to the slowest "
-                   f"site's measured link so that a version reaches it within SHARE of the step time (default 0.5; "
-                   f"producer/link_budget.py) (default: {ProducerConfig.budget.describe()}%)")
-    config_options(p, ProducerConfig, FIELDS, choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES),
-                                                       "on_bad_record": list(POLICIES)})
+    config_options(p, ProducerConfig, FIELDS, types={"budget": budget},
+                   choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES),
+                            "on_bad_record": [o.value for o in OnBadRecord]})
     metrics_options(p)
     p.add_argument("--steps", type=at_least(1), default=100, help="training steps to run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default: %(default)s)")

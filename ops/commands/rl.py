@@ -3,7 +3,8 @@ Options, defaults and help come from RLConfig (ops/rl.py)."""
 from . import COMMANDS
 from .args import config_from_args, config_options
 
-FIELDS = ("vllm", "base", "log", "run", "state_dir", "sites", "prompt_partitions", "staleness", "steps", "batch_prompts", "samples", "lr", "codec", "budget", "seed", "reward", "trainer_threads")
+FIELDS = ("vllm", "base", "log", "run", "state_dir", "sites", "prompt_partitions", "staleness", "steps", "batch_prompts", "samples",
+          "lr", "codec", "budget", "seed", "reward", "trainer_threads")
 
 
 def run(a):

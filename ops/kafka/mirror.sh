@@ -4,7 +4,7 @@
 #   ops/kafka/mirror.sh wait [--timeout S]        # until both flows' connectors have started
 #   ops/kafka/mirror.sh stop
 # Copies the trainer's topics source -> target (RUN.updates, RUN.checkpoints, RUN.prompts; every run's without
-# --run) and the sites' rollouts back target -> source (RUN.rollouts). Settings, and why (README, "Sites in other
+# --run) and the sites' rollouts back target -> source (RUN.rollouts). Settings, and why (docs/operations.md, "Sites in other
 # regions"):
 # - IdentityReplicationPolicy: topic names are kept (a site names its run the same on every cluster). The two flows
 #   copy disjoint topics, so the topology has no cycle.

@@ -5,7 +5,7 @@
 # LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING unset): a server a site must refuse, for tests.
 # Idempotent: a server already running from this run dir is left alone. Log: $HILO_CACHE/vllm-run/server.log
 # The hilo-sync plugin (ops/vllm/plugin/) is installed into the venv first: it makes in-place adapter loads
-# read the adapter once (see README, "Serving with vLLM").
+# read the adapter once (see docs/operations.md, "Serving with vLLM").
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 MODEL=${1:?usage: start.sh MODEL_DIR [--max-lora-rank R] [--dtype DTYPE]}; shift

@@ -4,13 +4,14 @@ Each codec module holds its Encoder class (trainer side) and its `decode` (every
 (powersgd, spar, spar4) share the format in lowrank.py. The CLI's --codec choices and the tests read this table.
 """
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from hilo.schemas.errors import UnsupportedVersion
 from hilo.schemas.limits import DEFAULT_LIMITS
 
 from . import dense, lowrank, powersgd, spar, topk
-from .base import Budget, Encoder  # noqa: F401  (re-exported: the codec interface)
+from .base import Encoder  # noqa: F401  (re-exported: the codec interface)
+from .budget import DEFAULT_BUDGET, AutoBudget, Budget, parse_budget  # noqa: F401  (re-exported: the budget kinds)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def get_codec(name: str, what: str = "codec") -> Codec:
     return CODECS[name]
 
 
-def make_encoder(name: str, manifest, budget: Budget = Budget(), **kwargs) -> Encoder:
+def make_encoder(name: str, manifest, budget: Budget = DEFAULT_BUDGET, **kwargs) -> Encoder:
     """A fresh encoder (zero residual) for `manifest`."""
     return get_codec(name, "make_encoder").encoder(manifest, budget, **kwargs)
 

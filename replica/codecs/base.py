@@ -16,35 +16,9 @@ from hilo.schemas.framing import ZSTD_LEVEL
 from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.records import Manifest
 
+from .budget import DEFAULT_BUDGET, Budget
+
 BLOCK_OVERHEAD = 32   # bytes of msgpack framing per present block (keys, ints), reserved in budgets
-HEADER_RESERVE = 1024  # bytes of message header (run, digests, hparams, meta) + zstd framing, reserved in budgets
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Bytes one update message may take: absolute, or a fraction of the bf16 adapter."""
-
-    fraction: float | None = 0.016   # of the bf16 adapter size (the paper's 1.6%)
-    bytes: int | None = None         # overrides `fraction` when set
-
-    def __post_init__(self):
-        if self.bytes is None and (self.fraction is None or not 0 < self.fraction <= 4):
-            raise ConfigError(f"Budget.fraction must be in (0, 4], got {self.fraction!r}")
-        if self.bytes is not None and self.bytes <= HEADER_RESERVE:
-            raise ConfigError(f"Budget.bytes must exceed the {HEADER_RESERVE}-byte header reserve, got {self.bytes}")
-
-    def describe(self) -> str:
-        """As `--budget` takes it: '1.6%' or a byte count."""
-        return f"{100 * self.fraction:g}%" if self.bytes is None else str(self.bytes)
-
-    def message_bytes(self, manifest: Manifest) -> int:
-        """The whole message's byte budget for this adapter."""
-        return self.bytes if self.bytes is not None else int(self.fraction * manifest.adapter_bytes())
-
-    def payload_bytes(self, manifest: Manifest) -> int:
-        """What the per-block payloads may use: the message budget less the header and zstd reserve."""
-        total = self.message_bytes(manifest)
-        return int(total * 0.998) - HEADER_RESERVE  # zstd may expand incompressible data by ~0.1%
 
 
 @dataclass(frozen=True)
@@ -66,7 +40,7 @@ class Encoder:
     decoder = None              # staticmethod: the codec's decode(manifest, params, blocks, what, limits)
     state_names = ("residual",)  # attributes that are this encoder's state: what a commit sets, what state_dict keeps
 
-    def __init__(self, manifest: Manifest, budget: Budget = Budget()):
+    def __init__(self, manifest: Manifest, budget: Budget = DEFAULT_BUDGET):
         # Configuration
         self.manifest = manifest
         self.budget = budget

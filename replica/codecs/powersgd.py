@@ -7,7 +7,7 @@ next blocks round-robin that fit, and error feedback carries the rest.
 """
 import torch
 
-from .base import BLOCK_OVERHEAD, Budget, Encoder
+from .base import BLOCK_OVERHEAD, DEFAULT_BUDGET, Budget, Encoder
 from .lowrank import decode, direction_bytes, factor_payload
 
 
@@ -18,7 +18,7 @@ class PowerSGDEncoder(Encoder):
     decoder = staticmethod(decode)
     state_names = ("residual", "q", "cursor")
 
-    def __init__(self, manifest, budget: Budget = Budget(), rank: int | None = None, seed: int = 0):
+    def __init__(self, manifest, budget: Budget = DEFAULT_BUDGET, rank: int | None = None, seed: int = 0):
         super().__init__(manifest, budget)
         # Configuration
         self.rank = rank if rank is not None else self.rank_for_budget()

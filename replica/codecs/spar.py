@@ -15,7 +15,7 @@ import torch
 
 from hilo.schemas.errors import ConfigError
 
-from .base import BLOCK_OVERHEAD, Budget, Encoder, fit_to_budget
+from .base import BLOCK_OVERHEAD, DEFAULT_BUDGET, Budget, Encoder, fit_to_budget
 from .lowrank import FactorPrefixes, decode, direction_bytes
 
 
@@ -37,7 +37,7 @@ class SparEncoder(Encoder):
     decoder = staticmethod(decode)
     bits = 16
 
-    def __init__(self, manifest, budget: Budget = Budget(), floor: float = 0.0):
+    def __init__(self, manifest, budget: Budget = DEFAULT_BUDGET, floor: float = 0.0):
         super().__init__(manifest, budget)
         if not 0.0 <= floor < 1.0:
             raise ConfigError(f"{self.name}: floor is a share of the budget in [0, 1), got {floor!r}")

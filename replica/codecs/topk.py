@@ -1,7 +1,8 @@
 """topk: the k largest-magnitude entries of the whole (error-corrected) gradient, with error feedback.
 
 Block payload: {"i", "n", "idx": uint32 (n,) delta-coded positions in the flattened block (first absolute),
-"val": fp16 (n,) values divided by "scale", "scale": fp32 max |value|}. k is the largest whose compressed payload fits the byte budget (zstd shrinks the delta-coded indices).
+"val": fp16 (n,) values divided by "scale", "scale": fp32 max |value|}. k is the largest whose compressed payload
+fits the byte budget (zstd shrinks the delta-coded indices).
 """
 import torch
 

@@ -35,7 +35,7 @@ def _trainer_at_v1(tmp_path, prefix, seed):
     """(log URL, run, model, producer, generator) of a trainer on the embedded log that has published v1."""
     url, run = f"file://{tmp_path}/log", new_run(prefix)
     model = tiny_model()
-    producer = HiLoProducer(model, producer_config(run=run, log=url, codec="dense"))
+    producer = HiLoProducer.open(model, producer_config(run=run, log=url, codec="dense"))
     gen = torch.Generator().manual_seed(seed)
     _train_step(producer, gen)
     return url, run, model, producer, gen
@@ -90,7 +90,8 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
         # the same samples scored under the next version differ by far more than the tolerance: the stamp is the truth
         for (version, _, _), (prompt_ids, r) in seen.items():
             if version == 1:
-                assert float((torch.tensor(r.logprobs, dtype=torch.float64) - _logprobs(model, prompt_ids, r.completion_ids)).abs().max()) > 10 * TOL
+                theirs = torch.tensor(r.logprobs, dtype=torch.float64)
+                assert float((theirs - _logprobs(model, prompt_ids, r.completion_ids)).abs().max()) > 10 * TOL
         out, err = site.communicate(timeout=300)
         assert site.returncode == 0, err[-3000:]
         assert exchange.book.dropped.total() == 0 and exchange.in_flight_peak <= 2
@@ -108,7 +109,7 @@ def test_a_prompt_for_a_newer_policy_does_not_hold_back_the_prompt_before_it(vll
     the vLLM-gone RL test)."""
     vllm_url, _ = vllm
     run = new_run("defer")
-    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
     gen = torch.Generator().manual_seed(2)
     _train_step(producer, gen)  # the site will serve v1
     asks = iter([1, 2])

@@ -16,7 +16,7 @@ from hilo.schemas.chunks import split
 from hilo.schemas.errors import ChainError, ConfigError, DivergenceError, LogError, MalformedMessage
 from hilo.schemas.records import UpdateMessage
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import open_site, producer_of
+from tests.helpers import open_site
 
 
 def site(log_url, run, tmp_path, name="s1", **kw):
@@ -29,7 +29,7 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
     from hilo.producer.lora_params import lora_parameters
     from hilo.ops.tiny_trainer import build_base
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 12)
     s = site(log_url, run, tmp_path, until_version=9, snapshot_every=4)
     assert s.run(progress=False) == 9
@@ -51,7 +51,7 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
 
 def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
     run = new_run()
-    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32), producer_config(run=run, log=log_url, codec="dense"))
+    producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32), producer_config(run=run, log=log_url, codec="dense"))
     publish_random(producer, 3)
     assert producer.last_step["bytes"] > 1 << 20 and producer.last_step["chunks"] >= 2
     s = site(log_url, run, tmp_path, until_version=3, export_adapters=False)
@@ -63,14 +63,14 @@ def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
 def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path, logs):
     run = new_run()
     cfg = producer_config(run=run, log=log_url, codec="dense", chunk_bytes=64 << 10)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 3)
     # A trainer that died after sending 2 of the 5 chunks of its v4.
     log = logs(log_url)
     doomed = split(b"\x01" * (150 << 10), run, "update", 4, 64 << 10)  # 3 chunks, under the adapter's update bound
     log.append(updates_topic(run), doomed[:2])
     producer.close()
-    restarted = HiLoProducer(small_model(), cfg)
+    restarted = HiLoProducer.open(small_model(), cfg)
     assert restarted.version == 3
     publish_random(restarted, 3, seed=1)
     s = site(log_url, run, tmp_path, until_version=6, export_adapters=False)
@@ -82,7 +82,7 @@ def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path, logs)
 
 def test_late_site_bootstraps_from_newest_checkpoint(log_url, tmp_path):
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, checkpoint_every=10))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, checkpoint_every=10))
     publish_random(producer, 55)
     s = site(log_url, run, tmp_path, until_version=55, export_adapters=False)
     assert s.follower.replica.version == 50  # did not replay from genesis
@@ -99,7 +99,7 @@ def test_late_site_bootstraps_from_newest_checkpoint(log_url, tmp_path):
 def test_restarted_trainer_resumes_at_head_and_refuses_another_model(log_url, tmp_path):
     run = new_run()
     cfg = producer_config(run=run, log=log_url, checkpoint_every=4)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 6)
     head = producer.replica.digest
     producer.close()
@@ -107,11 +107,11 @@ def test_restarted_trainer_resumes_at_head_and_refuses_another_model(log_url, tm
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # whatever the trainer process holds, the log's state wins
-    again = HiLoProducer(model, cfg)
+    again = HiLoProducer.open(model, cfg)
     assert again.version == 6 and again.replica.digest == head
     assert all(torch.equal(p.detach(), r) for p, r in zip(again.params, again.replica.state.params))
     with pytest.raises(LogError, match="does not match the run's manifest .*rank 4"):
-        producer_of(small_model(rank=4), cfg)
+        HiLoProducer.open(small_model(rank=4), cfg)
     again.close()
 
 
@@ -127,7 +127,7 @@ def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path,
     """A record that is not this run's cannot move the policy: sites and a restarting trainer skip it with a warning."""
     run = new_run()
     cfg = producer_config(run=run, log=log_url)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 4)
     log = logs(log_url)
     if stray == "foreign":
@@ -135,7 +135,7 @@ def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path,
     else:
         at = log.append(updates_topic(run), split(_forge(producer, run="intruder"), "intruder", "update", 5))[0]
     producer.close()
-    restarted = HiLoProducer(small_model(), cfg)  # was: "resumed at v4 but the log head is ..." and no way to resume
+    restarted = HiLoProducer.open(small_model(), cfg)  # was: "resumed at v4 but the log head is ..." and no way to resume
     assert restarted.version == 4
     publish_random(restarted, 2, seed=3)
     s = site(log_url, run, tmp_path, export_adapters=False, until_version=6, history=str(tmp_path / "s1.jsonl"))
@@ -150,19 +150,19 @@ def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path,
 def test_a_restarting_trainer_skips_a_replayed_old_version_and_stops_on_a_fork(log_url, tmp_path, logs):
     run = new_run()
     cfg = producer_config(run=run, log=log_url)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 3)
     log = logs(log_url)
     first = log.read(updates_topic(run), 0, timeout_s=5)[0]  # v1, replayed (a retrying client, a mirror, an operator)
     log.append(updates_topic(run), [(first.key, first.value, first.headers)])
     producer.close()
-    again = HiLoProducer(small_model(), cfg)
+    again = HiLoProducer.open(small_model(), cfg)
     assert again.version == 3
     publish_random(again, 1, seed=4)
     again.close()
     log.append(updates_topic(run), split(_forge(again, version=3, parent=bytes(16)), run, "update", 3))  # another v3
     with pytest.raises(ChainError, match=r"fork at version 3"):
-        HiLoProducer(small_model(), cfg)
+        HiLoProducer.open(small_model(), cfg)
 
 
 @pytest.mark.parametrize("bad,error", [
@@ -172,7 +172,7 @@ def test_a_restarting_trainer_skips_a_replayed_old_version_and_stops_on_a_fork(l
 ])
 def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, bad, error, logs):
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 4)
     log = logs(log_url)
     t = updates_topic(run)
@@ -188,18 +188,20 @@ def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, b
     assert (s.follower.replica.version, s.follower.replica.digest) == (4, producer.replica.digest)  # untouched in memory
     pos = json.loads((tmp_path / "s1" / "snapshot" / "position.json").read_text())
     # resumes just past v4 (Kafka: before or after v4's transaction marker), never past the bad record
-    assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex() and producer.next_offset <= pos["next_offset"] <= at
+    assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex()
+    assert producer.ledger.next_offset <= pos["next_offset"] <= at
     producer.close()
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp_path, caplog, logs):
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, checkpoint_every=3))
     publish_random(producer, 4)
     log = logs(log_url)
     good = producer.replica.checkpoint().to_bytes()
     bad = good[:-40] + bytes(40)  # whole record, valid chunk headers, damaged zstd frame
-    at = log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 4, extra={"hilo-updates-offset": str(producer.next_offset)}))[0]
+    extra = {"hilo-updates-offset": str(producer.ledger.next_offset)}
+    at = log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 4, extra=extra))[0]
     s = site(log_url, run, tmp_path, until_version=4, export_adapters=False)
     assert s.follower.replica.version == 3  # the v3 checkpoint before the corrupt v4 one
     assert re.search(rf"{run}.checkpoints offset {at} \(checkpoint v4\).*falling back to the previous checkpoint", caplog.text)
@@ -232,7 +234,7 @@ def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path, logs):
 def test_lag_reports_the_known_state(log_url, tmp_path, logs):
     run = new_run()
     history = tmp_path / "trainer.jsonl"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, codec="topk", history=str(history)))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="topk", history=str(history)))
     sizes = publish_random(producer, 10)
     last = {e["v"]: e["o"] for e in read_history(str(history))}  # each version's last offset (one record per message here)
     for name, v in (("a", 4), ("b", 7)):
@@ -253,7 +255,7 @@ def test_kafka_honours_a_chunk_size_above_the_broker_default(tmp_path):
     """Bug B: chunk_bytes reached neither the producer nor the topics; a 6 MiB record failed with a raw traceback."""
     run = new_run()
     cfg = producer_config(run=run, log=KAFKA_URL, codec="dense", chunk_bytes=8 << 20)
-    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=128), cfg)
+    producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=128), cfg)
     publish_random(producer, 2)
     assert producer.last_step["chunks"] == 1 and producer.last_step["bytes"] > 5 << 20  # one record over 4 MiB
     s = site(KAFKA_URL, run, tmp_path, until_version=2, export_adapters=False)  # a reader that was told nothing
@@ -270,7 +272,7 @@ def test_kafka_refuses_a_chunk_size_the_topic_cannot_take(logs):
         log.admin.create_topics({t: {"num_partitions": 1, "replication_factor": 1, "configs": {"max.message.bytes": str(1 << 20)}}})
     with pytest.raises(LogError, match=rf"topic '{run}.updates' takes records of at most 1048576 bytes \(max.message.bytes\), "
                                        r"chunk_bytes 2097152 needs 2162688; lower chunk_bytes"):
-        HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, chunk_bytes=2 << 20))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, chunk_bytes=2 << 20))
     log.close()
 
 
@@ -292,7 +294,7 @@ class FailingCommits:
 def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog, logs):
     """The snapshot is the site's truth; the group commit is advisory (was: the site exited with the commit's error)."""
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 5)
     log = FailingCommits(logs(log_url))
     s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
@@ -313,7 +315,7 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog, lo
 def test_a_state_dir_of_another_run_is_named_as_such(log_url, tmp_path):
     first, second = new_run(), new_run()
     for run in (first, second):
-        producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+        producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
         publish_random(producer, 1)
         producer.close()
     site(log_url, first, tmp_path, name="shared", export_adapters=False, until_version=1).run(progress=False)

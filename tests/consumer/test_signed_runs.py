@@ -34,7 +34,7 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
     """Was accepted: anyone who can write the topic and knows the algorithm moved every site."""
     keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
     publish_random(producer, 3)
     crafted = _crafted_next(producer)
     data = crafted.to_bytes() if forger == "unsigned" else crafted.to_bytes(Signer.load(other[0]))
@@ -51,7 +51,7 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
     assert [(e["skip"], e["reason"]) for e in map(json.loads, hist.read_text().splitlines()) if "skip" in e] == [(at, reason)]
     # A trainer restarted after the record resumes past it and publishes the next version.
     producer.close()
-    restarted = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
+    restarted = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
     assert restarted.replica.digest == s.follower.replica.digest
     publish_random(restarted, 1, seed=8)
     again = site(log_url, run, tmp_path, trust=str(keys[1]), until_version=6)  # restarted from its snapshot
@@ -73,7 +73,7 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
 def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_url, tmp_path, caplog, logs):
     keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0]), checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0]), checkpoint_every=3))
     publish_random(producer, 4)
     forged = producer.replica.checkpoint().to_bytes(Signer.load(other[0]))  # newest, but not the trainer's
     logs(log_url).append(checkpoints_topic(run), split(forged, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
@@ -93,7 +93,7 @@ def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, capl
     """A signed 'next key' record moves every trusting site to the new key; a forged one is refused."""
     old, new, intruder = (generate(tmp_path / n) for n in ("old", "new", "intruder"))
     run = new_run()
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, signing_key=str(old[0]), checkpoint_every=100))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(old[0]), checkpoint_every=100))
     publish_random(producer, 3)
     follower = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=3)
     follower.run(progress=False)

@@ -81,7 +81,7 @@ def peft_greedy(model, prompt, n=4):
 def test_every_applied_version_reaches_vllm_and_matches_transformers(vllm, tmp_path):
     vllm_url, base = vllm
     url, run = f"file://{tmp_path}/log", new_run("serve")
-    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url, codec="dense"))
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url, codec="dense"))
     gen = torch.Generator().manual_seed(0)
 
     def train_step():  # a large step, so consecutive versions are far apart in log-probability
@@ -96,8 +96,8 @@ def test_every_applied_version_reaches_vllm_and_matches_transformers(vllm, tmp_p
     train_step()
     s = make_site(url, run, tmp_path, vllm_url, until_version=3, keep_adapters=1)
     s.run(progress=False)
-    assert s.state.serving[0] == 3 and s.follower.replica.digest == producer.replica.digest
-    served = s.state.serving[1]
+    assert s.serving.state.serving[0] == 3 and s.follower.replica.digest == producer.replica.digest
+    served = s.serving.state.serving[1]
     assert sorted(p.name for p in (tmp_path / "s" / "adapters").iterdir()) == [served.name]  # v2's directory was pruned
     after = vllm_logprobs(vllm_url)
     model = peft_model(base, served)
@@ -121,11 +121,11 @@ def test_every_applied_version_reaches_vllm_and_matches_transformers(vllm, tmp_p
 def test_a_site_that_fell_behind_serves_the_newest_version_only(vllm, tmp_path):
     vllm_url, _ = vllm
     url, run = f"file://{tmp_path}/log", new_run("behind")
-    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
     publish_random(producer, 6)
     s = make_site(url, run, tmp_path, vllm_url, until_version=6)
     s.run(progress=False)
-    assert s.state.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
+    assert s.serving.state.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
     producer.close()
 
 
@@ -140,7 +140,7 @@ def test_a_serving_site_sigkilled_at_random_instants_restarts_and_serves(vllm, t
     rng = random.Random(seed)
     vllm_url, _ = vllm
     url, run = f"file://{tmp_path}/log", new_run("killed")
-    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
     adapters = tmp_path / "s" / "adapters"
     for _ in range(int(os.environ.get("HILO_KILLS", "4"))):
         publish_random(producer, rng.randint(1, 4), seed=producer.version)
@@ -149,16 +149,17 @@ def test_a_serving_site_sigkilled_at_random_instants_restarts_and_serves(vllm, t
                     "--wait-checkpoint", "60", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         newest = adapters / f"v{producer.version:08d}"
         try:
-            wait_until(lambda: newest.is_dir() or proc.poll() is not None, 120, f"the site exports v{producer.version}")
+            wait_until(lambda newest=newest, proc=proc: newest.is_dir() or proc.poll() is not None, 120,
+                       f"the site exports v{producer.version}")
             assert proc.poll() is None, f"the restarted site exited {proc.returncode} instead of serving"
             time.sleep(rng.uniform(0.0, 1.0))  # the kill instant (mid-load, mid-commit or idle): the fault, not a wait
         finally:
             proc.kill()  # SIGKILL: no snapshot at exit
             proc.wait()
     s = make_site(url, run, tmp_path, vllm_url, until_version=producer.version, keep_adapters=1)
-    assert s.state.serving[1].is_dir()
+    assert s.serving.state.serving[1].is_dir()
     s.run(progress=False)
-    assert s.state.serving[0] == producer.version and s.follower.replica.digest == producer.replica.digest
+    assert s.serving.state.serving[0] == producer.version and s.follower.replica.digest == producer.replica.digest
     producer.close()
 
 
@@ -219,17 +220,17 @@ def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_
     vllm_url, _ = vllm
     fwd = Forwarder(int(vllm_url.rsplit(":", 1)[1]))
     url, run = f"file://{tmp_path}/log", new_run("down")
-    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
     s = make_site(url, run, tmp_path, f"http://127.0.0.1:{fwd.port}", retry_serve_s=0.2)
-    assert s.state.serving is None  # vLLM unreachable at start: a warning, not an error
+    assert s.serving.state.serving is None  # vLLM unreachable at start: a warning, not an error
     worker = threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True)
     worker.start()
     publish_random(producer, 4)
     wait_until(lambda: s.follower.replica.version == 4, 120, 'the site applied v4 with vLLM down')
-    assert s.state.serving is None and s.state.served_versions == []
+    assert s.serving.state.serving is None and s.serving.state.served_versions == []
     fwd.open()
-    wait_until(lambda: s.state.serving is not None, 120, 'vLLM serves a version once it is back')
-    assert s.state.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
+    wait_until(lambda: s.serving.state.serving is not None, 120, 'vLLM serves a version once it is back')
+    assert s.serving.state.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
     s.stopping = True
     worker.join(timeout=60)
     assert float(vllm_logprobs(vllm_url).abs().sum()) > 0
@@ -243,7 +244,7 @@ def test_a_server_that_is_not_vllm_is_refused_at_start(tmp_path):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url, run = f"file://{tmp_path}/log", new_run("notvllm")
-    producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
     with pytest.raises(VllmError, match=rf"http://127.0.0.1:{httpd.server_port} is not a vLLM server \(GET /version answered HTTP 404"):
         make_site(url, run, tmp_path, f"http://127.0.0.1:{httpd.server_port}")
     httpd.shutdown()
@@ -253,7 +254,7 @@ def test_a_server_that_is_not_vllm_is_refused_at_start(tmp_path):
 def test_an_adapter_above_the_servers_max_lora_rank_is_refused_at_start(vllm, tmp_path):
     vllm_url, _ = vllm
     url, run = f"file://{tmp_path}/log", new_run("rank")
-    producer = HiLoProducer(tiny_model(rank=32), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(tiny_model(rank=32), producer_config(run=run, log=url))
     with pytest.raises(VllmError, match=r"refused v0's adapter .*LoRA rank 32 is greater than max_lora_rank 16"):
         make_site(url, run, tmp_path, vllm_url)
     assert requests.get(f"{vllm_url}/v1/models", timeout=10).status_code == 200  # and the server lives on
@@ -268,8 +269,9 @@ def test_an_adapter_for_another_architecture_is_refused_at_start(vllm, tmp_path)
     gpt2 = get_peft_model(GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=14, n_positions=32)),
                           LoraConfig(r=8, target_modules=["c_attn"], fan_in_fan_out=True))
     url, run = f"file://{tmp_path}/log", new_run("arch")
-    producer = HiLoProducer(gpt2, producer_config(run=run, log=url, codec="dense"))
-    with pytest.raises(VllmError, match=r"refused v0's adapter .*expected target modules in .* but received \['transformer.h.0.attn.c_attn'"):
+    producer = HiLoProducer.open(gpt2, producer_config(run=run, log=url, codec="dense"))
+    refused = r"refused v0's adapter .*expected target modules in .* but received \['transformer.h.0.attn.c_attn'"
+    with pytest.raises(VllmError, match=refused):
         make_site(url, run, tmp_path, vllm_url)
     producer.close()
 
@@ -281,7 +283,7 @@ def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_pa
                    timeout=600)
     try:
         url, run = f"file://{tmp_path}/log", new_run("noupdate")
-        producer = HiLoProducer(tiny_model(), producer_config(run=run, log=url))
+        producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
         with pytest.raises(VllmError, match=r"has no runtime LoRA loading .*start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
             make_site(url, run, tmp_path, "http://127.0.0.1:8012")
         producer.close()

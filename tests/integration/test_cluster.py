@@ -54,11 +54,11 @@ def transaction_coordinator(log, transactional_id: str) -> int:
 @pytest.mark.parametrize("victim", ["updates-leader", "txn-coordinator"])
 def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, victim, logs):
     """SIGKILL the node that leads RUN.updates, or the one that coordinates the trainer's transactions (another
-    node where the placement allows), mid-run: the trainer's stall on the next version is printed (README:
+    node where the placement allows), mid-run: the trainer's stall on the next version is printed (docs/benchmarks.md:
     "Kills and broker faults"); nothing acknowledged is lost and every site ends at the trainer's digest."""
     url, env = cluster
     run, hist = new_run("leader"), tmp_path / "history"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 5)
     log = logs(url)
     part = log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
@@ -95,7 +95,7 @@ def _whole_cluster_restart(url, env, nodes, tmp_path):
     """Stop every broker mid-run (SIGTERM, as an operator's restart) while the trainer publishes, start them
     again: the blocked publish completes, nothing acknowledged is lost, a live site ends at the trainer's digest."""
     run, hist = new_run(f"restart{nodes}"), tmp_path / "history"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 4)
     live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=10,
                            export_adapters=False, history=str(hist / "live.jsonl")))
@@ -139,7 +139,7 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     (Tried before the fix: both sites exited with NotCoordinatorError / NodeNotReadyError from the commit.)"""
     url, env = cluster
     run, hist = new_run("coord"), tmp_path / "history"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 3)
     sites = {name: site_of(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
                                    export_adapters=False, history=str(hist / f"{name}.jsonl"))) for name in ("a", "b")}
@@ -183,7 +183,7 @@ def test_a_rolling_restart_of_every_node_while_publishing_loses_nothing(cluster,
     digest."""
     url, env = cluster
     run, hist = new_run("rolling"), tmp_path / "history"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, history=str(hist / "trainer.jsonl")))
     publish_random(producer, 2)
     live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), export_adapters=False,
                                 history=str(hist / "live.jsonl")))
@@ -203,7 +203,7 @@ def test_a_rolling_restart_of_every_node_while_publishing_loses_nothing(cluster,
         for node in (1, 2, 3):
             pid = int((pathlib.Path(env["HILO_KAFKA_DIR"]) / f"node-{node}" / "pid").read_text())
             os.kill(pid, signal.SIGTERM)
-            wait_until(lambda: not pathlib.Path(f"/proc/{pid}").exists(), 120, f"node {node} stops")
+            wait_until(lambda pid=pid: not pathlib.Path(f"/proc/{pid}").exists(), 120, f"node {node} stops")
             subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
     finally:
         rolled.set()

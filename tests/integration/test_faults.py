@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path):
     rng = random.Random(20)
     run = new_run("kill")
-    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=32),
+    producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32),
                             producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
     publish_random(producer, 2)
     state = str(tmp_path / "victim")
@@ -72,7 +72,7 @@ def test_trainer_sigkilled_mid_run_and_restarted_keeps_every_site_consistent(tmp
 @pytest.mark.parametrize("log_kind", ["file"])
 def test_sigterm_stops_between_versions_and_saves_the_position(tmp_path, log_kind):
     url, run = f"file://{tmp_path}/log", new_run("term")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
     publish_random(producer, 5)
     p = hilo("consume", "--log", url, "--run", run, "--site", "t", "--state-dir", str(tmp_path / "t"), "--no-progress",
               "--snapshot-every", "1000")

@@ -58,7 +58,7 @@ def _newest(url, run) -> int:
             h = head(log, updates_topic(run), run)
         except Exception:  # noqa: BLE001 - the topic is not there yet
             return -1
-    return int(h[H.VERSION]) if h else 0
+    return (h.version or 0) if h else 0
 
 
 def _lag(run, mirror) -> dict:
@@ -83,7 +83,7 @@ def _zombie_aborts(run, version):
 
 def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_records(mirror, tmp_path, logs):
     mirror, _, run = mirror
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
     publish_random(producer, 4)
     _zombie_aborts(run, 5)
     publish_random(producer, 3, seed=1)
@@ -114,7 +114,7 @@ def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_recor
 
 def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(mirror, tmp_path, logs):
     mirror, env, run = mirror
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
     publish_random(producer, 3)
     wait_until(lambda: _newest(mirror, run) == 3, MIRROR_S, "the mirror holds v3")
     site = open_site(mirror, run, tmp_path, name="b", idle_exit_s=1.0)

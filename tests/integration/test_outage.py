@@ -113,7 +113,7 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     for name in sites:
         assert f"{name}: v{STEPS} digest {digest.group(2)}" in stdout[name]
     log = open_log(url)
-    firsts = [int(r.headers["hilo-version"]) for r in records(log, updates_topic(run)) if r.headers.get("hilo-chunk", "").startswith("0/")]
+    firsts = [r.parsed.version for r in records(log, updates_topic(run)) if r.parsed.first_chunk]
     log.close()
     assert firsts == list(range(1, STEPS + 1)), firsts  # every acknowledged version once, in order
 

@@ -13,10 +13,9 @@ from kafka import TopicPartition
 from hilo.log import checkpoints_topic, open_log
 from hilo.log.tail import head
 from hilo.producer.producer import HiLoProducer
-from hilo.schemas import headers as H
 from hilo.schemas.errors import LogError
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import open_site, producer_of, with_log
+from tests.helpers import open_site, with_log
 
 pytestmark = pytest.mark.kafka
 
@@ -33,7 +32,7 @@ def expire(run, topics=("updates", "checkpoints")):
 
 def newest_checkpoint(run) -> int:
     """The version of the newest checkpoint of `run` on the log."""
-    return int(with_log(KAFKA_URL, lambda log: head(log, checkpoints_topic(run), run))[H.VERSION])
+    return with_log(KAFKA_URL, lambda log: head(log, checkpoints_topic(run), run)).version
 
 
 def site(run, tmp_path, **kw):
@@ -52,15 +51,15 @@ def _a_site_follows_from_the_fresh_checkpoint(producer, run, tmp_path):
 
 def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_the_new_one(tmp_path, caplog):
     run = new_run("expired")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL))
     publish_random(producer, 5)
     site(run, tmp_path, until_version=5).run(progress=False)
     producer.close()
     expire(run)
     with pytest.raises(LogError, match=r"held a history of the run .* whose records have all expired.*--new-history"):
-        producer_of(small_model(), producer_config(run=run, log=KAFKA_URL))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL))
     # loud, explicit; from the same initial weights (same seed): still another history (was: the same genesis digest)
-    fresh = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, new_history=True))
+    fresh = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, new_history=True))
     assert fresh.version == 0 and fresh.replica.genesis != producer.replica.genesis
     assert any(r.levelno >= logging.WARNING and r.name.startswith("hilo.producer") for r in caplog.records)  # said, loudly
     publish_random(fresh, 2)
@@ -73,36 +72,36 @@ def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_th
 def test_a_trainer_with_its_snapshot_continues_an_expired_run_and_sites_follow(tmp_path):
     run = new_run("continue")
     cfg = producer_config(run=run, log=KAFKA_URL, state_dir=str(tmp_path / "trainer"), checkpoint_every=4)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 4)
     site(run, tmp_path, until_version=2).run(progress=False)
     publish_random(producer, 1, seed=1)
     producer.close()  # a clean stop saves the trainer's snapshot at v5
     expire(run)
-    again = HiLoProducer(small_model(), cfg)
+    again = HiLoProducer.open(small_model(), cfg)
     assert again.version == 5
     _a_site_follows_from_the_fresh_checkpoint(again, run, tmp_path)  # its snapshot (v2) fell out of retention
 
 
 def test_updates_after_the_newest_checkpoint_expired(tmp_path):
     run = new_run("gap")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
     publish_random(producer, 5)
     producer.close()
     expire(run, topics=("updates",))
     with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets \d+..\d+\) have expired; the versions after v3 "
                                        r"cannot be rebuilt without a trainer snapshot"):
-        producer_of(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
 
 
 def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_updates_expired(tmp_path):
     run = new_run("headsnap")
     cfg = producer_config(run=run, log=KAFKA_URL, checkpoint_every=4, state_dir=str(tmp_path / "trainer"))
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 5)
     producer.close()  # snapshot at v5
     expire(run, topics=("updates",))
-    again = HiLoProducer(small_model(), cfg)
+    again = HiLoProducer.open(small_model(), cfg)
     assert again.version == 5 and newest_checkpoint(run) == 5  # a fresh one: the log held v0 and v4
     _a_site_follows_from_the_fresh_checkpoint(again, run, tmp_path)  # a new site: not from the orphaned v4
 
@@ -110,11 +109,11 @@ def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_update
 def test_the_checkpoints_topic_keeps_the_newest_k(tmp_path, logs):
     """Bounded storage: checkpoint K+1 deletes the oldest (was: every checkpoint kept forever)."""
     run = new_run("keep")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
     publish_random(producer, 8)  # checkpoints v0, v2, v4, v6, v8
     log = logs(KAFKA_URL)
     topic = f"{run}.checkpoints"
-    versions = sorted({int(r.headers["hilo-version"]) for r in log.read(topic, log.begin_offset(topic), timeout_s=5)})
+    versions = sorted({r.parsed.version for r in log.read(topic, log.begin_offset(topic), timeout_s=5)})
     assert versions == [6, 8]
     s = site(run, tmp_path, until_version=8)  # a new site bootstraps from the newest, as before
     assert s.follower.replica.version == 8
@@ -132,7 +131,7 @@ def test_a_running_trainer_checkpoints_before_the_updates_a_new_site_needs_expir
     log.create_topics(run, retention_ms=retention_ms)
     log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, f"{run}.{t}", configs={"segment.ms": "200"})
                              for t in ("updates", "checkpoints")])
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
     updates, deadline = f"{run}.updates", time.monotonic() + 120
     while log.begin_offset(updates) == 0 or producer.version < 30:  # train until retention really deleted updates
         assert time.monotonic() < deadline, "retention never deleted a record"
@@ -154,7 +153,7 @@ def test_a_site_frozen_past_retention_bootstraps_again_by_itself(tmp_path, metri
     import signal
     from tests.helpers import hilo, wait_for_line
     run = new_run("frozen")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=4))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=4))
     publish_random(producer, 3)
     extra = ["--metrics-port", "0", "--metrics-host", "127.0.0.1"] if metrics else []
     p = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--no-export",

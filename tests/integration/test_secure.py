@@ -23,7 +23,7 @@ from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.schemas.errors import LogError
 from hilo.schemas.signing import generate
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import producer_of, site_of, with_log
+from tests.helpers import site_of, with_log
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("secure")]  # one worker: ports 29192-29297
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_l
     url, sec = secure
     run = secured_run(url, sec, "sec")
     keys = generate(tmp_path / "keys")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"],
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"],
                                                            signing_key=str(keys[0]), checkpoint_every=3))
     publish_random(producer, 5)
     site = site_of(SiteConfig(log=url, run=run, site="eu-1", state_dir=str(tmp_path / "eu-1"), until_version=5,
@@ -92,7 +92,7 @@ def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_l
 def test_the_site_principal_cannot_write_an_update(secure, tmp_path, logs):
     url, sec = secure
     run = secured_run(url, sec, "sec")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
     publish_random(producer, 2)
     as_site = logs(url, kafka_config=clients(sec)["site"])
     with pytest.raises(LogError) as e:  # a forged record sent with the site's credentials: the broker refuses it
@@ -103,9 +103,10 @@ def test_the_site_principal_cannot_write_an_update(secure, tmp_path, logs):
     RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=1), prompt_partitions=2)  # the trainer makes the return path's topics
     with pytest.raises(LogError, match="not authorised on the topic"):  # a site issues no prompts ...
         logs(url, kafka_config=clients(sec)["site"]).append(prompts_topic(run), [(b"k", b"forged", {"hilo-run": run})])
-    assert logs(url, kafka_config=clients(sec)["site"]).append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]  # ... and writes rollouts
+    as_site = logs(url, kafka_config=clients(sec)["site"])
+    assert as_site.append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]  # ... and writes rollouts
     with pytest.raises(LogError, match="may not describe"):  # nor can it start a trainer of the run
-        producer_of(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
     site = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
                            kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 2 and site.follower.replica.digest == producer.replica.digest
@@ -125,7 +126,7 @@ def test_a_refused_client_gets_one_line_naming_the_cause(secure, tmp_path, case,
     url, sec = secure
     run = secured_run(url, sec, "sec")
     other = secured_run(url, sec, "other", users=[("trainer", "trainer")])  # no site ACLs on this one
-    HiLoProducer(small_model(), producer_config(run=other, log=url, kafka_config=clients(sec)["trainer"])).close()
+    HiLoProducer.open(small_model(), producer_config(run=other, log=url, kafka_config=clients(sec)["trainer"])).close()
     site_conf = pathlib.Path(clients(sec)["site"]).read_text()
     conf = tmp_path / "client.properties"
     if case == "wrong CA":
@@ -148,7 +149,7 @@ def test_three_secured_nodes_carry_a_run(tmp_path_factory, tmp_path):
     url, sec, env = _start(tmp_path_factory, 29292, 3)
     try:
         run = secured_run(url, sec, "sec3")
-        producer = HiLoProducer(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
+        producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
         part = producer.log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
         assert sorted(part["replica_nodes"]) == [1, 2, 3]  # replicated across the three SASL_SSL brokers
         done = threading.Event()

@@ -18,7 +18,7 @@ MiB = 1 << 20
 def _refusal(tmp_path, records):
     """Append `records` after one good version and let a fresh site process follow: (error, MiB its peak RSS grew)."""
     url = f"file://{tmp_path}/log"
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url))
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url))
     publish_random(producer, 1)
     open_log(url).append(updates_topic("r"), records)
     out = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "log"), "r"], capture_output=True, text=True, timeout=300)
@@ -86,5 +86,6 @@ def test_a_small_checkpoint_record_inflating_to_1_5_gib_is_refused_unread(tmp_pa
             "print(json.dumps({'error': err, 'grew_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base}))")
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=300)
     r = json.loads(out.stdout)
-    assert r["error"] and re.search(r"r.checkpoints offset 0 \(checkpoint v7\): declared decompressed size 16106127\d\d > limit \d+", r["error"])
+    said = r"r.checkpoints offset 0 \(checkpoint v7\): declared decompressed size 16106127\d\d > limit \d+"
+    assert r["error"] and re.search(said, r["error"])
     assert r["grew_mib"] < 48, f"peak RSS grew {r['grew_mib']:.0f} MiB"

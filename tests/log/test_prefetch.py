@@ -60,7 +60,7 @@ def test_sites_with_and_without_prefetch_apply_the_same_versions(log_url, tmp_pa
     run = new_run("prefetch-site")
     producer_model = small_model()
     from hilo.producer.producer import HiLoProducer
-    producer = HiLoProducer(producer_model, producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(producer_model, producer_config(run=run, log=log_url))
     publish_random(producer, 3)
     ahead = open_site(log_url, run, tmp_path, "ahead", until_version=8, export_adapters=False)
     plain = open_site(log_url, run, tmp_path, "plain", until_version=8, export_adapters=False, prefetch=False)
@@ -76,7 +76,7 @@ def test_sites_with_and_without_prefetch_apply_the_same_versions(log_url, tmp_pa
 def test_a_site_that_is_only_polled_stops_its_read_ahead_on_close(tmp_path):
     url, run = f"file://{tmp_path}/log", new_run("prefetch-close")
     from hilo.producer.producer import HiLoProducer
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
     publish_random(producer, 3)
     site = open_site(url, run, tmp_path, "polled", export_adapters=False)
     for event in site.follower.updates(timeout_s=1.0):  # polled as `hilo bench serve` and a metrics test do, never run()

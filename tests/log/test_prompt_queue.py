@@ -15,7 +15,8 @@ def _setup(url, run, n, partitions=3):
     log.create_topics(run)
     log.create_rollout_topics(run, partitions)
     for i in range(n):
-        log.append(prompts_topic(run), [(f"p{i}".encode(), f"prompt {i}".encode(), {H.RUN: run, H.PROMPT: f"p{i}"})], i % log.partitions(prompts_topic(run)))
+        record = (f"p{i}".encode(), f"prompt {i}".encode(), {H.RUN: run, H.PROMPT: f"p{i}"})
+        log.append(prompts_topic(run), [record], i % log.partitions(prompts_topic(run)))
     return log
 
 

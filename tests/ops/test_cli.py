@@ -172,7 +172,8 @@ def test_security_options_on_the_file_log_are_one_line_errors(tmp_path, args, er
     assert rc == 1 and error.format(conf=conf) in one_line(err), err
 
 
-@pytest.mark.parametrize("args", [["--help"], ["lag", "--help"], ["topics", "list", "--log", "LOG"], ["lag", "--log", "LOG", "--run", "r1"]])
+@pytest.mark.parametrize("args", [["--help"], ["lag", "--help"], ["topics", "list", "--log", "LOG"],
+                                  ["lag", "--log", "LOG", "--run", "r1"]])
 def test_operator_commands_do_not_import_torch(tmp_path, args):
     """`hilo --help`, `hilo lag` and friends read the command table and import only their own module."""
     url = f"file://{tmp_path}/log"
@@ -186,24 +187,102 @@ def test_operator_commands_do_not_import_torch(tmp_path, args):
 
 
 def test_consume_options_and_defaults_come_from_site_config():
-    """Each SiteConfig field the CLI exposes has the dataclass's default and the docstring's help: written once."""
+    """Each SiteConfig field the CLI exposes has the dataclass's default and the field's metadata help: written once."""
     import dataclasses
     from hilo.consumer.config import SiteConfig
     from hilo.ops.commands import consume
-    from hilo.ops.commands.args import field_docs
+    from hilo.schemas.options import help_of
     p = parser(["consume"])
     sub = next(a for a in p._actions if a.dest == "command").choices["consume"]
     actions = {a.dest: a for a in sub._actions}
-    docs = field_docs(SiteConfig)
     for name in consume.FIELDS:
         f = SiteConfig.__dataclass_fields__[name]
         assert name in actions, name
         if f.type is not bool and "bool" not in str(f.type):
             assert actions[name].default == f.default, name
-        assert docs[name].split(".")[0][:30] in actions[name].help, name
+        assert help_of(f) and help_of(f).replace("%", "%%") in actions[name].help, name
     a = p.parse_args(["consume", "--log", "file:///x", "--run", "r", "--site", "s", "--state-dir", "/tmp/s", "--no-export",
                       "--idle-exit", "2.5"])
     from hilo.ops.commands.args import config_from_args
     cfg = config_from_args(SiteConfig, a)
     assert (cfg.export_adapters, cfg.idle_exit_s, cfg.snapshot_every) == (False, 2.5, SiteConfig.snapshot_every)
     assert dataclasses.replace(cfg) == cfg
+
+
+@pytest.mark.parametrize("command,cls,fields", [
+    ("produce", "hilo.producer.config:ProducerConfig", ("budget", "codec", "mode", "on_bad_record", "publish_deadline_s")),
+    ("consume", "hilo.consumer.config:SiteConfig", ("site", "state_dir", "vllm", "on_bad_record", "prefetch")),
+    ("consume", "hilo.consumer.generator:GenerateConfig", ("reward", "batch_prompts", "lease_s", "signing_key")),
+    ("produce", "hilo.ops.metrics_server:MetricsConfig", ("metrics_port", "metrics_host", "ready_max_lag")),
+    ("rl", "hilo.ops.rl:RLConfig", ("vllm", "log", "run", "staleness", "budget", "trainer_threads")),
+    ("bench probe", "hilo.ops.bench.probe:ProbeConfig", ("task", "sync", "budget", "steps")),
+    ("bench fanout", "hilo.ops.bench.fanout:FanoutConfig", ("log", "mirror", "versions", "interval_s", "ready_s")),
+    ("bench rl", "hilo.ops.bench.rl:BenchConfig", ("vllm", "base", "seeds", "lr")),
+])
+def test_help_shows_the_help_each_field_declares(command, cls, fields):
+    """--help prints each field's metadata help (not a docstring's) and the field's own default."""
+    import dataclasses
+    import importlib
+    from hilo.ops.commands.args import shown
+    from hilo.schemas.options import help_of
+    module, name = cls.split(":")
+    config = getattr(importlib.import_module(module), name)
+    assert all(help_of(f) for f in dataclasses.fields(config))  # every field declares its help
+    assert "Default:" not in config.__doc__  # a summary, not a per-field list
+    assert not any(f"\n    {f.name}:" in config.__doc__ for f in dataclasses.fields(config))
+    out = " ".join(_help(*command.split()).split())
+    for field in fields:
+        f = config.__dataclass_fields__[field]
+        assert " ".join(help_of(f).split())[:120] in out, field
+        if f.default not in (None, dataclasses.MISSING) and f.type not in (bool, "bool"):
+            assert f"(default: {shown(f.default)})" in out, field
+
+
+def test_a_config_field_without_help_metadata_is_an_error_when_its_options_are_built():
+    """No docstring fallback: a field without `opt(default, help)` (or with an empty help) fails config_options, naming
+    the class and each such field, even one the command does not turn into an option yet."""
+    import argparse
+    import dataclasses
+    from hilo.ops.commands.args import config_options
+    from hilo.schemas.options import opt
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        """Knobs.
+
+        depth: how deep (a per-field docstring list is not read). Default: 2
+        """
+        size: int = opt(3, "how big")
+        depth: int = 2
+        width: int = opt(4)
+
+    with pytest.raises(TypeError, match=r"^Knobs\.depth, Knobs\.width: no help text; declare each field as `name: T = opt"):
+        config_options(argparse.ArgumentParser(), Knobs, ("size",))
+
+    @dataclasses.dataclass(frozen=True)
+    class Declared:
+        """Every field declares its help."""
+        size: int = opt(3, "how big")
+
+    p = argparse.ArgumentParser()
+    config_options(p, Declared, ("size",))
+    assert "how big (default: 3)" in " ".join(p.format_help().split())
+
+
+def test_the_cli_reference_lists_every_command_option_default_and_field():
+    """docs/cli.md (ops/cli_reference.py) is read from the parsers: every command and option, with the config field's
+    default and help (tests/ops/test_docs_pages.py keeps the file equal to it)."""
+    from hilo.ops.cli_reference import markdown
+    from hilo.producer.config import ProducerConfig
+    from hilo.schemas.options import help_of
+    md = markdown()
+    top = parser()
+    sub = next(a for a in top._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        assert f"## hilo {name}\n" in md, name
+        for a in p._actions:
+            assert all(f"`{o}`" in md for o in a.option_strings if o not in ("-h", "--help")), (name, a.option_strings)
+    budget = next(line for line in md.splitlines() if line.startswith("| `--budget` |") and "ProducerConfig" in line)
+    cells = [c.strip() for c in budget.strip("|").split(" | ")]
+    assert cells[1:4] == ["budget", ProducerConfig.budget.describe(), "`ProducerConfig.budget`"]
+    assert cells[4] == help_of(ProducerConfig.__dataclass_fields__["budget"])  # without the "(default: ...)" --help adds

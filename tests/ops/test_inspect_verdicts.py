@@ -137,8 +137,9 @@ BAD = {
 def _site_verdicts(url, run, trust, appended):
     """The follower's verdict on each appended record, as a site reaches it: {offset: Skipped}."""
     log = open_log(url)
-    replica, pos = bootstrap_from_log(log, run, verifier=Verifier.load(trust) if trust else None)
-    follower = Follower(log, run, replica, pos)
+    verifier = Verifier.load(trust) if trust else None
+    replica, pos = bootstrap_from_log(log, run, verifier=verifier)
+    follower = Follower(log, run, replica, pos, trust=verifier)
     seen = {e.offset: e for e in follower.catch_up() if isinstance(e, Skipped)}
     assert set(seen) == set(appended.values()), f"the site skipped {sorted(seen)}, bad records are at {appended}"
     return seen
@@ -155,7 +156,7 @@ def bad_log(request, tmp_path_factory):
     for signed in (False, True):
         run = new_run("insp")
         cfg = producer_config(run=run, log=url, codec="dense", **({"signing_key": str(private)} if signed else {}))
-        producer = HiLoProducer(small_model(), cfg)
+        producer = HiLoProducer.open(small_model(), cfg)
         publish_random(producer, 2)
         log = open_log(url)
         ctx = Ctx(log, run, producer, Signer.load(private) if signed else None, other)
@@ -184,7 +185,7 @@ def test_the_table_covers_every_reason_a_site_skips_for():
 def test_a_genuine_version_and_a_key_rotation_are_valid(tmp_path, capsys):
     url, run = f"file://{tmp_path}/log", "r"
     private, public = generate(tmp_path / "keys")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, codec="spar", signing_key=str(private)))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, codec="spar", signing_key=str(private)))
     publish_random(producer, 2)
     update = last_message(open_log(url), updates_topic(run), run).first_offset
     producer.rotate_key(str(generate(tmp_path / "next")[0]))

@@ -71,14 +71,14 @@ def stop(p) -> int:
 
 def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path, logs):
     run = new_run("metrics")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 4)
     p, url = start_site(log_url, run, tmp_path)
     try:
         wait_until(lambda: value(scrape(url), "hilo_site_applied_version") == 4, 60, "the site applies v4")
         publish_random(producer, 3, seed=1)
         wait_until(lambda: value(scrape(url), "hilo_site_applied_version") == 7, 60, "the site applies v7")
-        truth = int(head(logs(log_url), updates_topic(run), run)[H.VERSION])
+        truth = head(logs(log_url), updates_topic(run), run).version
         wait_until(lambda: value(scrape(url), "hilo_site_head_version") == truth, 30, "the head gauge reaches the log's head")
         m = scrape(url)
         assert value(m, "hilo_site_lag_versions") == truth - 7 == 0 and value(m, "hilo_site_lag_bytes") == 0
@@ -97,7 +97,8 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path, logs):
         assert get(url + "/readyz") == (200, "v7, 0 behind the head\n") and get(url + "/healthz")[0] == 200
         # every metric the dashboard queries is one a site or the trainer exports
         exported = families(url) | _trainer_families(tmp_path)
-        queried = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in re.findall(r"hilo_[a-z_]+", (ROOT / "ops/grafana/hilo.json").read_text())}
+        dashboard = (ROOT / "ops/grafana/hilo.json").read_text()
+        queried = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in re.findall(r"hilo_[a-z_]+", dashboard)}
         assert queried and queried <= exported, queried - exported
     finally:
         assert stop(p) == 0
@@ -118,7 +119,7 @@ def endpoint(registry, ready=None, **cfg):
 
 def _trainer_families(tmp_path) -> set:
     """The families a trainer's endpoint shows."""
-    producer = HiLoProducer(small_model(), producer_config(run=new_run("fam"), log=f"file://{tmp_path}/fam"))
+    producer = HiLoProducer.open(small_model(), producer_config(run=new_run("fam"), log=f"file://{tmp_path}/fam"))
     with endpoint(producer.metrics.registry) as url:
         publish_random(producer, 1)
         names = families(url)
@@ -128,7 +129,7 @@ def _trainer_families(tmp_path) -> set:
 
 def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
     run = new_run("lagging")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 2)
     site = open_site(log_url, run, tmp_path, export_adapters=False)  # bootstrapped at v2 (genesis checkpoint + replay to come)
     publish_random(producer, 3, seed=1)
@@ -138,7 +139,7 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
         m = scrape(url)
         applied = site.follower.replica.version
         assert value(m, "hilo_site_head_version") == 5 and value(m, "hilo_site_lag_versions") == 5 - applied > 2
-        assert value(m, "hilo_site_lag_bytes") == producer.log_bytes - site.follower.log_bytes > 0
+        assert value(m, "hilo_site_lag_bytes") == producer.ledger.log_bytes - site.follower.log_bytes > 0
         status, body = get(url + "/readyz")
         assert status == 503 and "behind the head v5 (bound 2)" in body
     site.close()
@@ -147,13 +148,13 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
 
 def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_url, tmp_path, logs):
     run = new_run("refused")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 2)
     skipping, url = start_site(log_url, run, tmp_path, "skipping")
     stopping, url2 = start_site(log_url, run, tmp_path, "stopping", "--on-bad-record", "stop")
     try:
         for u in (url, url2):
-            wait_until(lambda: value(scrape(u), "hilo_site_applied_version") == 2, 60, "both sites apply v2")
+            wait_until(lambda u=u: value(scrape(u), "hilo_site_applied_version") == 2, 60, "both sites apply v2")
         logs(log_url).append(updates_topic(run), split(os.urandom(300), run, "update", 3))  # hilo headers, no message
         wait_until(lambda: value(scrape(url), "hilo_site_records_refused_total", reason="malformed") == 1, 60,
                    "the skipping site counts the record")
@@ -173,7 +174,7 @@ def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_u
 
 def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
     url_log, run = f"file://{tmp_path}/log", new_run("trainer")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url_log))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url_log))
     with endpoint(producer.metrics.registry) as url:
         publish_random(producer, 3)
         m = scrape(url)
@@ -181,11 +182,11 @@ def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
         for stage in ("encode", "sign", "transaction"):
             assert value(m, "hilo_trainer_stage_seconds_count", stage=stage) == 3, stage
         assert value(m, "hilo_trainer_message_bytes_count") == 3
-        assert value(m, "hilo_trainer_message_bytes_sum") == producer.log_bytes
+        assert value(m, "hilo_trainer_message_bytes_sum") == producer.ledger.log_bytes
         assert value(m, "hilo_trainer_adapter_fraction") == pytest.approx(producer.last_step["bytes"] / producer.manifest.adapter_bytes())
         assert 0 < value(m, "hilo_trainer_residual_ratio") < 1
         assert value(m, "hilo_trainer_fenced") == 0
-        newer = HiLoProducer(small_model(), producer_config(run=run, log=url_log))  # fences the first
+        newer = HiLoProducer.open(small_model(), producer_config(run=run, log=url_log))  # fences the first
         with pytest.raises(FencedError):
             publish_random(producer, 1, seed=1)
         assert value(scrape(url), "hilo_trainer_fenced") == 1
@@ -194,7 +195,7 @@ def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
 
 def test_a_port_in_use_fails_at_start_before_anything_is_applied(tmp_path):
     run = new_run("port")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log"))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log"))
     publish_random(producer, 1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -211,13 +212,13 @@ def test_a_port_in_use_fails_at_start_before_anything_is_applied(tmp_path):
     producer.close()
 
 
-def test_metric_names_follow_the_conventions_and_the_readme_lists_them():
+def test_metric_names_follow_the_conventions_and_the_operations_page_lists_them():
     names = [spec.name for spec in TABLE]
     assert len(names) == len(set(names))
     for spec in TABLE:
         assert re.fullmatch(r"hilo_(site|trainer)_[a-z_]+", spec.name) and not spec.name.endswith("_total"), spec.name
         assert spec.kind != "counter" or not spec.key.endswith(("_seconds", "_bytes")), spec.name
-    assert markdown_table() in (ROOT / "README.md").read_text(), "README's metrics table: paste schemas.metrics.markdown_table()"
+    assert markdown_table() in (ROOT / "docs" / "operations.md").read_text(), "docs/operations.md's metrics table: run `hilo docs`"
     with pytest.raises(ConfigError, match="no metric 'nope'"):
         Metrics("site", run="r", site="s").set("nope", 1)
 
@@ -247,7 +248,8 @@ def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_
     when the head was read, so a catching-up site exported a stale lag, and a stopped one kept it.)"""
     import threading
     url, run = f"file://{tmp_path}/log", new_run("lagview")
-    producer = HiLoProducer(small_model(hidden=256, layers=4, rank=16), producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
+    model = small_model(hidden=256, layers=4, rank=16)
+    producer = HiLoProducer.open(model, producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
     publish_random(producer, 100)
     hold = {"export_adapters": True, "on_version": "sleep 0.2"} if held else {"export_adapters": False}
     site = open_site(url, run, tmp_path, on_bad_record="stop", **hold)  # bootstrapped at v0

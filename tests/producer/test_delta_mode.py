@@ -17,7 +17,7 @@ from tests.helpers import site_of
 
 
 def delta_producer(log_url, run, **kw):
-    return HiLoProducer(small_model(), producer_config(run=run, log=log_url, mode="delta", codec="spar4", optimizer="muon",
+    return HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, mode="delta", codec="spar4", optimizer="muon",
                                                        hparams={"lr": 0.02}, **kw))
 
 
@@ -99,7 +99,7 @@ def test_a_run_keeps_its_mode(tmp_path):
     log_url, run = f"file://{tmp_path}/log", new_run()
     delta_producer(log_url, run).close()
     with pytest.raises(ConfigError, match="mode delta .* this config says mode gradient"):
-        HiLoProducer(small_model(), producer_config(run=run, log=log_url, optimizer="muon"))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, optimizer="muon"))
     with pytest.raises(ConfigError, match="ProducerConfig.mode"):
         producer_config(run=run, mode="deltas")
     with pytest.raises(ConfigError, match="ProducerConfig.flush_lag"):
@@ -107,7 +107,7 @@ def test_a_run_keeps_its_mode(tmp_path):
 
 
 def test_gradient_mode_has_nothing_to_flush(tmp_path, caplog):
-    producer = HiLoProducer(small_model(), producer_config(run=new_run(), log=f"file://{tmp_path}/log"))
+    producer = HiLoProducer.open(small_model(), producer_config(run=new_run(), log=f"file://{tmp_path}/log"))
     publish_random(producer, 2)
     with caplog.at_level(logging.INFO):
         assert producer.flush() == 0 and producer.lag() == 0.0

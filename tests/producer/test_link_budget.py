@@ -7,7 +7,8 @@ import pytest
 from hilo.log import open_log, site_group, updates_topic
 from hilo.log.site_reports import LINK_BPS, site_reports
 from hilo.log.tail import last_message
-from hilo.producer.link_budget import AutoBudget, LinkBudget, cpu_slope
+from hilo.producer.link_budget import LinkBudget, cpu_slope
+from hilo.replica.codecs import AutoBudget
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.records import decode_record
@@ -91,7 +92,8 @@ def test_a_versions_budget_can_be_recomputed_from_its_meta_when_steps_take_milli
 
 def test_a_producer_tells_the_rule_what_each_version_cost_its_cpu(tmp_path):
     run = new_run("cpu-producer")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log", budget=AutoBudget(start=0.5, floor=0.1, ceiling=1.0)))
+    budget = AutoBudget(start=0.5, floor=0.1, ceiling=1.0)
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=f"file://{tmp_path}/log", budget=budget))
     publish_random(producer, 3)
     assert [f for f, _ in producer.link_budget.cpu] == [0.5] * 3  # no site reports on the file log: the start budget
     assert producer.link_budget.cpu[-1][1] == producer.last_step["encode_s"] + producer.last_step["apply_s"] > 0
@@ -112,26 +114,26 @@ def test_without_any_report_the_budget_is_the_start_and_bad_settings_name_the_fi
 @pytest.mark.kafka
 def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budget_was_chosen(tmp_path, logs):
     run = new_run("auto")
-    producer = HiLoProducer(small_model(), producer_config(
+    producer = HiLoProducer.open(small_model(), producer_config(
         run=run, log=KAFKA_URL, budget=AutoBudget(start=0.25, share=0.5, floor=0.1, ceiling=2.0, refresh_s=0)))
     publish_random(producer, 3)
     log = logs(KAFKA_URL)
 
     def reports():
-        return {m.get("site"): m for _, _, m in site_reports(log, run)}
+        return {r.site: r for _, _, r in site_reports(log, run)}
 
     procs = {}
     with reaped(procs):
         for s in ("a", "b"):  # they catch up on v1..v3 first: nothing they read then was at the head
             procs[s] = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", s, "--state-dir", str(tmp_path / s),
                             "--no-export", "--no-progress", "--snapshot-every", "100")
-        wait_until(lambda: all(r.get("version") == 3 for r in reports().values()) and len(reports()) == 2, 120,
+        wait_until(lambda: all(r.version == 3 for r in reports().values()) and len(reports()) == 2, 120,
                    "both sites at v3")
-        assert not any(LINK_BPS in r for r in reports().values())  # catching up measures no link
+        assert not any(r.link_bps for r in reports().values())  # catching up measures no link
         for v in range(4, 8):  # one version at a time, each read by sites waiting at the head
             publish_random(producer, 1, seed=v)
-            wait_until(lambda: all(r.get("version") == v for r in reports().values()), 60, f"both sites at v{v}")
-        links = {s: r[LINK_BPS] for s, r in reports().items()}
+            wait_until(lambda v=v: all(r.version == v for r in reports().values()), 60, f"both sites at v{v}")
+        links = {s: r.link_bps for s, r in reports().items()}
         assert set(links) == {"a", "b"} and all(bps > 0 for bps in links.values()), links
         publish_random(producer, 1, seed=8)
         data = last_message(log, updates_topic(run), run).data
@@ -141,6 +143,6 @@ def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budge
         if meta["budget_rule"] == "link":  # the CPU term once it is fitted
             cost_s = adapter / meta["budget_link_bps"] + meta.get("budget_cpu_s_per_fraction", 0.0)
             assert meta["budget_fraction"] == pytest.approx(meta["budget_share"] * meta["budget_step_s"] / cost_s, rel=1e-2)
-        wait_until(lambda: all(r.get("digest") == producer.replica.digest.hex() for r in reports().values()), 60,
+        wait_until(lambda: all(r.digest == producer.replica.digest.hex() for r in reports().values()), 60,
                    "both sites at the trainer's digest")
     producer.close()

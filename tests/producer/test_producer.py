@@ -10,7 +10,7 @@ from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import site_of
+from tests.helpers import site_of, with_log
 
 
 class FlakyLog:
@@ -67,7 +67,7 @@ def _step(producer, gen):
 
 def _reference(tmp_path, gens):
     """A producer that saw no fault, fed `gens` in order: the digest the faulty run must reach."""
-    ref = HiLoProducer(small_model(), producer_config(run="ref", log=f"file://{tmp_path}/ref"))
+    ref = HiLoProducer.open(small_model(), producer_config(run="ref", log=f"file://{tmp_path}/ref"))
     for g in gens:
         _step(ref, g)
     return ref.replica.digest
@@ -83,7 +83,7 @@ def _at_v2(tmp_path):
     """(url, flaky log, producer) after two clean versions."""
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
     for v in (1, 2):
         _step(producer, _grads(v))
     return url, log, producer
@@ -124,7 +124,7 @@ def test_publish_stored_but_unacknowledged_is_adopted_from_the_log_with_its_erro
 def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
     publish_random(producer, 2)
     digest, residual = producer.replica.digest, [e.clone() for e in producer.builder.encoder.residual]
     log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated: broker refused"))
@@ -138,7 +138,7 @@ def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
 
 
 def test_propose_mutates_nothing(tmp_path):
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=f"file://{tmp_path}/log", codec="powersgd"))
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=f"file://{tmp_path}/log", codec="powersgd"))
     publish_random(producer, 1)
     b = producer.builder
     before = (b.replica.digest, [e.clone() for e in b.encoder.residual], [q.clone() for q in b.encoder.q], b.encoder.cursor)
@@ -165,7 +165,7 @@ def test_config_errors_name_the_field(field, value, match):
 def test_a_budget_with_no_room_for_payload_is_refused(tmp_path):
     from hilo.replica.codecs import Budget
     with pytest.raises(HiloError, match=r"ProducerConfig.budget: 524 bytes per message for this 32768-byte adapter leave -502 bytes"):
-        HiLoProducer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log", budget=Budget(0.016)))
+        HiLoProducer.open(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log", budget=Budget(0.016)))
 
 
 def _run(tmp_path, name, plan, codec, state=True):
@@ -173,7 +173,7 @@ def _run(tmp_path, name, plan, codec, state=True):
     cfg = producer_config(run=name, log=f"file://{tmp_path}/{name}", codec=codec, checkpoint_every=100,
                           state_dir=str(tmp_path / f"{name}-trainer") if state else None)
     for steps in plan:
-        producer = HiLoProducer(small_model(), cfg)
+        producer = HiLoProducer.open(small_model(), cfg)
         for _ in range(steps):
             _step(producer, _grads(producer.version + 1))
         producer.close()
@@ -194,23 +194,25 @@ FENCED = {"file": r"run {run}: this trainer \(token 1\) was fenced by a newer tr
                    r"\(another trainer of this run\) took over; it publishes nothing more"}
 
 
-def test_a_second_trainer_fences_the_first(log_url, tmp_path, logs):
+def test_a_second_trainer_fences_the_first(log_url, tmp_path):
     """The zombie: trainer A paused, B started on the same run, A resumes. A is refused in one line, publishes
     nothing more; sites never stop and end at B's digest. (The file log: a fencing token; Kafka: B's
     transactional producer bumps the epoch of transactional id hilo.RUN.)"""
     from hilo.schemas.errors import FencedError
     run = new_run("fence")
-    a = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    a = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(a, 3)
-    b = HiLoProducer(small_model(), producer_config(run=run, log=log_url))  # takes over at v3
+    b = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))  # takes over at v3
     publish_random(b, 2, seed=1)
     for _ in range(2):  # refused, and stays refused
         with pytest.raises(FencedError, match=FENCED[log_url.split(":")[0]].format(run=run)):
             publish_random(a, 1, seed=2)
     assert a.version == 3 and _site_digest(log_url, run, tmp_path, 5) == b.replica.digest
     # Read after the site got v5 (so every commit marker is written): B's five versions, nothing from A.
-    records = logs(log_url).read(f"{run}.updates", 0, timeout_s=5.0)
-    assert [r.headers["hilo-version"] for r in records] == ["1", "2", "3", "4", "5"]
+    records = with_log(log_url, lambda log: log.read(f"{run}.updates", 0, timeout_s=5.0))
+    assert [r.parsed.version for r in records] == [1, 2, 3, 4, 5]
+    a.close()
+    b.close()
 
 
 @pytest.mark.parametrize("other", ["model", "optimizer"])
@@ -220,11 +222,11 @@ def test_a_trainer_that_would_be_refused_fences_nobody(log_url, tmp_path, other)
     running trainer, and only then be refused: the run was left with no trainer.)"""
     from hilo.schemas.errors import HiloError
     run = new_run("refused")
-    a = HiLoProducer(small_model(), producer_config(run=run, log=log_url))
+    a = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(a, 2)
     model, kw = (small_model(hidden=32), {}) if other == "model" else (small_model(), {"optimizer": "sgd"})
     with pytest.raises(HiloError, match=f"run {run}") as refused:
-        HiLoProducer(model, producer_config(run=run, log=log_url, **kw))
+        HiLoProducer.open(model, producer_config(run=run, log=log_url, **kw))
     assert "\n" not in str(refused.value)
     publish_random(a, 2, seed=1)  # not fenced
     assert a.version == 4 and not a.fenced and _site_digest(log_url, run, tmp_path, 4) == a.replica.digest
@@ -239,7 +241,7 @@ def test_a_step_waits_out_an_outage_shorter_than_its_deadline(tmp_path):
     from tests.helpers import wait_until
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, publish_deadline_s=120), log_backend=log)
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=120), log_backend=log)
     _step(producer, _grads(1))
     log.down = True
 

@@ -53,7 +53,8 @@ def test_bad_rollouts_are_refused_by_reason_and_never_trained_on(tmp_path, caplo
     if signed:
         put(_rollout(run, "p-3", 0), key=None)                     # unsigned
         put(_rollout(run, "p-3", 1), key=forger)                   # signed by a key no trusted site holds
-        expect = {k: v for k, v in expect.items() if k != "malformed"} | {"unsigned": 2, "forged": 1}  # the junk carries no signature either
+        # the junk carries no signature either
+        expect = {k: v for k, v in expect.items() if k != "malformed"} | {"unsigned": 2, "forged": 1}
     with caplog.at_level(logging.WARNING, logger="hilo.producer.rollout_exchange"):
         groups = []
         for _ in range(3):  # everything is on the log already; a few reads take it all

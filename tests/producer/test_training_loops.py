@@ -2,7 +2,7 @@
 
 Each test trains the tiny model on the real library, with a separate `hilo consume` process following the
 run; it must end at the trainer's digest, and the trainer model's LoRA weights must equal its replica's.
-README's "Use it from your trainer" snippets are copied from the blocks marked `# README`.
+The snippets of README.md and docs/operations.md are copied from the blocks marked `# README`.
 """
 import logging
 import re
@@ -61,7 +61,7 @@ def test_plain_pytorch_loop_with_clipping_and_a_scheduler(tmp_path):
     # README: plain loop
     opt = HiLoOptimizer(model, ProducerConfig(run=run, log=url, codec="dense"), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
-    for step in range(steps):
+    for _ in range(steps):
         ids, labels = batch(gen, 8)
         model(input_ids=ids, labels=labels).loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)))

@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from hilo.log import updates_topic
+from hilo.log import open_log, updates_topic
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.follower import Follower, bootstrap_from_log
 from hilo.schemas.chunks import split
@@ -56,7 +56,7 @@ def _finite(replica) -> bool:
 def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kind, logs):
     run = new_run("bad")
     cfg = producer_config(run=run, log=log_url)
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 3)
     live = open_site(log_url, run, tmp_path, "live", export_adapters=False, until_version=3, history=str(tmp_path / "live.jsonl"))
     live.run(progress=False)
@@ -75,7 +75,7 @@ def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kin
     assert [(e["skip"], e["reason"]) for e in skips] == [(at, reason)]
     # a trainer restarted after the record resumes past it
     producer.close()
-    restarted = HiLoProducer(small_model(), cfg)
+    restarted = HiLoProducer.open(small_model(), cfg)
     assert restarted.replica.digest == live.follower.replica.digest
     publish_random(restarted, 1, seed=2)
     live = open_site(log_url, run, tmp_path, "live", until_version=6)
@@ -91,14 +91,15 @@ def visible(log, producer):
     """Wait until a reader's log end covers what the trainer published: Kafka acknowledges a commit before the
     transaction markers that make it readable (read_committed) are written."""
     topic = updates_topic(producer.config.run)
-    wait_until(lambda: log.end_offset(topic) >= producer.next_offset, 30, f"{topic} readable up to offset {producer.next_offset}")
+    end = producer.ledger.next_offset
+    wait_until(lambda: log.end_offset(topic) >= end, 30, f"{topic} readable up to offset {end}")
 
 
 def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_record(log_url, tmp_path, logs):
     """A site whose limit is set too low for a genuine version skips it, then stops at the next version with the
     line that names the skipped record."""
     run = new_run("lowlimit")
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=log_url, codec="dense"))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="dense"))
     publish_random(producer, 3)
     log = logs(log_url)
     replica, position = bootstrap_from_log(log, run, max_version=0)
@@ -117,3 +118,33 @@ def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_reco
         follower.catch_up_all()
     assert (replica.version, replica.digest, dict(follower.skips)) == (3, follower.replica.digest, {"limit": 1})
     producer.close()
+
+
+def test_on_bad_record_is_an_enum_that_configs_coerce_from_text():
+    """"skip" and "stop" (the CLI's choices, older callers) become OnBadRecord; a bad value names the field."""
+    from hilo.consumer.config import SiteConfig
+    from hilo.producer.config import ProducerConfig
+    from hilo.replay.bad_records import OnBadRecord
+    from hilo.schemas.errors import ConfigError
+    assert OnBadRecord.of("stop") is OnBadRecord.STOP and OnBadRecord.of(OnBadRecord.SKIP) is OnBadRecord.SKIP
+    assert OnBadRecord.SKIP == "skip"  # str-valued: the CLI's text compares equal
+    assert ProducerConfig(run="r", on_bad_record="stop").on_bad_record is OnBadRecord.STOP
+    site = {"log": "file:///tmp/log", "run": "r", "site": "s", "state_dir": "/tmp/s"}
+    assert SiteConfig(**site).on_bad_record is OnBadRecord.SKIP
+    assert SiteConfig(**site, on_bad_record="stop").on_bad_record is OnBadRecord.STOP
+    with pytest.raises(ConfigError, match=r"^ProducerConfig\.on_bad_record = 'ignore': expected one of \['skip', 'stop'\]"):
+        ProducerConfig(run="r", on_bad_record="ignore")
+    with pytest.raises(ConfigError, match=r"^SiteConfig\.on_bad_record = 'STOP'"):
+        SiteConfig(**site, on_bad_record="STOP")
+
+
+def test_the_follower_takes_the_enum_or_its_text(tmp_path, manifest):
+    """Follower no longer checks the policy (its config did); "stop" from an older caller still means STOP."""
+    from hilo.replay.bad_records import OnBadRecord
+    from hilo.schemas.position import Position
+    from tests.conftest import genesis
+    replica = genesis(manifest)
+    log = open_log(f"file://{tmp_path}/log")
+    log.create_topics(replica.run)
+    assert Follower(log, replica.run, replica, Position(0)).on_bad_record is OnBadRecord.SKIP
+    assert Follower(log, replica.run, replica, Position(0), "stop").on_bad_record is OnBadRecord.STOP

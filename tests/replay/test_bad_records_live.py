@@ -25,7 +25,7 @@ ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 
 def _unsigned_update(log, run):
     """A well-formed update of the run, claiming a later version, with no signature."""
     r, _ = bootstrap_from_log(log, run)
-    v = int(head(log, updates_topic(run), run)[H.VERSION]) + 1
+    v = head(log, updates_topic(run), run).version + 1
     blocks = [{"i": i, "g": bytes(4 * b.numel)} for i, b in enumerate(r.manifest.blocks)]
     msg = UpdateMessage(run, v, r.digest, bytes(16), r.manifest.manifest_id, "dense", {}, "adamw", ADAMW, blocks)
     return split(msg.to_bytes(), run, "update", v)
@@ -34,7 +34,7 @@ def _unsigned_update(log, run):
 def _published(url, run) -> int:
     """The newest version on the log (0 while the trainer has not made the run yet)."""
     try:
-        return int((head(open_log(url), updates_topic(run), run) or {}).get(H.VERSION, 0))
+        return (head(open_log(url), updates_topic(run), run) or H.RecordHeaders()).version or 0
     except HiloError:  # the log or the run's topics do not exist yet
         return 0
 

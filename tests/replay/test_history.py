@@ -40,13 +40,13 @@ def test_a_restart_that_replays_versions_is_not_an_anomaly_but_a_lost_version_is
 def test_a_real_run_with_a_restarted_site_and_trainer_passes(log_url, tmp_path, logs):
     run, folder = new_run("hist"), tmp_path / "h"
     cfg = producer_config(run=run, log=log_url, checkpoint_every=3, history=str(folder / "trainer.jsonl"))
-    producer = HiLoProducer(small_model(), cfg)
+    producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 4)
     first = site_of(SiteConfig(log=log_url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
                             export_adapters=False, snapshot_every=3, history=str(folder / "s.jsonl")))
     first.run(progress=False)
     producer.close()
-    producer = HiLoProducer(small_model(), cfg)  # a second trainer session, resumed at v4
+    producer = HiLoProducer.open(small_model(), cfg)  # a second trainer session, resumed at v4
     publish_random(producer, 3, seed=1)
     again = site_of(SiteConfig(log=log_url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=7,
                             export_adapters=False, history=str(folder / "s.jsonl")))
@@ -54,7 +54,8 @@ def test_a_real_run_with_a_restarted_site_and_trainer_passes(log_url, tmp_path, 
     report = check(read_history(str(folder / "trainer.jsonl")), {"s": read_history(str(folder / "s.jsonl"))},
                    log_versions(logs(log_url), run))
     assert report.ok, report.summary()
-    assert report.trainer_versions == 8 and report.sites["s"] == {"entries": 4, "sessions": 2, "last_version": 7}  # from checkpoint v3, then its snapshot
+    # from checkpoint v3, then its snapshot
+    assert report.trainer_versions == 8 and report.sites["s"] == {"entries": 4, "sessions": 2, "last_version": 7}
     producer.close()
 
 

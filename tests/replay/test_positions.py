@@ -17,7 +17,7 @@ from tests.helpers import open_site
 def _source(tmp_path, run, versions):
     """A file log: the genesis checkpoint of `run`, 5 records of another writer, then `versions` versions."""
     url = f"file://{tmp_path}/a"
-    producer = HiLoProducer(small_model(), producer_config(run=run, log=url, codec="dense", checkpoint_every=4))
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, codec="dense", checkpoint_every=4))
     open_log(url).append(updates_topic(run), [(b"k", b"x" * 10, {H.RUN: "someone-else"})] * 5)
     publish_random(producer, versions)
     return url, producer
@@ -36,7 +36,7 @@ def _mirror(src_url, dst_url, run, copied: dict):
 
 def _firsts(log, run) -> dict:
     """{version: offset of its first chunk} on this log."""
-    return {int(r.headers[H.VERSION]): r.offset for r in records(log, updates_topic(run))
+    return {r.parsed.version: r.offset for r in records(log, updates_topic(run))
             if r.headers.get(H.RUN) == run and r.headers[H.CHUNK].startswith("0/")}
 
 
@@ -96,9 +96,10 @@ def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_th
     run, url, producer = _followed(tmp_path, "samename", 4)
     state = _files(tmp_path / "s")
     # another cluster where someone started a different history under the same run name (another base, another seed)
-    other = HiLoProducer(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
+    other = HiLoProducer.open(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
     publish_random(other, 6, seed=9)
-    with pytest.raises(LogError, match=r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history") as e:
+    said = r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history"
+    with pytest.raises(LogError, match=said) as e:
         open_site(f"file://{tmp_path}/c", run, tmp_path, idle_exit_s=0.5)
     assert "\n" not in str(e.value)
     assert _files(tmp_path / "s") == state                                  # nothing of the site's state changed
@@ -112,7 +113,7 @@ def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_th
 def test_a_cluster_without_the_run_is_one_line_naming_the_runs_it_holds(tmp_path):
     run, _, producer = _followed(tmp_path, "absent", 2)
     elsewhere = f"file://{tmp_path}/d"
-    HiLoProducer(small_model(), producer_config(run="someone-elses-run", log=elsewhere, codec="dense")).close()
+    HiLoProducer.open(small_model(), producer_config(run="someone-elses-run", log=elsewhere, codec="dense")).close()
     with pytest.raises(LogError, match=rf"site s: {elsewhere} holds no run '{run}' after 0.5 s \(it holds someone-elses-run\)") as e:
         open_site(elsewhere, run, tmp_path, wait_checkpoint_s=0.5)
     assert "\n" not in str(e.value)
@@ -128,11 +129,11 @@ def test_a_cluster_that_shows_the_replicas_version_within_the_patience_is_waited
     a, b, topic = open_log(url), open_log(f"file://{tmp_path}/b"), updates_topic(run)
     b.create_topics(run)
     recs = [r for r in records(a, topic) if r.headers.get(H.RUN) == run]
-    early = [r for r in recs if int(r.headers[H.VERSION]) <= 4]
+    early = [r for r in recs if r.parsed.version <= 4]
     b.append(topic, [(r.key, r.value, r.headers) for r in early])
     late = threading.Timer(0.5, lambda: b.append(topic, [(r.key, r.value, r.headers) for r in recs[len(early):]]))
     late.start()  # fault injection: the rest of the log becomes visible later
-    at = len([r for r in recs if int(r.headers[H.VERSION]) <= 5])  # where v6 will start on b: past its visible end now
+    at = len([r for r in recs if r.parsed.version <= 5])  # where v6 will start on b: past its visible end now
     try:
         assert locate(b, topic, run, 6, at) == at == _firsts(b, run)[6]  # kept once v5 showed up
     finally:

@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from hilo.ops.bench.synthetic import GradientStream, qwen3_manifest
-from hilo.replica.codecs import Budget, decode, make_encoder
+from hilo.replica.synthetic import GradientStream, qwen3_manifest
+from hilo.replica.codecs import AutoBudget, Budget, decode, make_encoder
+from hilo.replica.codecs.budget import parse_budget
 from hilo.replica.codecs.base import DEFAULT_LIMITS, compressed_size, fit_to_budget, payload_size
 from hilo.replica.codecs.lowrank import INT4_MAX, FactorPrefixes, decode_block, pack_int4, unpack_int4
-from hilo.schemas.errors import MalformedMessage
+from hilo.schemas.errors import ConfigError, MalformedMessage
 from hilo.schemas.records import UpdateMessage
 from tests.conftest import CODECS, LOSSY
 
@@ -212,3 +213,27 @@ def test_malformed_bits_field_is_refused_by_block_and_field(manifest, grads):
     short[0]["u"] = short[0]["u"][:-1]
     with pytest.raises(MalformedMessage, match=r"field 'u': \d+ bytes, expected"):
         decode("spar4", manifest, e.params, short, "offset 9")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("1.6%", Budget(0.016)), ("0.016", Budget(0.016)), ("25%", Budget(0.25)), ("4", Budget(4.0)),
+    ("2MB", Budget(None, 2_000_000)), ("2000000", Budget(None, 2_000_000)), ("500 kb", Budget(None, 500_000)),
+    ("auto", AutoBudget()), ("AUTO:0.5", AutoBudget(share=0.5)),
+])
+def test_a_budget_parses_from_text_and_describes_itself_back(text, expected):
+    """What `--budget` takes: parse -> describe -> parse is the same budget (Budget and AutoBudget alike)."""
+    got = parse_budget(text)
+    assert got == expected
+    assert parse_budget(got.describe()) == got
+
+
+@pytest.mark.parametrize("text,match", [
+    ("lots", r"^--budget 'lots': expected a fraction \(0.016\), a percentage"),
+    ("500%", r"^--budget '500%': Budget.fraction must be in \(0, 4\]"),
+    ("1000", r"^--budget '1000': Budget.bytes must exceed the 1024-byte header reserve"),
+    ("auto:2", r"^--budget 'auto:2': AutoBudget.share = 2.0"),
+])
+def test_a_bad_budget_text_says_what_was_expected(text, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_budget(text, "--budget")
+

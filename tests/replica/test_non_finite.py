@@ -49,7 +49,7 @@ def test_the_trainer_refuses_a_step_that_would_leave_nan_and_publishes_nothing(t
     from hilo.producer.producer import HiLoProducer
     from tests.conftest import producer_config, publish_random, small_model
     url = f"file://{tmp_path}/log"
-    producer = HiLoProducer(small_model(), producer_config(run="r", log=url, codec="dense"))
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, codec="dense"))
     publish_random(producer, 1)
     for p in producer.params:
         p.grad = torch.full(p.shape, 3e38)

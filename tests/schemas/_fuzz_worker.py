@@ -11,7 +11,7 @@ import resource
 import shutil
 import sys
 
-from hilo.ops.bench.synthetic import GradientStream, initial_params, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
 from hilo.replay.snapshot import SnapshotStore
 from hilo.replica.codecs import Budget, make_encoder

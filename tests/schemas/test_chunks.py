@@ -28,7 +28,8 @@ def test_chunks_reassemble_to_the_message_and_its_offsets():
 def test_checksum_mismatch_names_the_offsets():
     recs = records(b"a" * 30, 1)
     recs[1] = Record(recs[1].offset, recs[1].key, b"b" * 10, recs[1].headers)  # same length, other bytes
-    with pytest.raises(MalformedMessage, match=r"r.updates offsets 0..2 \(v1\): reassembled 30 bytes do not match header size 30 / checksum"):
+    said = r"r.updates offsets 0..2 \(v1\): reassembled 30 bytes do not match header size 30 / checksum"
+    with pytest.raises(MalformedMessage, match=said):
         feed_all(Reassembler(RUN, TOPIC), recs)
 
 

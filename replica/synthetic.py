@@ -1,4 +1,4 @@
-"""Adapter shapes of real models and synthetic LoRA gradients with decaying, unequal spectra.
+"""Adapter shapes of real models and synthetic LoRA gradients with decaying, unequal spectra (benchmarks and tests).
 
 Gradient generator (used by `hilo bench codecs` and the tests): block b of shape (m, n), r = min(m, n),
 gets G_b = A diag(sigma_b) B with A (m, r), B (r, n) i.i.d. N(0, 1/m), N(0, 1/n) and

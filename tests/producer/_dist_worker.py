@@ -1,0 +1,185 @@
+"""One rank of the 2-rank jobs of tests/producer/test_distributed.py, started by torchrun (or directly, with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, where the test must see what a rank does on its own).
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/producer/_dist_worker.py SCENARIO URL RUN OUT STEPS
+
+Every rank runs the same loop: the tiny model (other LoRA weights on every rank but 0, so only the sync can make them
+equal), wrapped in DistributedDataParallel, a HiLoOptimizer, a scheduler and clipping, each rank on its own batches.
+It writes OUT/rank{R}.json: its version, its replica's digest, a digest of its model's LoRA params and whether they
+equal the replica's bit for bit, its state_dict's "hilo" entry (less the encoder, which the publishing rank alone
+keeps), the error lines it caught, and the one it stopped with. Scenarios:
+  train       STEPS steps; `OUT/opt.pt` (rank 0's state_dict) is saved after them, and loaded first when it exists
+  codec       rank 1 asks for another codec: refused on both ranks before anything is published
+  layout      rank 1's adapter has another LoRA rank: refused likewise (the optimizer before DDP, which refuses it too)
+  publish     publish_rank = 2 in a 2-rank job: refused likewise
+  publish_rank  rank 1 names itself the publishing rank: refused likewise (the same line on both ranks)
+  fsdp2       the model sharded by FSDP2's fully_shard: refused likewise
+  die         rank 1 SIGKILLs itself at the second step, after its backward (the publishing rank is then in step())
+  nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
+  trainer     transformers Trainer to global step STEPS (a restarted job resumes from its newest save)
+  accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
+              whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
+HILO_TEST_CRASH=RANK:POINT:N arms HILO_CRASH_AT=POINT:N (log/crashpoints.py) on that rank only.
+"""
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import sys
+
+scenario, url, run, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4]), int(sys.argv[5])
+rank = int(os.environ["RANK"])
+crash = os.environ.pop("HILO_TEST_CRASH", "")
+if crash and int(crash.split(":", 1)[0]) == rank:
+    os.environ["HILO_CRASH_AT"] = crash.split(":", 1)[1]  # read when hilo.log.crashpoints is imported
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from hilo.ops.tiny_trainer import batch, build_model  # noqa: E402
+from hilo.producer.config import ProducerConfig  # noqa: E402
+from hilo.producer.optimizer import HiLoOptimizer  # noqa: E402
+from hilo.replica.codecs import Budget  # noqa: E402
+
+report = {"rank": rank, "errors": []}
+
+
+def write():
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+class AdditionData(torch.utils.data.Dataset):
+    """The tiny trainer's task as a map-style dataset (the same rows on every rank; the sampler shards them)."""
+
+    def __init__(self, n):
+        self.ids, self.labels = batch(torch.Generator().manual_seed(0), n)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def accelerate_loop(model, config, steps):
+    """tests/producer/test_training_loops.py's Accelerate loop, on every rank of the job."""
+    from accelerate import Accelerator
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)  # MULTI_CPU: the job's gloo process group
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, backoff_factor=2.0 ** -120, growth_interval=1000)
+    opt = HiLoOptimizer(model, config, lr=1e-3)
+    data = torch.utils.data.DataLoader(AdditionData(16 * steps), batch_size=4)
+    model_, opt_, data = accelerator.prepare(model, opt, data)
+    report["skipped"] = []
+    for item in data:
+        with accelerator.accumulate(model_):
+            accelerator.backward(model_(**item).loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model_.parameters(), 1.0)
+            opt_.step()
+            if accelerator.sync_gradients:
+                report["skipped"].append(opt_.step_was_skipped)
+            opt_.zero_grad()
+    return opt
+
+
+def trainer_loop(model, config, steps):
+    """transformers Trainer under the job, to global step STEPS: it wraps the model in DDP itself, saves every 2 steps
+    (the optimizer's state_dict on rank 0 only) and, in a restarted job, resumes on every rank from the newest save."""
+    from transformers import Trainer, TrainingArguments
+    opt = HiLoOptimizer(model, config, lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    args = TrainingArguments(output_dir=str(out / "trainer-out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                             max_steps=steps, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True, save_steps=2)
+    trainer = Trainer(model=model, args=args, train_dataset=AdditionData(128), optimizers=(opt, sched))
+    saves = sorted((out / "trainer-out").glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))
+    report["start_version"] = opt.version
+    trainer.train(resume_from_checkpoint=str(saves[-1]) if saves else None)
+    report["global_step"] = trainer.state.global_step
+    return opt
+
+
+def plain_loop(opt, ddp, saved, steps):
+    """A plain loop on the DDP model: each rank its own batches, a scheduler, clipping; opt.pt loaded first if saved."""
+    if saved.exists():  # a restarted job resumes from what rank 0 saved (as a framework's checkpoint does)
+        opt.load_state_dict(torch.load(saved, weights_only=True))
+    report["start_version"] = opt.version
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+    gen = torch.Generator().manual_seed(1000 * rank + opt.version)
+    report["grads_sha256"] = []
+    for step in range(steps):
+        ids, labels = batch(gen, 8)
+        ddp(input_ids=ids, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=0.5)
+        grads = b"".join(p.grad.contiguous().numpy().tobytes() for p in opt.producer.params if p.grad is not None)
+        report["grads_sha256"].append(hashlib.sha256(grads).hexdigest())  # DDP: the same on every rank
+        if scenario == "die" and step == 1 and rank == 1:  # mid-step for the publishing rank, which is in step()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if scenario == "nan" and step == 1 and rank == 0:
+            opt.producer.params[3].grad[0, 0] = float("nan")
+        try:
+            opt.step()
+        except Exception as e:  # noqa: BLE001  (the test compares every rank's line)
+            if scenario != "nan":
+                raise
+            report["errors"].append(f"{type(e).__name__}: {e}")
+            report["version_after_error"] = opt.version
+        sched.step()
+        opt.zero_grad()
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    other = rank != 0
+    model = build_model(seed=0, rank=4 if scenario == "layout" and other else 8, hidden=64, layers=2)
+    if other:
+        with torch.no_grad():  # other weights than rank 0's: only the start state the publishing rank sends equals them
+            for n, p in model.named_parameters():
+                if "lora_" in n:
+                    p.add_(0.5)
+    cfg = {"codec": "dense"} if scenario == "codec" and other else {}
+    cfg |= {"publish_rank": 2} if scenario == "publish" else {}
+    cfg |= {"publish_rank": 1} if scenario == "publish_rank" and other else {}
+    config = ProducerConfig(run=run, log=url, budget=Budget(0.25), checkpoint_every=3, publish_deadline_s=20,
+                            rank_timeout_s=60, **cfg)
+    saved = out / "opt.pt"
+    if scenario == "accelerate":
+        opt = accelerate_loop(model, config, steps)
+    elif scenario == "trainer":
+        opt = trainer_loop(model, config, steps)
+    elif scenario == "fsdp2":  # the LoRA params become DTensor shards: refused on every rank
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model)
+        opt = HiLoOptimizer(model, config, lr=3e-3)
+    elif scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
+        opt = HiLoOptimizer(model, config, lr=3e-3)
+        DistributedDataParallel(model)
+    else:
+        ddp = DistributedDataParallel(model)
+        opt = HiLoOptimizer(ddp, config, lr=3e-3)
+        plain_loop(opt, ddp, saved, steps)
+    p = opt.producer
+    flat = b"".join(t.detach().float().contiguous().numpy().tobytes() for t in p.params)
+    report.update(version=opt.version, digest=p.replica.digest.hex(), params_sha256=hashlib.sha256(flat).hexdigest(),
+                  params_are_replica=all(torch.equal(a.detach().float(), b) for a, b in zip(p.params, p.replica.state.params)))
+    sd = opt.state_dict()
+    report["has_encoder"] = "encoder" in sd["hilo"]
+    report["hilo"] = {k: v for k, v in sd["hilo"].items() if k != "encoder"}
+    report["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+    if rank == 0:
+        torch.save(sd, saved)
+    p.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as e:
+        report["stopped"] = f"{type(e).__name__}: {e}"
+        write()
+        raise
+    write()
