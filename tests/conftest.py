@@ -10,7 +10,7 @@ from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
 # Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
-pytest_plugins = ["tests.leakcheck"]
+pytest_plugins = ["tests.leakcheck", "tests.xdist_groups"]  # and the xdist groups that group (tests/xdist_groups.py)
 
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
@@ -98,11 +98,3 @@ def logs():
     for log in reversed(opened):
         log.close()
 
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """Every test of the shared vLLM server runs on one xdist worker (ops/test.sh: --dist loadgroup), whether or not
-    its module says so: they share adapter names, the server's two LoRA slots and its CPU."""
-    for item in items:
-        if item.get_closest_marker("vllm") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("vllm"))
