@@ -4,6 +4,10 @@ import uuid
 
 import pytest
 
+# No telemetry from the Hugging Face libraries (TRL's trainer asks for it): its sender is a thread that outlives the
+# test that started it, and it would dial huggingface.co from a test run. Set before anything imports huggingface_hub.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.replica.codecs import CODECS as CODEC_REGISTRY
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
