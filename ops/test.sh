@@ -4,7 +4,7 @@
 # 3-node and secured (SASL_SSL, ACLs) brokers with the same scripts, on separate ports, and wipe them after.
 #   ops/test.sh                 # everything, Kafka integration tests included
 #   ops/test.sh -k determinism  # extra arguments go to pytest
-#   HILO_TEST_WORKERS=2 ops/test.sh  # pytest-xdist workers (default: none, one process)
+#   HILO_TEST_WORKERS=0 ops/test.sh  # one process (default: 3 pytest-xdist workers)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -28,9 +28,9 @@ if ! ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
 fi
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
 export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
-# Parallel workers are opt-in (HILO_TEST_WORKERS=N, --dist loadfile: one module per worker keeps a module's fixed-port
-# broker on one worker). --dist loadgroup would also keep the vLLM tests of several modules together, but here
-# (pytest 9.2, pytest-xdist 3.8) it does not group: two tests of one xdist_group ran on two workers.
+# Parallel workers (HILO_TEST_WORKERS, default 3; 0: one process) with --dist loadgroup: the tests of one xdist_group
+# (a module's fixed-port brokers; every test of the vLLM server) run on one worker, one after another. The groups are
+# read from the test modules' marks by tests/xdist_groups.py (xdist 3.8's own grouping does nothing under pytest 9).
 par=()
-[ "${HILO_TEST_WORKERS:-0}" != 0 ] && par=(-n "$HILO_TEST_WORKERS" --dist loadfile)
+[ "${HILO_TEST_WORKERS:-3}" != 0 ] && par=(-n "${HILO_TEST_WORKERS:-3}" --dist loadgroup)
 "$HILO_VENV/bin/python" -m pytest -p no:cacheprovider "${par[@]}" "$@"

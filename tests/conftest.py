@@ -4,13 +4,17 @@ import uuid
 
 import pytest
 
+# No telemetry from the Hugging Face libraries (TRL's trainer asks for it): its sender is a thread that outlives the
+# test that started it, and it would dial huggingface.co from a test run. Set before anything imports huggingface_hub.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.replica.codecs import CODECS as CODEC_REGISTRY
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
 # Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
-pytest_plugins = ["tests.leakcheck"]
+pytest_plugins = ["tests.leakcheck", "tests.xdist_groups"]  # and the xdist groups that group (tests/xdist_groups.py)
 
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
@@ -98,11 +102,3 @@ def logs():
     for log in reversed(opened):
         log.close()
 
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """Every test of the shared vLLM server runs on one xdist worker (ops/test.sh: --dist loadgroup), whether or not
-    its module says so: they share adapter names, the server's two LoRA slots and its CPU."""
-    for item in items:
-        if item.get_closest_marker("vllm") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("vllm"))

@@ -7,6 +7,7 @@ reconnect is worth retrying, and the reader treats it as an empty read.
 import enum
 
 from kafka.errors import KafkaError
+from kafka.net import KafkaNetClient
 
 from hilo.schemas.errors import LogError, LogUnavailable
 
@@ -45,11 +46,20 @@ class Connector:
         """A connected `client` (KafkaAdminClient, KafkaProducer, KafkaConsumer), or LogError saying why not
         (refused credentials, an untrusted certificate, the wrong security.protocol, or no broker)."""
         self.check()
+        made = []  # the network client the constructor makes, so a failed one can be closed
+
+        def network_client(**config):
+            made.append(KafkaNetClient(**config))
+            return made[-1]
         with causes.watch() as lines:
             try:
                 connected = client(bootstrap_servers=self.bootstrap, **({"bootstrap_timeout_ms": self.connect_timeout_ms} | self.security
-                                                                        | kwargs))
+                                                                        | kwargs | {"kafka_client": network_client}))
             except KafkaError as e:
+                # kafka-python starts the client's I/O thread before it bootstraps and leaves it running when that fails:
+                # one idle thread per failed connect (a reader reconnecting through an outage made one every few seconds)
+                for net in made:
+                    _close_quietly(net)
                 cause = causes.explain(lines, self.config)
                 if cause is None:
                     cause = (f"cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); is the broker "
@@ -66,3 +76,11 @@ class Connector:
     def reached(self) -> bool:
         """Whether a client ever connected (a failed reconnect is then a restarting cluster)."""
         return self.reach is Reach.REACHED
+
+
+def _close_quietly(net) -> None:
+    """Close a network client whose constructor failed (stops its I/O thread)."""
+    try:
+        net.close()
+    except Exception:  # noqa: BLE001  (closing what never connected; nothing to report)
+        pass

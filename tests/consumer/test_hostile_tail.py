@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hilo.log import open_log, updates_topic
+from hilo.log import updates_topic
 from hilo.log.tail import last_message, records
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas import headers as H
@@ -37,12 +37,12 @@ def _tail(kind, log, run):
 
 
 @pytest.mark.parametrize("kind", ["junk", "junk-ahead", "replay", "fork"])
-def test_a_hostile_tail_does_not_block_a_site_restart(log_url, tmp_path, kind):
+def test_a_hostile_tail_does_not_block_a_site_restart(log_url, tmp_path, kind, logs):
     run = new_run(f"tail-{kind}")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 3)
     open_site(log_url, run, tmp_path, export_adapters=False, until_version=3).run(progress=False)  # its snapshot: v3
-    log = open_log(log_url)
+    log = logs(log_url)
     _tail(kind, log, run)
     site = open_site(log_url, run, tmp_path, export_adapters=False, until_version=5)  # used to refuse: "moving backwards"
     publish_random(producer, 2, seed=1)

@@ -8,7 +8,7 @@ import torch
 
 from hilo.consumer.config import SiteConfig
 from hilo.consumer.site import Site
-from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log import checkpoints_topic, updates_topic
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import read_history
@@ -60,13 +60,13 @@ def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
     producer.close()
 
 
-def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path):
+def test_trainer_dead_mid_chunk_sequence_then_restarted(log_url, tmp_path, logs):
     run = new_run()
     cfg = producer_config(run=run, log=log_url, codec="dense", chunk_bytes=64 << 10)
     producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 3)
     # A trainer that died after sending 2 of the 5 chunks of its v4.
-    log = open_log(log_url)
+    log = logs(log_url)
     doomed = split(b"\x01" * (150 << 10), run, "update", 4, 64 << 10)  # 3 chunks, under the adapter's update bound
     log.append(updates_topic(run), doomed[:2])
     producer.close()
@@ -123,13 +123,13 @@ def _forge(producer, version=None, parent=None, run=None):
 
 
 @pytest.mark.parametrize("stray", ["foreign", "other-run"])
-def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path, caplog, stray):
+def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path, caplog, stray, logs):
     """A record that is not this run's cannot move the policy: sites and a restarting trainer skip it with a warning."""
     run = new_run()
     cfg = producer_config(run=run, log=log_url)
     producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 4)
-    log = open_log(log_url)
+    log = logs(log_url)
     if stray == "foreign":
         at = log.append(updates_topic(run), [(None, b"hello", {"source": "someone else"})])[0]
     else:
@@ -147,12 +147,12 @@ def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path,
     restarted.close()
 
 
-def test_a_restarting_trainer_skips_a_replayed_old_version_and_stops_on_a_fork(log_url, tmp_path):
+def test_a_restarting_trainer_skips_a_replayed_old_version_and_stops_on_a_fork(log_url, tmp_path, logs):
     run = new_run()
     cfg = producer_config(run=run, log=log_url)
     producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 3)
-    log = open_log(log_url)
+    log = logs(log_url)
     first = log.read(updates_topic(run), 0, timeout_s=5)[0]  # v1, replayed (a retrying client, a mirror, an operator)
     log.append(updates_topic(run), [(first.key, first.value, first.headers)])
     producer.close()
@@ -170,11 +170,11 @@ def test_a_restarting_trainer_skips_a_replayed_old_version_and_stops_on_a_fork(l
     ("fork", r"offset {at} \(v5\): fork: version 5 starts from 0{{32}}"),
     ("divergent", r"offset {at} \(v5\): version 5 produced digest [0-9a-f]{{32}}, message promises (07){{16}}"),
 ])
-def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, bad, error):
+def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, bad, error, logs):
     run = new_run()
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 4)
-    log = open_log(log_url)
+    log = logs(log_url)
     t = updates_topic(run)
     if bad == "gap":
         at = log.append(t, split(_forge(producer, version=6), run, "update", 6))[0]
@@ -193,11 +193,11 @@ def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, b
     producer.close()
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp_path, caplog):
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp_path, caplog, logs):
     run = new_run()
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, checkpoint_every=3))
     publish_random(producer, 4)
-    log = open_log(log_url)
+    log = logs(log_url)
     good = producer.replica.checkpoint().to_bytes()
     bad = good[:-40] + bytes(40)  # whole record, valid chunk headers, damaged zstd frame
     extra = {"hilo-updates-offset": str(producer.ledger.next_offset)}
@@ -210,9 +210,9 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp
     producer.close()
 
 
-def test_only_corrupt_checkpoints_is_a_named_error(log_url, tmp_path):
+def test_only_corrupt_checkpoints_is_a_named_error(log_url, tmp_path, logs):
     run = new_run()
-    log = open_log(log_url)
+    log = logs(log_url)
     log.create_topics(run)
     producer_model = small_model()
     from hilo.producer.lora_params import lora_parameters
@@ -224,14 +224,14 @@ def test_only_corrupt_checkpoints_is_a_named_error(log_url, tmp_path):
         site(log_url, run, tmp_path)
 
 
-def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path):
+def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path, logs):
     run = new_run()
-    open_log(log_url).create_topics(run)
+    logs(log_url).create_topics(run)
     with pytest.raises(LogError, match=f"no checkpoint on {run}.checkpoints"):
         site(log_url, run, tmp_path, wait_checkpoint_s=0.5)
 
 
-def test_lag_reports_the_known_state(log_url, tmp_path):
+def test_lag_reports_the_known_state(log_url, tmp_path, logs):
     run = new_run()
     history = tmp_path / "trainer.jsonl"
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="topk", history=str(history)))
@@ -239,7 +239,7 @@ def test_lag_reports_the_known_state(log_url, tmp_path):
     last = {e["v"]: e["o"] for e in read_history(str(history))}  # each version's last offset (one record per message here)
     for name, v in (("a", 4), ("b", 7)):
         site(log_url, run, tmp_path, name=name, until_version=v, export_adapters=False).run(progress=False)
-    rows = {r["site"]: r for r in lag_rows(open_log(log_url), run, now=0)}
+    rows = {r["site"]: r for r in lag_rows(logs(log_url), run, now=0)}
     assert set(rows) == {"a", "b"}
     for name, v in (("a", 4), ("b", 7)):
         r = rows[name]
@@ -265,9 +265,9 @@ def test_kafka_honours_a_chunk_size_above_the_broker_default(tmp_path):
 
 
 @pytest.mark.kafka
-def test_kafka_refuses_a_chunk_size_the_topic_cannot_take():
+def test_kafka_refuses_a_chunk_size_the_topic_cannot_take(logs):
     run = new_run()
-    log = open_log(KAFKA_URL)
+    log = logs(KAFKA_URL)
     for t in (updates_topic(run), f"{run}.checkpoints"):  # made by an operator with Kafka's default record limit
         log.admin.create_topics({t: {"num_partitions": 1, "replication_factor": 1, "configs": {"max.message.bytes": str(1 << 20)}}})
     with pytest.raises(LogError, match=rf"topic '{run}.updates' takes records of at most 1048576 bytes \(max.message.bytes\), "
@@ -291,24 +291,24 @@ class FailingCommits:
         return getattr(self.log, name)
 
 
-def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog):
+def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog, logs):
     """The snapshot is the site's truth; the group commit is advisory (was: the site exited with the commit's error)."""
     run = new_run()
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 5)
-    log = FailingCommits(open_log(log_url))
+    log = FailingCommits(logs(log_url))
     s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
              log_backend=log)
     assert s.run(progress=False) == 5 and s.follower.replica.digest == producer.replica.digest
     said = [r for r in caplog.records if r.name == "hilo.consumer.group_commit" and r.levelno == logging.WARNING]
     assert len(said) == 1  # reported once, not per version
-    assert lag_rows(open_log(log_url), run) == []  # nothing committed while it failed
+    assert lag_rows(logs(log_url), run) == []  # nothing committed while it failed
     log.fail = False
     publish_random(producer, 1, seed=2)
     s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=6, export_adapters=False),
              log_backend=log)
     s.run(progress=False)
-    assert [r["applied_version"] for r in lag_rows(open_log(log_url), run)] == [6]
+    assert [r["applied_version"] for r in lag_rows(logs(log_url), run)] == [6]
     producer.close()
 
 

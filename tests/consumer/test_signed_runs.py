@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log import checkpoints_topic, updates_topic
 from hilo.producer.producer import HiLoProducer
 from hilo.replica.state import ReplicaState
 from hilo.schemas.chunks import split
@@ -30,7 +30,7 @@ def _crafted_next(producer):
 
 
 @pytest.mark.parametrize("forger", ["unsigned", "another key"])
-def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, forger):
+def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, forger, logs):
     """Was accepted: anyone who can write the topic and knows the algorithm moved every site."""
     keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
     run = new_run()
@@ -38,7 +38,7 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
     publish_random(producer, 3)
     crafted = _crafted_next(producer)
     data = crafted.to_bytes() if forger == "unsigned" else crafted.to_bytes(Signer.load(other[0]))
-    at = open_log(log_url).append(updates_topic(run), split(data, run, "update", 4))[0]
+    at = logs(log_url).append(updates_topic(run), split(data, run, "update", 4))[0]
     # Without --trust the crafted update would be applied (its chain is right): that is what signatures close.
     # With it, the record is skipped (one warning, counted, in the history) and the site follows the trainer past it.
     hist = tmp_path / "s.jsonl"
@@ -70,13 +70,13 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
     restarted.close()
 
 
-def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_url, tmp_path, caplog):
+def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_url, tmp_path, caplog, logs):
     keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
     run = new_run()
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0]), checkpoint_every=3))
     publish_random(producer, 4)
     forged = producer.replica.checkpoint().to_bytes(Signer.load(other[0]))  # newest, but not the trainer's
-    open_log(log_url).append(checkpoints_topic(run), split(forged, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
+    logs(log_url).append(checkpoints_topic(run), split(forged, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
     s = site(log_url, run, tmp_path, trust=str(keys[1]), until_version=4)
     assert s.follower.replica.version == 3  # fell back to the genuine v3
     s.run(progress=False)
@@ -89,7 +89,7 @@ def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_
     producer.close()
 
 
-def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, caplog):
+def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, caplog, logs):
     """A signed 'next key' record moves every trusting site to the new key; a forged one is refused."""
     old, new, intruder = (generate(tmp_path / n) for n in ("old", "new", "intruder"))
     run = new_run()
@@ -112,7 +112,7 @@ def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, capl
     # A rotation record the intruder signed: refused, nothing moves.
     from hilo.schemas.records import KeyRotation
     forged = KeyRotation(run, 8, Signer.load(intruder[0]).public_bytes()).to_bytes(Signer.load(intruder[0]))
-    open_log(log_url).append(updates_topic(run), split(forged, run, "key", 7))
+    logs(log_url).append(updates_topic(run), split(forged, run, "key", 7))
     strict = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), idle_exit_s=30, on_bad_record="stop")
     with pytest.raises(SignatureError, match=r"\(key record\): signed by key [0-9a-f]{16}, this site trusts key"):
         strict.run(progress=False)

@@ -19,13 +19,12 @@ import requests
 import torch
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
 from hilo.consumer.vllm_serving import VllmError
 from hilo.log import open_log
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random
-from tests.helpers import hilo, wait_until
+from tests.helpers import hilo, site_of, wait_until
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
@@ -42,7 +41,7 @@ def tiny_model(rank=16):
 
 def make_site(url, run, tmp_path, vllm_url, name="s", **kw):
     kw.setdefault("wait_checkpoint_s", 30)
-    return Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), vllm=vllm_url,
+    return site_of(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), vllm=vllm_url,
                            export_dtype="float32", **kw))
 
 
@@ -175,14 +174,32 @@ class Forwarder:
 
     def open(self):
         self.server = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.sockets, self.threads = [], [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
 
     def _accept(self):
         while True:
-            client, _ = self.server.accept()
+            try:
+                client, _ = self.server.accept()
+            except OSError:  # closed
+                return
             upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                self.threads.append(threading.Thread(target=self._pipe, args=(a, b), daemon=True))
+                self.threads[-1].start()
+
+    def close(self):
+        """Stop accepting, cut every forwarded connection, join the threads."""
+        for s in (self.server, *self.sockets):
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes the accept and the recvs blocked on it
+            except OSError:
+                pass
+        for t in self.threads:
+            t.join(timeout=30)
+        for s in (self.server, *self.sockets):
+            s.close()
 
     @staticmethod
     def _pipe(a, b):
@@ -217,6 +234,7 @@ def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_
     s.stopping = True
     worker.join(timeout=60)
     assert float(vllm_logprobs(vllm_url).abs().sum()) > 0
+    fwd.close()
     producer.close()
 
 

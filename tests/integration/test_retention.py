@@ -15,7 +15,7 @@ from hilo.log.tail import head
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import LogError
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import open_site, producer_of, with_log
+from tests.helpers import open_site, with_log
 
 pytestmark = pytest.mark.kafka
 
@@ -57,7 +57,7 @@ def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_th
     producer.close()
     expire(run)
     with pytest.raises(LogError, match=r"held a history of the run .* whose records have all expired.*--new-history"):
-        producer_of(small_model(), producer_config(run=run, log=KAFKA_URL))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL))
     # loud, explicit; from the same initial weights (same seed): still another history (was: the same genesis digest)
     fresh = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, new_history=True))
     assert fresh.version == 0 and fresh.replica.genesis != producer.replica.genesis
@@ -91,7 +91,7 @@ def test_updates_after_the_newest_checkpoint_expired(tmp_path):
     expire(run, topics=("updates",))
     with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets \d+..\d+\) have expired; the versions after v3 "
                                        r"cannot be rebuilt without a trainer snapshot"):
-        producer_of(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
 
 
 def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_updates_expired(tmp_path):

@@ -23,7 +23,7 @@ from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.schemas.errors import LogError
 from hilo.schemas.signing import generate
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import producer_of, site_of, with_log
+from tests.helpers import site_of, with_log
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("secure")]  # one worker: ports 29192-29297
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_the_site_principal_cannot_write_an_update(secure, tmp_path, logs):
     as_site = logs(url, kafka_config=clients(sec)["site"])
     assert as_site.append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]  # ... and writes rollouts
     with pytest.raises(LogError, match="may not describe"):  # nor can it start a trainer of the run
-        producer_of(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
+        HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
     site = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
                            kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 2 and site.follower.replica.digest == producer.replica.digest

@@ -53,3 +53,24 @@ def test_a_zombie_producers_wrapped_error_is_fenced():
         zombie.append(updates_topic(run), [(b"1", b"v", {})])
     for c in (zombie, newer, log):
         c.close()
+
+
+@pytest.mark.parametrize("use", ["admin", "reader", "writer"])
+def test_a_connect_that_fails_leaves_no_io_thread_behind(use):
+    """kafka-python starts a client's I/O thread before it bootstraps and leaves it running when that fails; a reader
+    reconnecting through an outage made one such thread every few seconds (connection.py closes it)."""
+    import socket
+    import threading
+
+    from hilo.log.kafka.backend import KafkaLog
+    from hilo.schemas.errors import LogError
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = KafkaLog(f"127.0.0.1:{port}", connect_timeout_ms=300)
+    before = set(threading.enumerate())
+    with pytest.raises(LogError, match="cannot connect"):
+        {"admin": lambda: log.runs(), "reader": lambda: log.end_offset("t.updates"),
+         "writer": lambda: log.append("t.updates", [(b"k", b"v", {})])}[use]()
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
+    log.close()

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hilo.log import open_log, updates_topic
+from hilo.log import updates_topic
 from hilo.log.tail import head, records
 from hilo.ops.metrics_server import MetricsConfig, MetricsServer
 from hilo.producer.producer import HiLoProducer
@@ -69,7 +69,7 @@ def stop(p) -> int:
     return p.wait(timeout=60)
 
 
-def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path):
+def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path, logs):
     run = new_run("metrics")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 4)
@@ -78,7 +78,7 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path):
         wait_until(lambda: value(scrape(url), "hilo_site_applied_version") == 4, 60, "the site applies v4")
         publish_random(producer, 3, seed=1)
         wait_until(lambda: value(scrape(url), "hilo_site_applied_version") == 7, 60, "the site applies v7")
-        truth = head(open_log(log_url), updates_topic(run), run).version
+        truth = head(logs(log_url), updates_topic(run), run).version
         wait_until(lambda: value(scrape(url), "hilo_site_head_version") == truth, 30, "the head gauge reaches the log's head")
         m = scrape(url)
         assert value(m, "hilo_site_lag_versions") == truth - 7 == 0 and value(m, "hilo_site_lag_bytes") == 0
@@ -87,7 +87,7 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path):
             assert value(m, "hilo_site_stage_seconds_count", stage=stage) == 7, stage
         assert value(m, "hilo_site_bootstrap_info", source="checkpoint") == 1
         # its share of the cluster's egress: every update record of the run, values and headers, read once
-        recs = [r for r in records(open_log(log_url), updates_topic(run)) if r.headers.get(H.RUN) == run]
+        recs = [r for r in records(logs(log_url), updates_topic(run)) if r.headers.get(H.RUN) == run]
         assert value(m, "hilo_site_update_bytes_read_total") == sum(
             len(r.value) + sum(len(k) + len(v) for k, v in r.headers.items()) for r in recs) > 0
         # freshness needs the log's record timestamps: Kafka has them, the file log does not
@@ -146,7 +146,7 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
     producer.close()
 
 
-def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_url, tmp_path):
+def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_url, tmp_path, logs):
     run = new_run("refused")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 2)
@@ -155,7 +155,7 @@ def test_a_refused_record_counts_and_a_stopped_site_is_alive_but_not_ready(log_u
     try:
         for u in (url, url2):
             wait_until(lambda u=u: value(scrape(u), "hilo_site_applied_version") == 2, 60, "both sites apply v2")
-        open_log(log_url).append(updates_topic(run), split(os.urandom(300), run, "update", 3))  # hilo headers, no message
+        logs(log_url).append(updates_topic(run), split(os.urandom(300), run, "update", 3))  # hilo headers, no message
         wait_until(lambda: value(scrape(url), "hilo_site_records_refused_total", reason="malformed") == 1, 60,
                    "the skipping site counts the record")
         wait_until(lambda: get(url2 + "/readyz")[0] == 503, 60, "the stopping site is not ready")
@@ -242,7 +242,7 @@ def test_json_logs_and_lag_watch(tmp_path):
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["plain", "export-held"])
-def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_stopped(tmp_path, held):
+def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_stopped(tmp_path, held, logs):
     """Scraped back to back while a site catches up (and, export-held, while each export's hook holds it), and after
     it stops on a record: lag == head - applied in every scrape, and /readyz says the same. (The lag was set only
     when the head was read, so a catching-up site exported a stale lag, and a stopped one kept it.)"""
@@ -253,7 +253,7 @@ def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_
     publish_random(producer, 100)
     hold = {"export_adapters": True, "on_version": "sleep 0.2"} if held else {"export_adapters": False}
     site = open_site(url, run, tmp_path, on_bad_record="stop", **hold)  # bootstrapped at v0
-    open_log(url).append(updates_topic(run), split(os.urandom(300), run, "update", 101))  # junk: the site stops on it
+    logs(url).append(updates_topic(run), split(os.urandom(300), run, "update", 101))  # junk: the site stops on it
     errors = []
 
     def follow():

@@ -7,7 +7,6 @@ import itertools
 import json
 import logging
 
-from hilo.log import open_log
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.tail import records
 from hilo.ops.digit_task import prompts
@@ -67,10 +66,10 @@ class Trainer:
         return groups
 
 
-def test_a_restarted_trainer_trains_no_sample_more_than_s_behind_and_reports_what_it_trained(tmp_path, log_url, caplog):
+def test_a_restarted_trainer_trains_no_sample_more_than_s_behind_and_reports_what_it_trained(tmp_path, log_url, caplog, logs):
     # On Kafka (prompts over 2 partitions) the restarted trainer used to hold p-2, p-4, p-3, p-5 (partition order) and
     # train p-3 at v2, 2 behind, reported 1; on either log it reported the staleness a group had on arrival
-    log, run, ledger = open_log(log_url), new_run("rlstale"), str(tmp_path / "trainer" / "rollouts.jsonl")
+    log, run, ledger = logs(log_url), new_run("rlstale"), str(tmp_path / "trainer" / "rollouts.jsonl")
     log.create_topics(run)
     site = Site(log, run)
     first = Trainer(log, run, ledger)

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
-from hilo.log import open_log, updates_topic
+from hilo.log import updates_topic
 from hilo.log.tail import last_message
 from hilo.ops.lag import format_rows, lag_rows
 from hilo.producer.delta import relative_lag
@@ -14,6 +13,7 @@ from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.records import decode_record
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import site_of
 
 
 def delta_producer(log_url, run, **kw):
@@ -22,13 +22,13 @@ def delta_producer(log_url, run, **kw):
 
 
 def follow(log_url, run, tmp_path, version):
-    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=version,
+    s = site_of(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=version,
                         export_adapters=False, wait_checkpoint_s=5))
     assert s.run(progress=False) == version
     return s.follower.replica
 
 
-def test_sites_hold_the_trainers_copy_and_every_message_reports_the_lag(log_url, tmp_path):
+def test_sites_hold_the_trainers_copy_and_every_message_reports_the_lag(log_url, tmp_path, logs):
     run = new_run()
     producer = delta_producer(log_url, run)
     publish_random(producer, 8, scale=0.05)
@@ -43,7 +43,7 @@ def test_sites_hold_the_trainers_copy_and_every_message_reports_the_lag(log_url,
     assert site.digest == producer.replica.digest
     assert site.state.optimizer == "add" and site.state.slots == {}  # a delta site holds params only
 
-    log = open_log(log_url)
+    log = logs(log_url)
     head = last_message(log, updates_topic(run), run)
     assert decode_record(head.data, "head").meta["lag"] == lag
     rows = lag_rows(log, run)

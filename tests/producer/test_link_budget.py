@@ -112,12 +112,12 @@ def test_without_any_report_the_budget_is_the_start_and_bad_settings_name_the_fi
 
 
 @pytest.mark.kafka
-def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budget_was_chosen(tmp_path):
+def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budget_was_chosen(tmp_path, logs):
     run = new_run("auto")
     producer = HiLoProducer.open(small_model(), producer_config(
         run=run, log=KAFKA_URL, budget=AutoBudget(start=0.25, share=0.5, floor=0.1, ceiling=2.0, refresh_s=0)))
     publish_random(producer, 3)
-    log = open_log(KAFKA_URL)
+    log = logs(KAFKA_URL)
 
     def reports():
         return {r.site: r for _, _, r in site_reports(log, run)}

@@ -4,14 +4,13 @@ import pytest
 import torch
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
 from hilo.log import open_log
 from hilo.log.base import Transaction
 from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import with_log
+from tests.helpers import site_of, with_log
 
 
 class FlakyLog:
@@ -75,7 +74,7 @@ def _reference(tmp_path, gens):
 
 
 def _site_digest(url, run, tmp_path, version):
-    s = Site.open(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
+    s = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
     s.run(progress=False)
     return s.follower.replica.digest
 

@@ -53,7 +53,7 @@ def _finite(replica) -> bool:
 
 
 @pytest.mark.parametrize("kind", ["noise", "noise-with-headers", "another-run", "zstd-bomb", "absurd-size", "non-finite"])
-def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kind):
+def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kind, logs):
     run = new_run("bad")
     cfg = producer_config(run=run, log=log_url)
     producer = HiLoProducer.open(small_model(), cfg)
@@ -61,7 +61,7 @@ def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kin
     live = open_site(log_url, run, tmp_path, "live", export_adapters=False, until_version=3, history=str(tmp_path / "live.jsonl"))
     live.run(progress=False)
     records, reason = _bad_record(kind, producer, run)
-    at = open_log(log_url).append(updates_topic(run), records)[0]
+    at = logs(log_url).append(updates_topic(run), records)[0]
     publish_random(producer, 2, seed=1)  # the trainer publishes v4, v5 after it
     # a site restarted after the record, and a new one, both skip it and reach the trainer
     live = open_site(log_url, run, tmp_path, "live", until_version=5, history=str(tmp_path / "live.jsonl"))
@@ -95,13 +95,13 @@ def visible(log, producer):
     wait_until(lambda: log.end_offset(topic) >= end, 30, f"{topic} readable up to offset {end}")
 
 
-def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_record(log_url, tmp_path):
+def test_a_skip_that_was_wrong_stops_at_the_next_version_naming_the_skipped_record(log_url, tmp_path, logs):
     """A site whose limit is set too low for a genuine version skips it, then stops at the next version with the
     line that names the skipped record."""
     run = new_run("lowlimit")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="dense"))
     publish_random(producer, 3)
-    log = open_log(log_url)
+    log = logs(log_url)
     replica, position = bootstrap_from_log(log, run, max_version=0)
     follower = Follower(log, run, replica, position)
     assert follower.catch_up_all() == 3

@@ -62,7 +62,7 @@ def _skips(path) -> list:
 
 
 @pytest.mark.parametrize("kind,signed", [("noise-with-headers", False), ("absurd-size", False), ("unsigned", True)])
-def test_a_live_run_skips_a_bad_record(log_url, tmp_path, kind, signed):
+def test_a_live_run_skips_a_bad_record(log_url, tmp_path, kind, signed, logs):
     run = new_run("live")
     sign, trust = [], []
     if signed:
@@ -75,7 +75,7 @@ def test_a_live_run_skips_a_bad_record(log_url, tmp_path, kind, signed):
              for name in ("a", "b")}
     topic = updates_topic(run)
     wait_until(lambda: _published(log_url, run) >= 3, 300, "the trainer publishes v3")
-    log = open_log(log_url)
+    log = logs(log_url)
     records, reason = _bad(kind, log, run)
     at = log.append(topic, records)[0]  # while the trainer publishes and the sites follow
     digest = _done(trainer, "trainer")

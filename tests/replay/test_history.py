@@ -2,11 +2,10 @@
 import pytest
 
 from hilo.consumer.config import SiteConfig
-from hilo.consumer.site import Site
-from hilo.log import open_log
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.history import HistoryWriter, check, log_versions, read_history
 from tests.conftest import new_run, producer_config, publish_random, small_model
+from tests.helpers import site_of
 
 TRAINER = [{"s": "t", "v": 0, "d": "a0", "o": 0, "start": True}] + [{"s": "t", "v": v, "d": f"a{v}", "o": v} for v in range(1, 6)]
 
@@ -38,22 +37,22 @@ def test_a_restart_that_replays_versions_is_not_an_anomaly_but_a_lost_version_is
     assert lost.anomalies == ["log: acknowledged v5 (a5) is missing on the log"]
 
 
-def test_a_real_run_with_a_restarted_site_and_trainer_passes(log_url, tmp_path):
+def test_a_real_run_with_a_restarted_site_and_trainer_passes(log_url, tmp_path, logs):
     run, folder = new_run("hist"), tmp_path / "h"
     cfg = producer_config(run=run, log=log_url, checkpoint_every=3, history=str(folder / "trainer.jsonl"))
     producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 4)
-    first = Site.open(SiteConfig(log=log_url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
+    first = site_of(SiteConfig(log=log_url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=4,
                             export_adapters=False, snapshot_every=3, history=str(folder / "s.jsonl")))
     first.run(progress=False)
     producer.close()
     producer = HiLoProducer.open(small_model(), cfg)  # a second trainer session, resumed at v4
     publish_random(producer, 3, seed=1)
-    again = Site.open(SiteConfig(log=log_url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=7,
+    again = site_of(SiteConfig(log=log_url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=7,
                             export_adapters=False, history=str(folder / "s.jsonl")))
     again.run(progress=False)
     report = check(read_history(str(folder / "trainer.jsonl")), {"s": read_history(str(folder / "s.jsonl"))},
-                   log_versions(open_log(log_url), run))
+                   log_versions(logs(log_url), run))
     assert report.ok, report.summary()
     # from checkpoint v3, then its snapshot
     assert report.trainer_versions == 8 and report.sites["s"] == {"entries": 4, "sessions": 2, "last_version": 7}
