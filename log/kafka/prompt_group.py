@@ -71,7 +71,10 @@ class KafkaPromptQueue(PromptQueue):
     def take(self, max_prompts, timeout_s=1.0):
         """One poll of the group's partitions assigned to this site."""
         self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
-        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
+        try:
+            got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
+        except KafkaError as e:  # a broker restart: kafka-python raises a connection error from the coordinator lookup
+            raise failure(f"{self.log.url}: site {self.site}: reading run {self.run}'s prompts", e) from None
         if not any(got.values()) and not self.consumer.paused():  # a paused partition waits for a version, not stuck
             self._watch()
         else:
