@@ -118,41 +118,6 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     assert firsts == list(range(1, STEPS + 1)), firsts  # every acknowledged version once, in order
 
 
-def test_a_generating_sites_prompt_queue_says_unavailable_while_the_broker_is_down(broker):
-    """A prompt queue's `take` during a broker outage raises LogUnavailable (the site waits it out), never kafka-python's
-    own connection error: that one, raised from the coordinator lookup, killed a generating site mid-run (found by
-    the test below under load), and `hilo rl` then waited for its prompts forever. After the restart it takes again."""
-    from hilo.log.base import prompts_topic
-    from hilo.schemas.errors import LogUnavailable
-    url, env = broker
-    run = new_run("queue-outage")
-    log = open_log(url)
-    log.create_topics(run)
-    queue = log.prompt_queue(run, "s1", lease_s=30.0)
-    try:
-        log.append(prompts_topic(run), [(b"p0", b"first", {})], partition=0)
-        wait_until(lambda: queue.take(1, 0.5).records, 120, "the queue takes its first prompt")
-        subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)  # no --wipe: a restart
-        until = time.monotonic() + 30  # the outage: longer than the group's session timeout (10 s)
-        while time.monotonic() < until:
-            try:
-                queue.take(1, 0.5)
-            except LogUnavailable:  # what a site waits out; anything else escapes and fails the test
-                pass
-        subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
-        log.append(prompts_topic(run), [(b"p1", b"after", {})], partition=0)
-
-        def taken():
-            try:
-                return [r.value for r in queue.take(1, 0.5).records]
-            except LogUnavailable:  # the broker is still coming back
-                return []
-        wait_until(taken, 180, "the queue takes prompts again after the restart")
-    finally:
-        queue.close()
-        log.close()
-
-
 @pytest.mark.vllm
 def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(broker, vllm, tmp_path):
     """`hilo rl` (the trainer and two generating sites, real processes, a real vLLM) with its broker stopped for the
@@ -180,6 +145,7 @@ def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(broker, vllm
     err = (tmp_path / "rl.err").read_text()
     assert p.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+    assert " exited (" not in err, err[-3000:]  # no generating site died of the outage (hilo rl says so once per site)
     res = json.loads(out)
     assert res["ok"] and [r["step"] for r in res["steps"]] == [1, 2, 3, 4]
     log = open_log(url)
