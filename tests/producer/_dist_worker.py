@@ -17,6 +17,8 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   fsdp2_one   only rank 1 shards its model: refused on both ranks before anything is published
   fenced      before the second step, rank 0 starts another trainer of the run (a process of its own) that fences
               this job's publishing rank: every rank stops with the same FencedError line
+  outage      before the second step, rank 0 stops the job's Kafka broker (ops/kafka/stop.sh, its HILO_KAFKA_PORT and
+              HILO_KAFKA_DIR from the environment): the publish fails and every rank stops with the same NotPublished
   die         rank 1 SIGKILLs itself at the second step, after its backward (the publishing rank is then in step())
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
   trainer     transformers Trainer to global step STEPS (a restarted job resumes from its newest save)
@@ -133,6 +135,8 @@ def plain_loop(opt, ddp, saved, steps):
             os.kill(os.getpid(), signal.SIGKILL)
         if scenario == "fenced" and step == 1 and rank == 0:
             another_trainer(opt.producer.config)
+        if scenario == "outage" and step == 1 and rank == 0:
+            subprocess.run([str(pathlib.Path(__file__).resolve().parents[2] / "ops/kafka/stop.sh")], check=True, timeout=300)
         if scenario == "nan" and step == 1 and rank == 0:
             opt.producer.params[3].grad[0, 0] = float("nan")
         try:
@@ -212,6 +216,7 @@ if __name__ == "__main__":
         main()
     except BaseException as e:
         report["stopped"] = f"{type(e).__name__}: {e}"
+        report["in_doubt"] = getattr(e, "in_doubt", None)
         write()
         raise
     write()
