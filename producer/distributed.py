@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import re
+import time
 
 import msgpack
 import torch
@@ -290,6 +291,7 @@ class RankProducer:
         self.rule = get_optimizer(config.optimizer)
         self.master = None  # gradient mode only
         self._last_step, self._fenced = {}, False
+        self.follow_s = 0.0  # a non-publishing rank's last step: the broadcast message's decode, apply and write-back
         if inner is not None:
             inner.publisher = _Remembers(inner.publisher)
 
@@ -410,6 +412,7 @@ class RankProducer:
     def _follow(self, frame: dict, what: str) -> None:
         """Move this rank's replica as the publishing rank's moved, then raise its error (if any)."""
         where = f"rank {self.ranks.rank}: {what} v{frame['version']} from the publishing rank {self.ranks.publish_rank}"
+        t0 = time.perf_counter()
         if "message" in frame:
             self._replica.apply(self._replica.decode(frame["message"], where), where)
         elif "checkpoint" in frame:
@@ -421,6 +424,7 @@ class RankProducer:
                                   f"publishing rank v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
         if "message" in frame or "checkpoint" in frame:
             self.write_back()
+        self.follow_s = time.perf_counter() - t0
         self._last_step, self._fenced = frame["last_step"], frame["fenced"]
         if frame["error"] is not None:
             _raise_as(frame["error"])

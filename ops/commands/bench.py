@@ -74,6 +74,13 @@ def snapshot(a):
     return main(argv + (["--out", a.out] if a.out else []) + (["--json"] if a.json else []))
 
 
+def ranks(a):
+    """A 2-rank trainer's step against a lone one's: the broadcast and the other rank's apply."""
+    from hilo.ops.bench.ranks import main
+    return main(["--shape", a.shape, "--codec", a.codec, "--steps", str(a.steps)] + (["--out", a.out] if a.out else [])
+                + (["--json"] if a.json else []))
+
+
 def probe(a):
     """Per block and version: the compressed method's step against the uncompressed shadow's."""
     from hilo.ops.bench.probe import ProbeConfig, main
@@ -193,6 +200,14 @@ def register(sub):
     sn.add_argument("--json", action="store_true", help="print the JSON")
     sn.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
     sn.set_defaults(fn=snapshot)
+    rk = bsub.add_parser("ranks", help="a 2-rank trainer (torchrun, gloo) against a lone one at an adapter's shape: the job's "
+                         "step, the publishing rank's, and the other rank's apply of the broadcast message")
+    rk.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
+    rk.add_argument("--codec", choices=sorted(CODECS), default="spar4", help="the run's codec (default: %(default)s)")
+    rk.add_argument("--steps", type=at_least(1), default=5, help="timed steps per job, after a warm-up (default: %(default)s)")
+    rk.add_argument("--json", action="store_true", help="print the JSON")
+    rk.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
+    rk.set_defaults(fn=ranks)
     pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)

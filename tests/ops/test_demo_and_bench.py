@@ -50,3 +50,13 @@ def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(cap
     # fp32 state per parameter: AdamW 3 (two moments), SGD 2 (momentum), a delta-mode site 1 (the parameters alone)
     assert 2.2 < rows["adamw"]["snapshot_bytes"] / rows["add"]["snapshot_bytes"] < 3.0
     assert 1.5 < rows["sgd"]["snapshot_bytes"] / rows["add"]["snapshot_bytes"] < 2.0
+
+
+@pytest.mark.slow
+def test_bench_ranks_times_both_jobs_and_they_end_at_one_digest(capsys, tmp_path):
+    from hilo.ops.cli import main
+    assert main(["bench", "ranks", "--shape", "tiny", "--steps", "2", "--out", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["ranks"] for r in res["rows"]] == [1, 2]
+    assert res["same_digest"]  # a lone trainer and a 2-rank job, fed the same gradients, publish the same run
+    assert len(res["rows"][1]["apply_s_other_ranks"]) == 1 and res["overhead_x"] > 0
