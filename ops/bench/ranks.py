@@ -10,7 +10,8 @@ gradients (replica/synthetic.py) before each step, as DDP's all-reduce leaves th
 DDP's all-reduce would make the ranks meet. Timed on rank 0 after one warm-up step: `period_s`, barrier to barrier
 (the job's step: it waits for the slowest rank), and `step_s`, barrier to HiLoProducer.step returning; on the other
 rank `apply_s`, its decode and apply of the broadcast message (RankProducer.follow_s). Medians; the overhead is the
-2-rank period over the 1-rank one (whose period is its step).
+2-rank period over the 1-rank one (whose period is its step), with each round's ratio: the rounds alternate the two jobs, so a busier
+minute on a shared machine shows as rounds that disagree.
 """
 import argparse
 import json
@@ -98,7 +99,7 @@ def _job(world: int, shape: str, codec: str, steps: int) -> list:
 
 
 def table(res: dict) -> str:
-    """One line per job: its step, the publishing rank's, the other rank's apply, and the overhead."""
+    """One line per job kind (medians over its rounds): its step, the publishing rank's, the other rank's apply, the overhead."""
     out = [f"| {res['shape']} r64, {res['codec']}, 1 thread per rank | job's step s | publishing rank's step s | "
            f"other rank's apply s | over 1 rank |", "|---|---:|---:|---:|---:|"]
     lone = res["rows"][0]["period_s"]
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     ap.add_argument("--codec", default="spar4", help="the run's codec (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per job, after one warm-up (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=2, help="1-rank and 2-rank jobs, alternating, this many times each "
+                    "(default: %(default)s)")
     ap.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     ap.add_argument("--json", action="store_true", help="print the JSON")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)  # one rank of a job (this module, relaunched)
@@ -123,17 +126,25 @@ def main(argv=None) -> int:
     if a.rank_job:
         rank_main(a.shape, a.codec, a.steps, a.log_dir, a.out)
         return 0
+    reports = {1: [], 2: []}  # world -> every round's reports; the rounds alternate, so a busier minute hits both
+    for n in range(a.rounds):
+        for world in (1, 2):
+            print(f"bench ranks: round {n + 1}/{a.rounds}, {world} rank(s), {a.shape}, {a.codec}, {a.steps} steps",
+                  file=sys.stderr, flush=True)
+            reports[world].append(_job(world, a.shape, a.codec, a.steps))
+    digests = {r["digest"] for job in reports[1] + reports[2] for r in job}
     rows = {}
-    for world in (1, 2):
-        print(f"bench ranks: {world} rank(s), {a.shape}, {a.codec}, {a.steps} steps", file=sys.stderr, flush=True)
-        reports = _job(world, a.shape, a.codec, a.steps)
-        assert len({r["digest"] for r in reports}) == 1, "the ranks ended at different digests"
-        rows[world] = {"ranks": world, "step_s": statistics.median(reports[0]["step_s"]),
-                       "period_s": statistics.median(reports[0]["period_s"]),
-                       "apply_s_other_ranks": [statistics.median(r["apply_s"]) for r in reports[1:] if r["apply_s"]],
-                       "digest": reports[0]["digest"]}
-    res = {"shape": a.shape, "codec": a.codec, "steps": a.steps, "threads_per_rank": 1, "rows": list(rows.values()),
-           "overhead_x": rows[2]["period_s"] / rows[1]["period_s"], "same_digest": rows[1]["digest"] == rows[2]["digest"]}
+    for world, jobs in reports.items():
+        lead = [x for job in jobs for x in job[0]["period_s"]]
+        rows[world] = {"ranks": world, "period_s": statistics.median(lead),
+                       "step_s": statistics.median([x for job in jobs for x in job[0]["step_s"]]),
+                       "apply_s_other_ranks": [statistics.median([x for job in jobs for x in job[r]["apply_s"]])
+                                               for r in range(1, world)],
+                       "period_s_per_round": [statistics.median(job[0]["period_s"]) for job in jobs]}
+    per_round = [b / a for a, b in zip(rows[1]["period_s_per_round"], rows[2]["period_s_per_round"])]
+    res = {"shape": a.shape, "codec": a.codec, "steps": a.steps, "rounds": a.rounds, "threads_per_rank": 1,
+           "rows": list(rows.values()), "overhead_x": rows[2]["period_s"] / rows[1]["period_s"],
+           "overhead_x_per_round": per_round, "same_digest": len(digests) == 1}
     out = results_dir("ranks", a.out)
     if not save(res, out, "ranks", a.json):
         print(table(res))

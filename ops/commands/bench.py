@@ -77,7 +77,8 @@ def snapshot(a):
 def ranks(a):
     """A 2-rank trainer's step against a lone one's: the broadcast and the other rank's apply."""
     from hilo.ops.bench.ranks import main
-    return main(["--shape", a.shape, "--codec", a.codec, "--steps", str(a.steps)] + (["--out", a.out] if a.out else [])
+    return main(["--shape", a.shape, "--codec", a.codec, "--steps", str(a.steps), "--rounds", str(a.rounds)]
+                + (["--out", a.out] if a.out else [])
                 + (["--json"] if a.json else []))
 
 
@@ -205,6 +206,7 @@ def register(sub):
     rk.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     rk.add_argument("--codec", choices=sorted(CODECS), default="spar4", help="the run's codec (default: %(default)s)")
     rk.add_argument("--steps", type=at_least(1), default=5, help="timed steps per job, after a warm-up (default: %(default)s)")
+    rk.add_argument("--rounds", type=at_least(1), default=2, help="each job this many times, alternating (default: %(default)s)")
     rk.add_argument("--json", action="store_true", help="print the JSON")
     rk.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     rk.set_defaults(fn=ranks)

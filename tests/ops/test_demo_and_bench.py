@@ -55,7 +55,7 @@ def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(cap
 @pytest.mark.slow
 def test_bench_ranks_times_both_jobs_and_they_end_at_one_digest(capsys, tmp_path):
     from hilo.ops.cli import main
-    assert main(["bench", "ranks", "--shape", "tiny", "--steps", "2", "--out", str(tmp_path), "--json"]) == 0
+    assert main(["bench", "ranks", "--shape", "tiny", "--steps", "2", "--rounds", "1", "--out", str(tmp_path), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert [r["ranks"] for r in res["rows"]] == [1, 2]
     assert res["same_digest"]  # a lone trainer and a 2-rank job, fed the same gradients, publish the same run
