@@ -244,7 +244,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             digests[n] = m.group(1) if m and p.returncode == 0 else f"exit {p.returncode} (see {work}/{n}.log)"
     finally:
         for p in procs.values():
-            if p.poll() is None:
+            if p.poll() is None:  # a site still running now is stuck or being stopped: its stacks go to its log first
+                p.send_signal(signal.SIGUSR1)
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=60)
         producer.close()

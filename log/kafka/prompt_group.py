@@ -119,13 +119,8 @@ class KafkaPromptQueue(PromptQueue):
             return
         backlog = self._backlog()
         if backlog and backlog == self.idle_backlog:
-            logger.warning("site %s: nothing from the prompt group for %.0f s while %d prompts wait unanswered; rejoining "
-                           "the group with a fresh consumer", self.site, time.monotonic() - self.idle_since, sum(backlog.values()))
-            try:
-                self.consumer.close(autocommit=False, timeout_ms=5000)
-            except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
-                pass
-            self._join()
+            self._rejoin(f"nothing from the prompt group for {time.monotonic() - self.idle_since:.0f} s while "
+                         f"{sum(backlog.values())} prompts wait unanswered")
         self.idle_since, self.idle_backlog = time.monotonic(), backlog
 
     def _backlog(self) -> dict:
@@ -188,16 +183,28 @@ class KafkaPromptQueue(PromptQueue):
         self._producer = None
 
     def _rewind(self):
-        """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again)."""
-        for tp in self.consumer.assignment():
-            try:
-                committed = self.consumer.committed(tp)
-            except KafkaError:
-                committed = None
-            if committed is None:
-                self.consumer.seek_to_beginning(tp)
-            else:
-                self.consumer.seek(tp, committed)
+        """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again). Where
+        the offsets cannot be read (an outage), a fresh member: it starts from the group's committed offsets."""
+        try:
+            for tp in self.consumer.assignment():
+                # bounded: kafka-python's committed() without a timeout waited for the coordinator forever, and a site
+                # whose settle failed in a broker restart stopped there, silent, long after the broker was back
+                committed = self.consumer.committed(tp, timeout_ms=int(ATTEMPT_TIMEOUT_S * 1000))
+                if committed is None:
+                    self.consumer.seek_to_beginning(tp)  # the group never committed here: its first prompt
+                else:
+                    self.consumer.seek(tp, committed)
+        except KafkaError as e:
+            self._rejoin(f"the group's offsets cannot be read ({type(unwrap(e)).__name__})")
+
+    def _rejoin(self, why: str):
+        """Leave the group (bounded) and join it again with a fresh consumer, which reads from the committed offsets."""
+        logger.warning("site %s: %s; rejoining the group with a fresh consumer", self.site, why)
+        try:
+            self.consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
+            pass
+        self._join()
 
     def close(self):
         """Leave the group (its partitions go to the other sites at once) and close the producer."""
