@@ -103,9 +103,9 @@ def factor_payload(i: int, g: torch.Tensor, U: torch.Tensor, V: torch.Tensor, bi
     return FactorPrefixes(i, g, lambda K: (U[:, :K], V[:, :K]), k, bits).payload(k)
 
 
-def decode_block(entry: dict, shape, what: str, limits, scratch: list | None = None) -> torch.Tensor:
-    """Rebuild one (m, n) block from its factors; lengths are checked before anything is allocated. `scratch`: a
-    one-item list holding a flat buffer reused for each rank-1 term (grown as needed), instead of a new (m, n) each."""
+def block_factors(entry: dict, shape, what: str, limits) -> tuple:
+    """(k, bits, u (k, m), v (k, n), s (k,)) of one block's payload, every field checked, as fp32 tensors (fp16 and 4-bit
+    values widen exactly). The fused apply (replica/kernels/apply.py) reads the same checked factors."""
     m, n = shape
     k = F.get_int(entry, "k", what, 0, min(m, n))
     bits = F.get_int(entry, "bits", what, 0) if "bits" in entry else 16
@@ -118,6 +118,14 @@ def decode_block(entry: dict, shape, what: str, limits, scratch: list | None = N
         u = from_bytes(F.req(entry, "u", what), "float16", (k, m), f"{what} field 'u'", limits)
         v = from_bytes(F.req(entry, "v", what), "float16", (k, n), f"{what} field 'v'", limits)
     s = from_bytes(F.req(entry, "s", what), "float32", (k,), f"{what} field 's'", limits)
+    return k, bits, u, v, s
+
+
+def decode_block(entry: dict, shape, what: str, limits, scratch: list | None = None) -> torch.Tensor:
+    """Rebuild one (m, n) block from its factors; lengths are checked before anything is allocated. `scratch`: a
+    one-item list holding a flat buffer reused for each rank-1 term (grown as needed), instead of a new (m, n) each."""
+    m, n = shape
+    k, bits, u, v, s = block_factors(entry, shape, what, limits)
     out = torch.zeros(m, n)
     if k:
         scratch = scratch if scratch is not None else [torch.empty(0)]

@@ -1,0 +1,51 @@
+"""The one fused pass: for every row of every block, its gradient (decoded in place), the optimizer step and the
+NaN/Inf check, with nothing adapter-sized in between.
+
+Work items are row ranges of blocks (`items`: block, first row, end row, block rows), spread over numba's threads
+by prange. Each element is computed by the same op sequence whichever thread runs its item, so the bits do not
+depend on the thread count or the schedule. Buffers arrive as addresses (one call covers any number of blocks,
+whatever tensors hold them); kernels/apply.py checks each one's dtype, shape and contiguity before it passes an
+address. addr_in rows: params, slot 1, slot 2, AdamW's sqrt buffer; addr_out rows: params, slot 1, slot 2.
+"""
+import numpy as np
+from numba import carray, prange
+
+from . import adamw, add, lion, sgd
+from ._jit import f32_ptr, kernel
+from .lowrank import lowrank_row
+
+ZERO_GRAD, DENSE, LOWRANK = 0, 1, 2   # where a block's gradient comes from
+FLOAT = 4                              # bytes per element
+
+
+@kernel
+def run(opt, sc, items, cols, src, g_addr, k, u0, v0, us, v, addr_in, addr_out, flags):
+    """Apply step `opt` (a kernel module's CODE) to every item; flags[item] gets the NaN/Inf bits its rows return."""
+    for it in prange(items.shape[0]):
+        b, r0, r1, m = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
+        n = cols[b]
+        buf = np.empty(n, np.float32)
+        bad = 0
+        for i in range(r0, r1):
+            off = i * n * FLOAT
+            p = carray(f32_ptr(addr_in[0, b] + off), n)
+            p_out = carray(f32_ptr(addr_out[0, b] + off), n)
+            if opt == adamw.PARAMS_CODE:  # AdamW's second pass reads no gradient
+                bad |= adamw.params_row(p, carray(f32_ptr(addr_out[1, b] + off), n), carray(f32_ptr(addr_in[3, b] + off), n),
+                                        p_out, sc)
+                continue
+            if src[b] == DENSE:
+                g = carray(f32_ptr(g_addr[b] + off), n)
+            else:
+                g = buf
+                lowrank_row(g, i, m, n, k[b] if src[b] == LOWRANK else 0, us, u0[b], v, v0[b])
+            if opt == adamw.CODE:
+                bad |= adamw.moments_row(g, carray(f32_ptr(addr_in[1, b] + off), n), carray(f32_ptr(addr_in[2, b] + off), n),
+                                         carray(f32_ptr(addr_out[1, b] + off), n), carray(f32_ptr(addr_out[2, b] + off), n), sc)
+            elif opt == sgd.CODE:
+                bad |= sgd.row(g, p, carray(f32_ptr(addr_in[1, b] + off), n), p_out, carray(f32_ptr(addr_out[1, b] + off), n), sc)
+            elif opt == lion.CODE:
+                bad |= lion.row(g, p, carray(f32_ptr(addr_in[1, b] + off), n), p_out, carray(f32_ptr(addr_out[1, b] + off), n), sc)
+            else:
+                bad |= add.row(g, p, p_out)
+        flags[it] = bad
