@@ -13,27 +13,38 @@ from hilo.schemas.records import Manifest
 
 from ..codecs import dense
 from ..codecs.base import block_entries, block_what
-from ..codecs.lowrank import block_factors
+from ..codecs.lowrank import block_payload
 from ..optimizers.base import Buffers
 from . import fused
+from .lowrank import widen4
 
+LOWRANK = ("powersgd", "spar", "spar4")  # the codecs whose payload is lowrank.py's format
 ITEM_ELEMENTS = 1 << 15  # elements per work item: small enough that 2 threads balance, large enough to amortise a row's setup
-_layouts: dict = {}      # manifest id -> (items, cols): the work split depends on the shapes only
+# AdamW's two passes run over groups of consecutive blocks of about this many elements: few enough kernel calls (each
+# wakes the threads: 0.1-1 ms on a busy 2-core machine), small enough that a group's new moments are still in cache
+GROUP_ELEMENTS = 1 << 21
+SQRT_PIECE = 32768  # torch's grain size (at::internal::GRAIN_SIZE): a smaller op runs on the calling thread
+_layouts: dict = {}      # manifest id -> layout(): the work split depends on the shapes only
 
 
 def layout(manifest: Manifest) -> tuple:
-    """(items (N, 4): block, first row, end row, block rows; cols per block; first item of each block, and N) for
-    `manifest`, cached."""
+    """(items (N, 4): block, first row, end row, block rows; cols per block; groups: [(first block, end block, first item,
+    end item)] of consecutive blocks up to GROUP_ELEMENTS; each block's offset in its group) for `manifest`, cached."""
     hit = _layouts.get(manifest.manifest_id)
     if hit is None:
-        items, cols, first = [], [], []
+        items, cols, groups, at = [], [], [], np.zeros(len(manifest.blocks), np.int64)
+        size = GROUP_ELEMENTS + 1
         for b, spec in enumerate(manifest.blocks):
             m, n = spec.shape
             cols.append(n)
-            first.append(len(items))
+            if size + spec.numel > GROUP_ELEMENTS and (not groups or groups[-1][0] < b):
+                groups.append([b, b, len(items), len(items)])
+                size = 0
+            at[b], size = size, size + spec.numel
             per = max(1, ITEM_ELEMENTS // max(n, 1))
             items += [(b, r, min(m, r + per), m) for r in range(0, m, per)]
-        hit = (np.array(items, np.int64).reshape(-1, 4), np.array(cols, np.int64), first + [len(items)])
+            groups[-1][1], groups[-1][3] = b + 1, len(items)
+        hit = (np.array(items, np.int64).reshape(-1, 4), np.array(cols, np.int64), [tuple(g) for g in groups], at)
         _layouts[manifest.manifest_id] = hit
     return hit
 
@@ -54,26 +65,45 @@ def _address(t, manifest: Manifest, b: int, kind: str, what: str) -> int:
     return addr
 
 
-def gradient_sources(codec: str, manifest: Manifest, params: dict, blocks: list, what: str, limits) -> tuple:
-    """(src, dense sources, k, u0, v0, us, v) for a payload the kernel decodes itself (lowrank: its factors;
-    dense: the message's bytes), or None for a codec it does not (its reference decode runs first)."""
+def gradient_sources(codec: str, manifest: Manifest, params: dict, blocks: list, what: str, limits) -> tuple | None:
+    """(src, dense gradients, lr, u, s, v) for a payload the kernel decodes itself, or None for a codec it does not (topk:
+    its reference decode runs first). Low-rank: every block's fields checked as the reference checks them, in its order
+    (block_payload), then all factors widened to fp32 in one vectorised op per encoding. Dense: the message's bytes."""
     nb = len(manifest.blocks)
-    src, k, u0, v0 = np.zeros(nb, np.int64), np.zeros(nb, np.int64), np.zeros(nb, np.int64), np.zeros(nb, np.int64)
-    if codec in ("powersgd", "spar", "spar4"):
-        us, vs, at_u, at_v = [], [], 0, 0
-        for i, entry in block_entries(manifest, blocks, what, require_all=False):
-            kb, _, u, v, s = block_factors(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits)
-            # the specification's own multiply (torch.mul(u[j], s[j]) row by row is this broadcast, element for element)
-            us.append(torch.mul(u, s.unsqueeze(1)).reshape(-1).numpy())
-            vs.append(v.reshape(-1).numpy())
-            src[i], k[i], u0[i], v0[i] = fused.LOWRANK, kb, at_u, at_v
-            at_u, at_v = at_u + us[-1].size, at_v + vs[-1].size
-        cat = lambda xs: np.ascontiguousarray(np.concatenate(xs), np.float32) if xs else np.zeros(1, np.float32)  # noqa: E731
-        return src, None, k, u0, v0, cat(us), cat(vs)
+    src, lr, none = np.zeros(nb, np.int64), np.zeros((nb, 6), np.int64), np.zeros(1, np.float32)
     if codec == "dense":
-        none = np.zeros(1, np.float32)
-        return src + fused.DENSE, dense.views(manifest, params, blocks, what, limits), k, u0, v0, none, none
-    return None
+        return src + fused.DENSE, dense.views(manifest, params, blocks, what, limits), lr, none, none, none
+    if codec not in LOWRANK:
+        return None
+    raw = {4: ([], []), 16: ([], [])}  # bits -> (u rows, v rows) as the message holds them
+    at = {4: [0, 0], 16: [0, 0]}       # bits -> widened elements so far (u, v)
+    ss, s_at, enc = [], 0, np.zeros(nb, np.int64)
+    for i, entry in block_entries(manifest, blocks, what, require_all=False):
+        k, bits, u, v, s = block_payload(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits)
+        width = 2 if bits == 4 else 1   # fp32 values per stored element: a byte holds two nibbles
+        src[i], enc[i] = fused.LOWRANK, bits
+        lr[i] = (k, at[bits][0], width * u.shape[1], s_at, at[bits][1], width * v.shape[1])
+        raw[bits][0].append(u.reshape(-1))
+        raw[bits][1].append(v.reshape(-1))
+        ss.append(s)
+        at[bits][0] += width * u.size
+        at[bits][1] += width * v.size
+        s_at += k
+    flat = lambda xs, bits: _widen(np.concatenate(xs), bits) if xs else np.zeros(0, np.float32)  # noqa: E731
+    u4, v4 = flat(raw[4][0], 4), flat(raw[4][1], 4)
+    lr[enc == 16, 1] += len(u4)  # fp16 blocks' factors follow the 4-bit ones
+    lr[enc == 16, 4] += len(v4)
+    cat = lambda *xs: np.concatenate(xs + (none,)).astype(np.float32, copy=False)  # noqa: E731  (never empty)
+    return src, None, lr, cat(u4, flat(raw[16][0], 16)), cat(*ss) if ss else none, cat(v4, flat(raw[16][1], 16))
+
+
+def _widen(raw: np.ndarray, bits: int) -> np.ndarray:
+    """Stored factor values as fp32: nibbles to -8..7 (two per byte, in a compiled loop), fp16 widened; exact."""
+    if bits == 16:
+        return raw.astype(np.float32)
+    out = np.empty(2 * raw.size, np.float32)
+    widen4(raw, out)
+    return out
 
 
 def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, what: str, sources: tuple | None = None,
@@ -82,9 +112,9 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
     `grads`: decoded fp32 gradients (any codec, or the trainer's own decode)."""
     nb = len(manifest.blocks)
     if sources is None:
-        z = np.zeros(nb, np.int64)
-        sources = (z + fused.DENSE, grads, z, z, z, np.zeros(1, np.float32), np.zeros(1, np.float32))
-    src, dense_g, k, u0, v0, us, v = sources
+        none = np.zeros(1, np.float32)
+        sources = (np.zeros(nb, np.int64) + fused.DENSE, grads, np.zeros((nb, 6), np.int64), none, none, none)
+    src, dense_g, lr, u, s, v = sources
     coeffs, scalars = opt.coefficients(state.scalars, hparams)
     sc = module.coefficients(coeffs)
     # every address checked before the kernel writes anything
@@ -112,19 +142,21 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
         for j, n in enumerate(names):
             new_s[n].append(out.slot(n, b, state.slots[n][b]))
             addr_out[j + 1, b] = _address(new_s[n][-1], manifest, b, f"new optimizer state '{n}'", what)
-    items, cols, first = layout(manifest)
+    items, cols, groups, at = layout(manifest)
     flags = np.zeros(len(items), np.int64)
-    args = (cols, src, g_addr, k, u0, v0, us, v, addr_in, addr_out)
+    args = (cols, src, g_addr, lr, u, s, v, addr_in, addr_out)
     if not getattr(module, "SQRT_BETWEEN", False):
         fused.run(module.CODE, sc, items, *args, flags)
-    else:  # per block, so the block is still in cache for torch's sqrt and the second pass (kernels/adamw.py says why)
-        root = out.scratch(torch.empty(max(b.numel for b in manifest.blocks)))
-        addr_in[3, :] = root.data_ptr()
+    else:  # group by group, so the new moments are still in cache for torch's sqrt and the second pass (adamw.py says why)
+        root = out.scratch(torch.empty(max(int(at[e - 1]) + manifest.blocks[e - 1].numel for _, e, _, _ in groups)))
+        addr_in[3, :] = root.data_ptr() + 4 * at
         second = np.zeros(len(items), np.int64)
-        for b, spec in enumerate(manifest.blocks):
-            lo, hi = first[b], first[b + 1]
+        for b0, b1, lo, hi in groups:
             fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi])
-            torch.sqrt(new_s["exp_avg_sq"][b].view(-1), out=root[:spec.numel])
+            for b in range(b0, b1):  # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
+                flat, dst = new_s["exp_avg_sq"][b].view(-1), root[at[b]:at[b] + manifest.blocks[b].numel]
+                for c in range(0, len(flat), SQRT_PIECE):
+                    torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
             fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])
         flags |= second
     bits = np.zeros(nb, np.int64)

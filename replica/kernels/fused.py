@@ -5,7 +5,8 @@ Work items are row ranges of blocks (`items`: block, first row, end row, block r
 by prange. Each element is computed by the same op sequence whichever thread runs its item, so the bits do not
 depend on the thread count or the schedule. Buffers arrive as addresses (one call covers any number of blocks,
 whatever tensors hold them); kernels/apply.py checks each one's dtype, shape and contiguity before it passes an
-address. addr_in rows: params, slot 1, slot 2, AdamW's sqrt buffer; addr_out rows: params, slot 1, slot 2.
+address. addr_in rows: params, slot 1, slot 2, AdamW's sqrt buffer; addr_out rows: params, slot 1, slot 2. A low-rank
+block's factors: lr[b] = (k, u offset, u row stride, s offset, v offset, v row stride) into the flat fp32 u, s, v.
 """
 import numpy as np
 from numba import carray, prange
@@ -19,10 +20,10 @@ FLOAT = 4                              # bytes per element
 
 
 @kernel
-def run(opt, sc, items, cols, src, g_addr, k, u0, v0, us, v, addr_in, addr_out, flags):
+def run(opt, sc, items, cols, src, g_addr, lr, u, s, v, addr_in, addr_out, flags):
     """Apply step `opt` (a kernel module's CODE) to every item; flags[item] gets the NaN/Inf bits its rows return."""
     for it in prange(items.shape[0]):
-        b, r0, r1, m = items[it, 0], items[it, 1], items[it, 2], items[it, 3]
+        b, r0, r1 = items[it, 0], items[it, 1], items[it, 2]
         n = cols[b]
         buf = np.empty(n, np.float32)
         bad = 0
@@ -38,7 +39,7 @@ def run(opt, sc, items, cols, src, g_addr, k, u0, v0, us, v, addr_in, addr_out, 
                 g = carray(f32_ptr(g_addr[b] + off), n)
             else:
                 g = buf
-                lowrank_row(g, i, m, n, k[b] if src[b] == LOWRANK else 0, us, u0[b], v, v0[b])
+                lowrank_row(g, i, n, lr[b, 0] if src[b] == LOWRANK else 0, u, lr[b, 1], lr[b, 2], s, lr[b, 3], v, lr[b, 4], lr[b, 5])
             if opt == adamw.CODE:
                 bad |= adamw.moments_row(g, carray(f32_ptr(addr_in[1, b] + off), n), carray(f32_ptr(addr_in[2, b] + off), n),
                                          carray(f32_ptr(addr_out[1, b] + off), n), carray(f32_ptr(addr_out[2, b] + off), n), sc)
