@@ -19,7 +19,7 @@ from . import fused
 from .lowrank import widen4
 
 LOWRANK = ("powersgd", "spar", "spar4")  # the codecs whose payload is lowrank.py's format
-ITEM_ELEMENTS = 1 << 15  # elements per work item: small enough that 2 threads balance, large enough to amortise a row's setup
+ITEM_ELEMENTS = 1 << 14  # elements per work item: its decoded gradient stays in L1/L2; thousands of items balance the threads
 # AdamW's two passes run over groups of consecutive blocks of about this many elements: few enough kernel calls (each
 # wakes the threads: 0.1-1 ms on a busy 2-core machine), small enough that a group's new moments are still in cache
 GROUP_ELEMENTS = 1 << 21

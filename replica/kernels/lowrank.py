@@ -20,19 +20,21 @@ def lowrank_row(acc, i, n, k, u, u0, u_stride, s, s0, v, v0, v_stride):
         acc[c] = ZERO  # +0, as torch.zeros: the first term is added to it, not stored (0 + -0 is +0)
     j = 0
     while j + 4 <= k:
-        a0 = u[u0 + j * u_stride + i] * s[s0 + j]
-        a1 = u[u0 + (j + 1) * u_stride + i] * s[s0 + j + 1]
-        a2 = u[u0 + (j + 2) * u_stride + i] * s[s0 + j + 2]
-        a3 = u[u0 + (j + 3) * u_stride + i] * s[s0 + j + 3]
-        r0, r1, r2, r3 = v0 + j * v_stride, v0 + (j + 1) * v_stride, v0 + (j + 2) * v_stride, v0 + (j + 3) * v_stride
+        a0, a1 = u[u0 + j * u_stride + i] * s[s0 + j], u[u0 + (j + 1) * u_stride + i] * s[s0 + j + 1]
+        a2, a3 = u[u0 + (j + 2) * u_stride + i] * s[s0 + j + 2], u[u0 + (j + 3) * u_stride + i] * s[s0 + j + 3]
+        # each factor row as its own view: LLVM vectorises the sweep then (with flat indices it did not, 2x slower)
+        r = v0 + j * v_stride
+        w0, w1 = v[r:r + n], v[r + v_stride:r + v_stride + n]
+        w2, w3 = v[r + 2 * v_stride:r + 2 * v_stride + n], v[r + 3 * v_stride:r + 3 * v_stride + n]
         for c in range(n):
-            acc[c] = (((acc[c] + a0 * v[r0 + c]) + a1 * v[r1 + c]) + a2 * v[r2 + c]) + a3 * v[r3 + c]
+            acc[c] = (((acc[c] + a0 * w0[c]) + a1 * w1[c]) + a2 * w2[c]) + a3 * w3[c]
         j += 4
     while j < k:
         a = u[u0 + j * u_stride + i] * s[s0 + j]
         r = v0 + j * v_stride
+        w = v[r:r + n]
         for c in range(n):
-            acc[c] = acc[c] + a * v[r + c]
+            acc[c] = acc[c] + a * w[c]
         j += 1
 
 
