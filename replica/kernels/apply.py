@@ -5,6 +5,8 @@ returns what the optimizer's reference `step` would (new params, slots, scalars)
 bit for bit. Nothing is written before every buffer has been checked: a buffer the kernel cannot take is refused
 in one line naming the block (UnfitState).
 """
+import threading
+
 import numpy as np
 import torch
 
@@ -25,6 +27,9 @@ ITEM_ELEMENTS = 1 << 14  # elements per work item: its decoded gradient stays in
 GROUP_ELEMENTS = 1 << 21
 SQRT_PIECE = 32768  # torch's grain size (at::internal::GRAIN_SIZE): a smaller op runs on the calling thread
 _layouts: dict = {}      # manifest id -> layout(): the work split depends on the shapes only
+# One kernel call at a time per process: numba's fallback thread pool (workqueue, where neither TBB nor OpenMP loads)
+# aborts on concurrent launches, and two replicas stepping at once would only share the same two cores anyway.
+_one_at_a_time = threading.Lock()
 
 
 def layout(manifest: Manifest) -> tuple:
@@ -142,6 +147,16 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
         for j, n in enumerate(names):
             new_s[n].append(out.slot(n, b, state.slots[n][b]))
             addr_out[j + 1, b] = _address(new_s[n][-1], manifest, b, f"new optimizer state '{n}'", what)
+    with _one_at_a_time:
+        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out))
+    bits = np.zeros(nb, np.int64)
+    np.bitwise_or.at(bits, layout(manifest)[0][:, 0], flags)
+    return new_p, new_s, scalars, bits
+
+
+def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: tuple) -> np.ndarray:
+    """The kernel call(s) over checked addresses; the NaN/Inf bits per work item."""
+    src, g_addr, lr, u, s, v, addr_in, addr_out = addresses
     items, cols, groups, at = layout(manifest)
     flags = np.zeros(len(items), np.int64)
     args = (cols, src, g_addr, lr, u, s, v, addr_in, addr_out)
@@ -159,6 +174,4 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
                     torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
             fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])
         flags |= second
-    bits = np.zeros(nb, np.int64)
-    np.bitwise_or.at(bits, items[:, 0], flags)
-    return new_p, new_s, scalars, bits
+    return flags
