@@ -4,7 +4,7 @@ Compile options, and why each one keeps the bits of the torch path (replica/opti
 - fastmath off: no reassociation, no reciprocal instead of division, no `contract` flag, so LLVM never fuses a
   multiply and an add into an FMA (tests/replica/test_kernels.py reads the generated assembly for vfmadd);
 - error_model="numpy": a division by zero gives Inf/NaN like torch, not a Python exception;
-- cache=True: the compile (tens of seconds) happens once per machine, into __pycache__ or numba's user cache;
+- cache=True: the compile (a few seconds) happens once per machine, into __pycache__ or numba's user cache;
 - nogil=True: the caller's other threads (prefetch, snapshot writer) keep running meanwhile.
 Scalars reach the kernels as np.float32, so no expression is promoted to float64.
 """

@@ -26,7 +26,7 @@ def coefficients(c) -> np.ndarray:
 
 @helper
 def moments_row(g, m, v, m_out, v_out, sc):
-    """Pass 1 on one row; returns the NaN/Inf bits (1: g, 4: m, 8: v)."""
+    """Pass 1 on one span of rows; returns the NaN/Inf bits (1: g, 4: m, 8: v)."""
     b1, c1, b2, c2 = sc[0], sc[1], sc[2], sc[3]
     bg = bm = bv = False
     for c in range(g.size):
@@ -43,7 +43,7 @@ def moments_row(g, m, v, m_out, v_out, sc):
 
 @helper
 def params_row(p, m_new, root, p_out, sc):
-    """Pass 2 on one row (root = torch.sqrt of the new second moment); returns the NaN/Inf bit of p (2)."""
+    """Pass 2 on one span of rows (root = torch.sqrt of the new second moment); returns the NaN/Inf bit of p (2)."""
     bc2, eps, step, decay = sc[4], sc[5], sc[6], sc[7]
     bp = False
     for c in range(p.size):

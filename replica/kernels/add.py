@@ -13,7 +13,7 @@ def coefficients(c) -> np.ndarray:
 
 @helper
 def row(g, p, p_out):
-    """One row; returns the NaN/Inf bits (1: d, 2: p)."""
+    """One span of rows (contiguous in every buffer); returns the NaN/Inf bits (1: d, 2: p)."""
     bg = bp = False
     for c in range(g.size):
         gc = g[c]

@@ -17,7 +17,7 @@ def coefficients(c) -> np.ndarray:
 
 @helper
 def row(g, p, m, p_out, m_out, sc):
-    """One row; returns the NaN/Inf bits (1: g, 2: p, 4: m)."""
+    """One span of rows (contiguous in every buffer); returns the NaN/Inf bits (1: g, 2: p, 4: m)."""
     lr, decay, b1, c1, b2, c2 = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
     bg = bp = bm = False
     for c in range(g.size):

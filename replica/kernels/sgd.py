@@ -17,7 +17,7 @@ def coefficients(c) -> np.ndarray:
 
 @helper
 def row(g, p, b, p_out, b_out, sc):
-    """One row; returns the NaN/Inf bits (1: g, 2: p, 4: momentum)."""
+    """One span of rows (contiguous in every buffer); returns the NaN/Inf bits (1: g, 2: p, 4: momentum)."""
     lr, mu, wd = sc[0], sc[1], sc[2]
     decay_on, nesterov = sc[3] != 0, sc[4] != 0
     bg = bp = bb = False
