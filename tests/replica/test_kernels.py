@@ -176,3 +176,17 @@ def test_the_kernel_has_no_fused_multiply_add(manifest):
     asm = "\n".join(fresh.inspect_asm().values())
     assert re.search(r"\bv?mul[ps]s\b", asm) and re.search(r"\bv?add[ps]s\b", asm), "the assembly was not read"
     assert not re.search(r"\bvfn?m(add|sub)\d*[ps]s\b", asm), "an FMA in the kernel"
+
+
+def test_kernels_that_do_not_load_leave_the_reference_path_said_once(manifest, monkeypatch, caplog):
+    _, data, expected = messages(manifest, "spar4", "sgd", steps=2)
+    monkeypatch.setattr(kernels, "_modules", None)
+    monkeypatch.setattr(kernels, "_error", "ImportError: No module named 'numba'")
+    monkeypatch.setattr(kernels, "_said", set())
+    assert "did not load" in kernels.unavailable("sgd")
+    with caplog.at_level("WARNING", logger="hilo.replica.kernels"):
+        assert follow(manifest, "sgd", data, "kernel") == expected  # the same bits, on the torch path
+    assert [r.getMessage() for r in caplog.records].count(
+        "apply: sgd runs on the reference path: the kernels did not load (ImportError: No module named 'numba')") == 1
+    with pytest.raises(ConfigError, match="kernel-only"):
+        follow(manifest, "sgd", data, "kernel-only")
