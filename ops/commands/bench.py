@@ -58,7 +58,7 @@ def rl(a):
 def replay(a):
     """Catch-up rate and snapshot cost at a real adapter's shape."""
     from hilo.ops.bench.replay import main
-    return main(a.json, a.shape, a.behind, a.optimizers, a.out)
+    return main(a.json, a.shape, a.behind, a.optimizers, a.out, a.apply)
 
 
 def scrape(a):
@@ -173,6 +173,7 @@ def register(sub):
     w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
     w.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     w.set_defaults(fn=wan)
+    from hilo.ops.bench.replay import APPLY as REPLAY_APPLY
     from hilo.ops.bench.replay import OPTIMIZERS as REPLAY_OPTIMIZERS
     rp = bsub.add_parser("replay", help="a site N versions behind catches up: versions/s, time per stage; snapshot save/load "
                          "time and size (AdamW, SGD, a delta-mode site)")
@@ -180,6 +181,8 @@ def register(sub):
     rp.add_argument("--behind", type=at_least(1), default=100, help="versions the site replays (default: %(default)s)")
     rp.add_argument("--optimizers", type=names(list(REPLAY_OPTIMIZERS)), default=",".join(REPLAY_OPTIMIZERS),
                     help="comma list; add = a delta-mode site (default: %(default)s)")
+    rp.add_argument("--apply", type=names(list(REPLAY_APPLY)), default=",".join(REPLAY_APPLY),
+                    help="comma list of apply paths, a row each: kernel (replica/kernels/), reference (torch) (default: %(default)s)")
     rp.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/replay-TIME)")
     rp.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     rp.set_defaults(fn=replay)
