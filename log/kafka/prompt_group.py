@@ -143,7 +143,10 @@ class KafkaPromptQueue(PromptQueue):
             p.begin_transaction()
             futures = [p.send(self.rollouts, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
                        for k, v, h in records]
-            p.send_offsets_to_transaction(offsets, self.consumer.group_metadata())
+            group = self.consumer.group_metadata()
+            # bounded like the commit: kafka-python waits on the coordinator's answer with no timeout, and a site whose
+            # settle met a broker restart waited there forever, silent (a stuck site's stack, test_outage's hilo rl run)
+            call_within(lambda: p.send_offsets_to_transaction(offsets, group), ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
             p.flush(timeout=ATTEMPT_TIMEOUT_S)
             crashpoints.reach("generate.in-transaction")  # the rollouts are on the brokers, uncommitted
             call_within(p.commit_transaction, ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
