@@ -158,6 +158,16 @@ def check_servers(cfg: RLConfig) -> None:
                             f"python -m hilo.ops.rl_bases {cfg.base} writes it, ops/vllm/start.sh DIR serves it)")
 
 
+def last_words(log_path: str, lines: int = 6) -> str:
+    """The tail of a site's log, indented, so the line that says a site exited also says why."""
+    try:
+        with open(log_path, errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n    | {line}" for line in tail)
+
+
 def _site(cfg, vllm, url, run, name, work):
     """One `hilo consume --generate` process; its log in WORK/NAME.log."""
     cmd = [sys.executable, "-m", "hilo.ops.cli", "consume", "--log", url, "--run", run, "--site", name,
@@ -211,7 +221,7 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 for n in sorted(set(dead) - gone):  # said once; the group moves its prompts to the others
                     gone.add(n)
                     say(f"hilo rl: {n} exited ({procs[n].returncode}) at step {producer.version + 1}; the other sites take "
-                        f"its prompts (its log: {work}/{n}.log)")
+                        f"its prompts (its log: {work}/{n}.log){last_words(f'{work}/{n}.log')}")
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")
                 if time.monotonic() - waited > STALL_S:

@@ -72,6 +72,8 @@ class KafkaPromptQueue(PromptQueue):
         """One poll of the group's partitions assigned to this site."""
         self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
         try:
+            if self.consumer is None:  # a rejoin that met an outage: join now
+                self._join()
             got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
         except KafkaError as e:  # a broker restart: kafka-python raises a connection error from the coordinator lookup
             raise failure(f"{self.log.url}: site {self.site}: reading run {self.run}'s prompts", e) from None
@@ -107,7 +109,7 @@ class KafkaPromptQueue(PromptQueue):
 
     def resume(self):
         """Unpause what `defer` paused (a rebalance unpauses on its own: the new owner reads from the committed offset)."""
-        paused = self.consumer.paused()
+        paused = self.consumer.paused() if self.consumer is not None else None
         if paused:
             self.consumer.resume(*paused)
 
@@ -137,6 +139,9 @@ class KafkaPromptQueue(PromptQueue):
         """Rollouts and the group's offsets in one transaction; LeaseLost (and a rewind) if the group moved on."""
         if not lease.records:
             return []
+        if self.consumer is None:  # this member left the group in an outage: its lease's prompts are read again
+            raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site} rejoins the group after an outage; these "
+                            f"{len(records)} rollouts are discarded and their prompts read again")
         p = self.producer
         offsets = {TopicPartition(self.prompts, part): OffsetAndMetadata(off, "", -1) for part, off in lease.partitions.items()}
         try:
@@ -188,6 +193,8 @@ class KafkaPromptQueue(PromptQueue):
     def _rewind(self):
         """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again). Where
         the offsets cannot be read (an outage), a fresh member: it starts from the group's committed offsets."""
+        if self.consumer is None:  # not a member now: the next take joins and reads from the committed offsets
+            return
         try:
             for tp in self.consumer.assignment():
                 # bounded: kafka-python's committed() without a timeout waited for the coordinator forever, and a site
@@ -201,18 +208,22 @@ class KafkaPromptQueue(PromptQueue):
             self._rejoin(f"the group's offsets cannot be read ({type(unwrap(e)).__name__})")
 
     def _rejoin(self, why: str):
-        """Leave the group (bounded) and join it again with a fresh consumer, which reads from the committed offsets."""
+        """Leave the group (bounded); the next take joins it again with a fresh consumer, which reads from the committed
+        offsets. Joining there, not here, means a join that meets an outage is waited out like any read, and the site
+        never keeps a closed consumer (whose next poll raised IllegalStateError and ended the site: test_outage's
+        hilo rl run, a rewind during a broker restart)."""
         logger.warning("site %s: %s; rejoining the group with a fresh consumer", self.site, why)
+        consumer, self.consumer = self.consumer, None
         try:
-            self.consumer.close(autocommit=False, timeout_ms=5000)
+            consumer.close(autocommit=False, timeout_ms=5000)
         except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
             pass
-        self._join()
 
     def close(self):
         """Leave the group (its partitions go to the other sites at once) and close the producer."""
         try:
-            self.consumer.close(autocommit=False)
+            if self.consumer is not None:
+                self.consumer.close(autocommit=False)
         finally:
             if self._producer is not None:
                 self._producer.close(timeout=5)

@@ -141,6 +141,51 @@ def test_a_broker_outage_during_a_multi_rank_step_stops_every_rank_with_the_same
     assert firsts == list(range(1, r0["start_version"] + 3)), firsts  # no version twice, none missing
 
 
+def test_a_prompt_group_member_that_must_rewind_in_an_outage_reads_its_prompts_again_after_it(broker):
+    """A generating site's member of the prompt group releases its lease while the broker is stopped: its committed
+    offsets cannot be read, so it leaves the group. Each take during the outage is LogUnavailable (waited out), and
+    after the restart it reads the same prompts again and settles each exactly once. Before, it kept its closed
+    consumer, whose next poll raised IllegalStateError, and the site exited (seen in CI: hilo rl's site-1)."""
+    from hilo.log.base import prompts_topic
+    from hilo.schemas import headers as H
+    from hilo.schemas.errors import LeaseLost, LogUnavailable
+    url, env = broker
+    run, n = new_run("rejoin"), 3
+    log = open_log(url)
+    log.create_topics(run)
+    log.create_rollout_topics(run, 1)
+    for i in range(n):
+        log.append(prompts_topic(run), [(f"p{i}".encode(), b"prompt", {H.RUN: run, H.PROMPT: f"p{i}"})], 0)
+    q = log.prompt_queue(run, "a", 60.0)
+    leases = []
+    try:
+        wait_until(lambda: leases.append(q.take(n, timeout_s=0.5)) or len(leases[-1].records) == n, 120, "the prompts taken")
+        subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)
+        try:
+            q.release(leases[-1])  # rewind: the committed offsets cannot be read now
+        except LogUnavailable:
+            pass
+        with pytest.raises(LogUnavailable):
+            q.take(n, timeout_s=0.5)
+        subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+        settled = []
+
+        def again():  # what a site's generator does: an outage's error is waited out, a failed settle reads again
+            try:
+                lease = q.take(n, timeout_s=0.5)
+                if lease.records:
+                    q.settle(lease, [(r.key, b"answer", {H.PROMPT: r.key.decode(), H.SITE: "a"}) for r in lease.records])
+                    settled.extend(r.key.decode() for r in lease.records)
+            except (LogUnavailable, LeaseLost):
+                return False
+            return len(settled) >= n
+        wait_until(again, 180, "the prompts read again and settled after the restart", every_s=0)
+    finally:
+        q.close()
+        log.close()
+    assert sorted(settled) == [f"p{i}" for i in range(n)]
+
+
 @pytest.mark.vllm
 def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(broker, vllm, tmp_path):
     """`hilo rl` (the trainer and two generating sites, real processes, a real vLLM) with its broker stopped for the
