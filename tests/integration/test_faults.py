@@ -16,8 +16,9 @@ from tests.scenarios import zombie
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path):
-    rng = random.Random(20)
+def test_consumer_sigkilled_at_8_random_moments_reaches_trainer_digest(tmp_path):
+    # 8 kills, each a fresh process (most of the test's time); `hilo bench faults` kills many more times
+    rng, kills = random.Random(20), 8
     run = new_run("kill")
     producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32),
                             producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
@@ -25,7 +26,7 @@ def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path
     state = str(tmp_path / "victim")
     behind_at_kill = 0
     with opened(KAFKA_URL) as log:
-        for round_ in range(20):
+        for round_ in range(kills):
             before = producer.version
             publish_random(producer, 6, seed=round_)
             # Kill right after a random version inside this round's work (the site replays to it from its last
@@ -42,7 +43,7 @@ def test_consumer_sigkilled_at_20_random_moments_reaches_trainer_digest(tmp_path
     final = site_of(SiteConfig(log=KAFKA_URL, run=run, site="victim", state_dir=state, until_version=producer.version))
     final.run(progress=False)
     assert final.follower.replica.digest == producer.replica.digest
-    assert behind_at_kill >= 10, f"only {behind_at_kill}/20 kills landed while the site had work left"
+    assert behind_at_kill >= kills // 2, f"only {behind_at_kill}/{kills} kills landed while the site had work left"
     producer.close()
 
 
