@@ -22,6 +22,7 @@ from hilo.schemas.framing import split_trailer
 from hilo.schemas.options import opt
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
+from .lies import made_up
 from .vllm_serving import VllmDown, VllmError
 
 logger = logging.getLogger(__name__)
@@ -212,6 +213,8 @@ class Generator:
         end = self.serving.version
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
+            if self.serving.lie == "logprobs":  # a test hook (consumer/lies.py): a site that makes them up
+                logprobs = made_up(logprobs)
             reward = float(self.reward(p.token_ids, ids))
             r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
                               finish if finish in ("stop", "length") else "abort",

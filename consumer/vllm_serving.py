@@ -87,6 +87,20 @@ class VllmServer:
         self.plugin = plugin
         logger.info("vLLM at %s now serves v%d as %r", self.url, version, self.lora_name)
 
+    def prompt_logprobs(self, ids) -> list:
+        """The log-probability the adapter `lora_name` gives each token of `ids` after the first, given the ones before
+        it (vLLM's prompt_logprobs): what a site compares with its own replica's forward pass."""
+        r = self._call("POST", "/v1/completions", json={"model": self.lora_name, "prompt": list(ids), "max_tokens": 1,
+                                                        "temperature": 0, "prompt_logprobs": 0})
+        if r.status_code != 200:
+            raise VllmError(f"vLLM at {self.url} refused a prompt_logprobs request: {_reason(r)}")
+        try:
+            rows = r.json()["choices"][0]["prompt_logprobs"][1:]
+            return [float(row[str(t)]["logprob"]) for row, t in zip(rows, list(ids)[1:], strict=True)]
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise VllmError(f"vLLM at {self.url}: a prompt_logprobs answer without the prompt's log-probabilities "
+                            f"({type(e).__name__}: {e})") from None
+
     def complete(self, prompt_ids, sampling) -> list:
         """`sampling.n` completions of the token ids `prompt_ids` by the adapter `lora_name`: one (completion token ids,
         behaviour log-probability of each, finish reason) per sample. vLLM's log-probabilities are the model's

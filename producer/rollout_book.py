@@ -23,7 +23,9 @@ from hilo.schemas.rollouts import PromptRecord, RolloutRecord
 
 # Why a rollout is not trained on: the reasons the trainer counts (and its metrics label).
 DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy",
+                "audit-failed", "quarantined",  # the audit's (producer/rollout_audit.py), asked by the book
                 "malformed", "non-finite", "unsigned", "forged")  # the last four: refused before the book (rollout_exchange)
+RETIRING = ("stale", "too-old-policy", "audit-failed", "quarantined")  # the group can no longer complete: it leaves flight
 
 
 @dataclass(frozen=True)
@@ -93,18 +95,29 @@ class RolloutBook:
         self.in_flight[prompt.prompt_id] = prompt
         self.received[prompt.prompt_id] = {}
 
-    def offer(self, r: RolloutRecord, trainer_version: int, offset: int | None = None) -> str | None:
+    def offer(self, r: RolloutRecord, trainer_version: int, offset: int | None = None, judge=None) -> str | None:
         """Take one received rollout, read at `offset` of RUN.rollouts; returns None if accepted, else the reason it is
-        dropped (and counted)."""
+        dropped (and counted). judge(r, prompt) -> reason or None: asked last, of a rollout the book would accept (the
+        audit)."""
         reason = self._check(r, trainer_version, offset)
+        if reason is None and judge is not None:
+            reason = judge(r, self.in_flight[r.prompt_id])
         if reason is None:
             self.received[r.prompt_id][r.sample] = r
             self.accepted += 1
             return None
         self.dropped[reason] += 1
-        if reason in ("stale", "too-old-policy"):  # the group can no longer complete: it ages out together
-            self._retire(r.prompt_id)
+        if reason in RETIRING:  # the group can no longer complete: it ages out together
+            self._retire(r.prompt_id, reason)
         return reason
+
+    def drop_site(self, site: str) -> list:
+        """Retire every prompt in flight holding a sample from `site` (quarantined: its samples are dropped, counted
+        "quarantined"); the prompt ids, in issue order."""
+        out = [pid for pid, got in self.received.items() if any(r.site == site for r in got.values())]
+        for pid in out:
+            self._retire(pid, "quarantined")
+        return out
 
     def _check(self, r: RolloutRecord, trainer_version: int, offset: int | None) -> str | None:
         if r.run != self.run:
@@ -128,12 +141,13 @@ class RolloutBook:
             return "stale"
         return None
 
-    def _retire(self, prompt_id: str) -> None:
-        """A prompt leaves flight: its samples so far are dropped with it (counted as stale)."""
+    def _retire(self, prompt_id: str, reason: str = "stale") -> None:
+        """A prompt leaves flight: its samples so far are dropped with it (counted under `reason`: stale unless the
+        audit dropped it)."""
         self.in_flight.pop(prompt_id, None)
         aged = len(self.received.pop(prompt_id, {}))
         if aged:
-            self.dropped["stale"] += aged
+            self.dropped["stale" if reason == "too-old-policy" else reason] += aged
         self.retired.add(prompt_id)
 
     def age_out(self, trainer_version: int) -> list:
