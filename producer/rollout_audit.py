@@ -237,7 +237,7 @@ class Auditor:
         return {"share": self.cfg.share, "tolerance": self.cfg.tolerance, "seconds": round(self.seconds, 3),
                 "kept_versions": len(self.versions), "kept_bytes": self.kept_bytes,
                 "sites": {s: v.to_dict() for s, v in sorted(self.verdicts.items())},
-                "token_differences": {k: self.histogram[k] for k in sorted(self.histogram, key=_decade_order)}}
+                "token_differences": {k: self.histogram[k] for k in sorted(self.histogram, key=decade_order)}}
 
 
 def _decade(d: float) -> str:
@@ -248,5 +248,6 @@ def _decade(d: float) -> str:
     return "<1e-9" if e < -9 else f"1e{e}"
 
 
-def _decade_order(k: str) -> float:
+def decade_order(k: str) -> float:
+    """A sort key for _decade's buckets, smallest first."""
     return -math.inf if k == "0" else -10 if k == "<1e-9" else float(k[2:])
