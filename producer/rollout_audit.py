@@ -45,7 +45,7 @@ from hilo.schemas.options import opt
 
 logger = logging.getLogger(__name__)
 DTYPES = ("bfloat16", "float16", "float32")
-HONEST_WORST = 2.0e-5  # measured: the worst honest per-token difference on the vLLM CPU server, fp32 (docs/results/audit.json)
+BATCH = 32  # rollouts scored in one forward pass
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,7 @@ class Auditor:
         self.histogram = collections.Counter()      # honest-margin calibration: per-token |difference| by power of ten
         self._moments = {}                          # site -> [sum of (surprisal - mean), sum of variances]
         self.newly_quarantined = []                 # sites quarantined since the exchange last asked
+        self._scored, self._batch_share = {}, 0.0   # what `prepare` scored ahead of `judge`, and its time per rollout
 
     @property
     def kept_bytes(self) -> int:
@@ -139,6 +140,28 @@ class Auditor:
             return True
         h = hmac.new(self.key, f"{r.run}\0{r.prompt_id}\0{r.sample}".encode(), hashlib.sha256).digest()
         return int.from_bytes(h[:8], "big") / 2 ** 64 < self.cfg.share
+
+    def prepare(self, pairs) -> None:
+        """Score, ahead of `judge`, every (rollout, prompt) of `pairs` that will be audited: one forward pass per claimed
+        version for up to BATCH rollouts (judge then only compares)."""
+        self._scored.clear()
+        todo = collections.defaultdict(list)
+        for r, prompt in pairs:
+            v = self.verdicts.get(r.site)
+            if (v is None or not v.quarantined) and self.drawn(r) and r.version_start == r.version_end \
+                    and r.version_start in self.versions:
+                todo[r.version_start].append((r, prompt))
+        n = sum(len(items) for items in todo.values())
+        t0 = time.perf_counter()
+        for version, items in todo.items():
+            for i in range(0, len(items), BATCH):
+                chunk = items[i:i + BATCH]
+                for (r, _), scored in zip(chunk, completion_scores(self.model, [_sample(r, p) for r, p in chunk],
+                                                                   self.versions[version])):
+                    self._scored[_key(r)] = scored
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        self._batch_share = spent / n if n else 0.0
 
     def verdict(self, site: str) -> Verdict:
         """The verdict of `site` (a new, clean one for a site not seen yet)."""
@@ -162,8 +185,11 @@ class Auditor:
             v.unaudited += 1
             return None
         t0 = time.perf_counter()
-        mine, mean, var = completion_scores(self.model, prompt.token_ids, r.completion_ids, params,
-                                            prompt.sampling.temperature, prompt.sampling.top_p)
+        scored = self._scored.pop(_key(r), None)
+        ahead = self._batch_share if scored is not None else 0.0  # its share of prepare's forward pass
+        if scored is None:
+            scored = completion_scores(self.model, [_sample(r, prompt)], params)[0]
+        mine, mean, var = scored
         theirs = torch.tensor(r.logprobs, dtype=torch.float64)
         if theirs.shape != mine.shape:
             diff, worst, at = None, math.inf, 0
@@ -180,7 +206,8 @@ class Auditor:
                 self.histogram[_decade(d)] += 1
             self._sampling(v, mine, mean, var)
         spent = time.perf_counter() - t0
-        self.seconds += spent
+        self.seconds += spent  # prepare counted its forward pass already
+        spent += ahead
         if self.metrics is not None:
             self.metrics.inc("rollouts_audited", site=r.site, result="failed" if failed else "passed")
             self.metrics.set("audit_worst_difference", v.worst, site=r.site)
@@ -238,6 +265,15 @@ class Auditor:
                 "kept_versions": len(self.versions), "kept_bytes": self.kept_bytes,
                 "sites": {s: v.to_dict() for s, v in sorted(self.verdicts.items())},
                 "token_differences": {k: self.histogram[k] for k in sorted(self.histogram, key=decade_order)}}
+
+
+def _key(r) -> tuple:
+    return r.prompt_id, r.sample, r.site, r.version_start, r.completion_ids
+
+
+def _sample(r, prompt) -> tuple:
+    """What completion_scores scores of rollout `r` answering `prompt`."""
+    return prompt.token_ids, r.completion_ids, prompt.sampling.temperature, prompt.sampling.top_p
 
 
 def _decade(d: float) -> str:

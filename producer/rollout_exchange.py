@@ -152,8 +152,11 @@ class RolloutExchange:
             batch = None
         if batch is not None:
             self.outage.over()
-            for rec in batch:
-                r = self._rollout(rec)
+            decoded = [(rec, self._rollout(rec)) for rec in batch]
+            if self.auditor is not None:  # the audited ones scored together, one forward pass per version
+                self.auditor.prepare([(r, self.book.in_flight[r.prompt_id]) for _, r in decoded
+                                      if r is not None and r.prompt_id in self.book.in_flight])
+            for rec, r in decoded:
                 if r is not None:
                     self._offer(rec, r, trainer_version)
             self.next_offset = batch.next_offset

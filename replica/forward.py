@@ -85,13 +85,20 @@ def sampling_moments(logits: torch.Tensor, temperature: float, top_p: float) -> 
     return mean, ((q * s * s).sum(-1) - mean * mean).clamp(min=0.0)
 
 
-def completion_scores(model, prompt, completion, params: dict | None, temperature: float, top_p: float) -> tuple:
-    """(log-probability of each completion token, surprisal mean, surprisal variance) of one sample, no grad: what the
+def completion_scores(model, samples, params: dict | None) -> list:
+    """For each (prompt ids, completion ids, temperature, top_p): (log-probability of each completion token, surprisal
+    mean, surprisal variance), no grad, one forward pass for all (right padding never reaches a real token): what the
     audit compares with a site's behaviour log-probabilities, and its sampling test's terms (sampling_moments)."""
-    ids = torch.tensor([list(prompt) + list(completion)])
+    if not samples:
+        return []
+    seqs = [list(p) + list(c) for p, c, _, _ in samples]
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    ids = torch.tensor([s + [pad] * (max(map(len, seqs)) - len(s)) for s in seqs])
     with torch.no_grad():
         out = torch.func.functional_call(model, params, (ids,)) if params else model(ids)
-        logits = out.logits[0, len(prompt) - 1:len(prompt) + len(completion) - 1].float()
-    lp = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(list(completion), dtype=torch.long).view(-1, 1)).squeeze(1)
-    mean, var = sampling_moments(logits, temperature, top_p)
-    return lp, mean, var
+    res = []
+    for i, (p, c, temperature, top_p) in enumerate(samples):
+        logits = out.logits[i, len(p) - 1:len(p) + len(c) - 1].float()
+        lp = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(list(c), dtype=torch.long).view(-1, 1)).squeeze(1)
+        res.append((lp, *sampling_moments(logits, temperature, top_p)))
+    return res

@@ -92,6 +92,18 @@ def test_honest_rollouts_pass_wrong_versions_and_made_up_logprobs_fail_and_quara
     assert a.judge(record("z", 0, "stale", 2, ids, lps), prompt(0)) is None
 
 
+def test_rollouts_scored_together_ahead_are_judged_as_one_by_one(model):
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    rs = [record(f"b{i}", 0, "s", i % 3, *sample(model, names, vs[i % 3], n_tokens=1 + i % 4, seed=i)) for i in range(7)]
+    rs[3] = record("b3", 0, "s", 1, rs[3].completion_ids, tuple(x * 0.99 for x in rs[3].logprobs))
+    one, batched = auditor(model, manifest, vs), auditor(model, manifest, vs)
+    batched.prepare([(r, prompt(0)) for r in rs])
+    assert len(batched._scored) == 7
+    assert [batched.judge(r, prompt(0)) for r in rs] == [one.judge(r, prompt(0)) for r in rs] == [None] * 3 + ["audit-failed"] + [None] * 3
+    assert not batched._scored and abs(batched.verdicts["s"].worst_passed - one.verdicts["s"].worst_passed) < 1e-6
+
+
 def test_a_version_no_longer_kept_is_unaudited_not_failed(model):
     manifest, vs = versions(model)
     names = lora_names(model, manifest)
