@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 class Serving:
     """One site's adapter exports and its vLLM server (None: export and hook only). The generator reads
-    `version` (what vLLM serves now, or None) and `healthy` (its loads succeed) and nothing else of the site."""
+    `version` (what vLLM serves now, or None), `healthy` (its loads succeed and pass the self-check) and `lie` (a
+    test hook, consumer/lies.py) and nothing else of the site."""
 
     def __init__(self, cfg, metrics):
         self.site, self.export, self.dtype, self.keep, self.hook = cfg.site, cfg.export_adapters, cfg.export_dtype, \
@@ -87,13 +88,14 @@ class Serving:
         if self.server is None or not self.state.needs_load(replica.version):
             return False
         version, out = self.state.exported
+        loaded = out
         if self.lie == "previous" and self.state.serving:
-            out = self.state.serving[1]  # the adapter loaded before, under the new version
+            loaded = self.state.serving[1]  # the adapter loaded before, under the new version
         t1 = time.perf_counter()
         try:
             if self.server.version is None:
                 self.server.check()
-            self.server.load(out, version)
+            self.server.load(loaded, version)
             if self.checker is not None:
                 self.checker.check(replica)
         except VllmError as e:
@@ -113,7 +115,7 @@ class Serving:
         self.timing["load_s"] = time.perf_counter() - t1
         self.metrics.observe("stage_seconds", self.timing["load_s"], stage="vllm_reload")
         self.metrics.set("serving_version", version)
-        prune_adapters(out.parent, self.keep, protect=[out])  # the previously served one may go now
+        prune_adapters(out.parent, self.keep, protect=[out, loaded])  # the previously served one may go now
         return True
 
     def _retry_later(self, error) -> None:
