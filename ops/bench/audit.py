@@ -22,6 +22,8 @@ from hilo.producer.rollout_audit import AuditConfig, decade_order
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
 
+PARTIAL = "hilo.ops.digit_task:partial_reward"  # partial credit: the tiny policy moves every step (0/1: it stays put)
+
 
 @dataclasses.dataclass(frozen=True)
 class AuditBenchConfig:
@@ -45,7 +47,7 @@ class AuditBenchConfig:
     def rl(self, share: float) -> RLConfig:
         """The `hilo rl` config of one run."""
         return RLConfig(vllm=self.vllm, base=self.base, sites=2, staleness=1, steps=self.steps, batch_prompts=self.batch_prompts,
-                        samples=self.samples, seed=self.seed, audit=AuditConfig(share=share))
+                        samples=self.samples, seed=self.seed, audit=AuditConfig(share=share), reward=PARTIAL)
 
 
 def one_run(cfg: RLConfig) -> dict:

@@ -13,13 +13,15 @@ from tests.helpers import hilo, reaped
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
-RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--json")
+# partial credit: the random tiny policy's samples differ, so every step moves it (with the 0/1 reward it stays put)
+REWARD = "hilo.ops.digit_task:partial_reward"
+RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")
 
 
 def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None):
     """A generating site of `run` that exits at v`steps`; its stderr in tmp_path/NAME.log."""
     return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm", vllm_url,
-                "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+                "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", REWARD,
                 "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
                 stderr=open(tmp_path / f"{name}.log", "w"), env=env)
 
@@ -41,18 +43,20 @@ def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
           f"{audit['tolerance'] / max(worst, 1e-12):.0f}x")
 
 
-@pytest.mark.parametrize("lie, extra", [
-    ("previous", ("--no-self-check",)),   # serves v-1 while claiming v (a stale adapter under the same name)
-    ("perturb", ("--no-self-check",)),    # one block scaled by 1 + 1e-3
-    ("logprobs", ()),                     # well-signed rollouts, made-up log-probabilities
+@pytest.mark.parametrize("lie, extra, lr", [
+    ("previous", ("--no-self-check",), "3e-3"),  # serves v-1 while claiming v (a stale adapter under the same name)
+    # one block scaled by 1 + 1e-3: it moves log-probabilities in proportion to the adapter's own effect, which on the
+    # random tiny model at lr 3e-3 stays about 3e-6 (below the honest noise); at 3e-2 it is 4e-5 to 4e-4
+    ("perturb", ("--no-self-check",), "3e-2"),
+    ("logprobs", (), "3e-3"),                    # well-signed rollouts, made-up log-probabilities
 ])
-def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, tmp_path, lie, extra):
+def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, tmp_path, lie, extra, lr):
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run(f"audit{lie}"), 6
     sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
              "liar": _site(log, run, "liar", tmp_path, url, steps, *extra, env=dict(os.environ, HILO_LIE=lie))}
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
-                   *RL)
+                   "--lr", lr, *RL)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
