@@ -4,20 +4,22 @@
 
 The replica is the trainer's state bit for bit (the digest chain proves it); nothing proved that vLLM serves it. A
 load that failed silently, a stale adapter cached under the same name, an engine on another dtype, rank or base
-model: each gives other log-probabilities for the same tokens. After every load the site scores a fixed probe
-(replica/forward.py `probe_ids`) with vLLM and with its own forward pass of the version it just loaded (the params as
-exported: rounded to the export dtype), and compares the two per token. Over the tolerance it does not generate
+model: each gives other log-probabilities for the same tokens. After every load the site asks vLLM for the log-probabilities of the
+most likely next tokens after each prefix of a fixed probe (replica/forward.py `probe_ids`), computes the same with
+its own forward pass of the version it just loaded (the params as exported: rounded to the export dtype), and
+compares them token by token. Over the tolerance it does not generate
 with that load, says so in one line naming the version and the worst difference, and retries the load
 (consumer/serving.py). The forward pass needs the base model vLLM serves as a local directory (the path vLLM
 reports, or `--self-check-base`); it is loaded once, in fp32.
 """
 import logging
+import math
 import os
 import time
 
 import torch
 
-from hilo.replica.forward import completion_logprobs, lora_names, policy_model, probe_ids
+from hilo.replica.forward import lora_names, policy_model, probe_ids
 from hilo.schemas.errors import ConfigError, HiloError
 
 from .adapter_export import DTYPES
@@ -55,17 +57,24 @@ class SelfCheck:
         return self.model
 
     def check(self, replica) -> float:
-        """Compare vLLM's log-probabilities of the probe with `replica`'s (the version just loaded); the worst per-token
-        difference, or SelfCheckFailed naming the version and it."""
+        """Compare vLLM's log-probabilities of the next token after each prefix of the probe with `replica`'s (the
+        version just loaded); the worst difference, or SelfCheckFailed naming the version and it."""
         model = self._model(replica.manifest)
         t0 = time.perf_counter()
         params = {n: p.to(self.dtype).to(torch.float32) for n, p in zip(self.names, replica.state.params)}
-        mine = completion_logprobs(model, [(self.probe[:1], self.probe[1:])], params, grad=False)[0].double()
-        theirs = torch.tensor(self.server.prompt_logprobs(self.probe), dtype=torch.float64)
-        diff = (mine - theirs).abs()
-        self.worst, self.seconds = float(diff.max()), time.perf_counter() - t0
-        if not self.worst <= self.tolerance:  # `not <=`: a NaN fails too
+        with torch.no_grad():
+            logits = torch.func.functional_call(model, params, (torch.tensor([self.probe]),)).logits[0]
+        mine = torch.log_softmax(logits.double(), -1)                        # [position, vocab]
+        theirs = self.server.next_token_logprobs([self.probe[:k] for k in range(1, len(self.probe) + 1)])
+        worst, where = 0.0, (0, 0)
+        for k, row in enumerate(theirs):
+            for token, lp in row.items():
+                d = abs(float(mine[k, token]) - lp) if 0 <= token < mine.shape[1] else math.inf
+                if not d <= worst:  # a NaN counts as the worst
+                    worst, where = d, (k + 1, token)
+        self.worst, self.seconds = worst, time.perf_counter() - t0
+        if not worst <= self.tolerance:
             raise SelfCheckFailed(f"vLLM does not serve v{replica.version}: its log-probabilities of the probe differ from "
-                                  f"the replica's by up to {self.worst:.3g} (token {int(diff.argmax()) + 1} of "
-                                  f"{len(self.probe)}; tolerance {self.tolerance:g})")
-        return self.worst
+                                  f"the replica's by up to {worst:.3g} (token {where[1]} after {where[0]} of the probe's "
+                                  f"{len(self.probe)} tokens; tolerance {self.tolerance:g})")
+        return worst

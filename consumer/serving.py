@@ -111,6 +111,8 @@ class Serving:
         if self.checker is not None:
             self.metrics.set("self_check_worst_difference", self.checker.worst)
             self.metrics.observe("stage_seconds", self.checker.seconds, stage="self_check")
+            logger.info("site %s: self-check of v%d passed: worst log-probability difference %.3g (tolerance %g)", self.site,
+                        version, self.checker.worst, self.checker.tolerance)
         self.state.on_loaded()
         self.timing["load_s"] = time.perf_counter() - t1
         self.metrics.observe("stage_seconds", self.timing["load_s"], stage="vllm_reload")

@@ -56,9 +56,9 @@ class AuditConfig:
 
     share: float = opt(0.1, "share of rollouts audited (0 to 1), drawn per rollout with a key only the trainer holds: each "
                        "audit is one forward pass of prompt + completion under the version the rollout claims")
-    tolerance: float = opt(1e-3, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
-                           "server, fp32 base and adapters: honest differences measured up to 2e-5, docs/results/audit.json; a "
-                           "GPU or bf16 deployment measures and sets its own)")
+    tolerance: float = opt(1e-5, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
+                           "server, fp32 base and adapters: honest differences measured below 1e-6, `hilo bench audit`, "
+                           "docs/results/audit.json; a GPU or bf16 deployment measures and sets its own)")
     quarantine_after: int = opt(2, "failed audits after which a site is quarantined (its rollouts dropped)")
     served_dtype: str = opt("float32", "the dtype the sites export adapters in (their --export-dtype): the audit rounds each "
                             "version's params to it, as vLLM was given them")

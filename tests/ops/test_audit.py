@@ -88,7 +88,8 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
     res = json.loads(out)
     lines = (tmp_path / "s.log").read_text().splitlines()
     failed = [x for x in lines if "self-check failed: vLLM does not serve v" in x]
-    assert failed and re.search(r"differ from the replica's by up to \S+ \(token \d+ of \d+; tolerance", failed[0]), failed
+    assert failed and re.search(r"differ from the replica's by up to \S+ \(token \d+ after \d+ of the probe's 12 tokens; "
+                                r"tolerance", failed[0]), failed
     # what it generated (with v0, before its first bad load) was right; after that it generated nothing
     assert res["ok"] and res["audit"]["sites"].get("s", {"failed": 0})["failed"] == 0, res["audit"]
     assert any("takes no prompts until its vLLM answers again" in x for x in lines), lines[-20:]
