@@ -20,10 +20,11 @@ RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", 
 
 def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None):
     """A generating site of `run` that exits at v`steps`; its stderr in tmp_path/NAME.log."""
-    return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm", vllm_url,
-                "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", REWARD,
-                "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
-                stderr=open(tmp_path / f"{name}.log", "w"), env=env)
+    with open(tmp_path / f"{name}.log", "w") as stderr:  # the child holds its own copy
+        return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
+                    vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", REWARD,
+                    "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
+                    stderr=stderr, env=env)
 
 
 def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
