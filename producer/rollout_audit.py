@@ -13,16 +13,16 @@ the tolerance the rollout fails and is dropped; a site whose failed audits reach
 one loud line naming it and the evidence, every rollout it sends after that dropped (and its samples waiting in
 groups), until an operator clears it (`Auditor.clear`). The run goes on with the other sites.
 
-What it proves and what it does not (docs/design.md, "What the audit proves"): a passed audit proves the reported
+What it proves and what it does not (docs/design.md, "What each site served"): a passed audit proves the reported
 log-probabilities are those of the claimed version for the tokens sent, within the tolerance. It does not prove the
 tokens were *sampled* from that distribution: a site that reports the right log-probabilities of tokens drawn from
 another policy passes. That is caught statistically: for honest sampling the surprisal -log p(x_t) of each sampled
 token has a known mean and variance given its prefix (replica/forward.py `sampling_moments`, from the prompt's
 temperature and top_p), the deviations form a martingale, and their standardized sum over a site's audited tokens
-(`sampling_z`) is close to N(0, 1). A site sampling from a policy whose cross-entropy against the claimed one
-differs drifts away linearly in the number of tokens; past `sampling_z_limit` (after `sampling_min_tokens`) it is
-quarantined too. A sampler that matches the claimed policy's cross-entropy while differing elsewhere is not caught
-by this statistic.
+(Verdict.z) is close to N(0, 1). For a site sampling from a policy whose cross-entropy against the claimed one
+differs, the sum drifts linearly and z grows like the square root of the tokens audited; past `sampling_z_limit`
+(after `sampling_min_tokens`) it is quarantined too. A sampler that matches the claimed policy's cross-entropy
+while differing elsewhere is not caught by this statistic.
 
 Cost: each kept version is a copy of the adapter's fp32 params ((S + 1) x 4 bytes x params: 5.2 MB for the tiny
 model at S = 4 with rank 16, 1.4 GB for Qwen3-1.7B rank 64 at S = 4), and each audited rollout one forward pass of
