@@ -3,12 +3,16 @@
     HILO_LIE=previous hilo consume ... --no-self-check    # serves the previously loaded adapter under each new version
     HILO_LIE=perturb  hilo consume ... --no-self-check    # serves each version with one block scaled by 1 + 1e-3
     HILO_LIE=logprobs hilo consume ...                     # reports made-up behaviour log-probabilities (x 0.99)
+    HILO_LIE=sharpen  hilo consume ...                     # samples at a quarter of the prompt's temperature
 
 Unset (the normal case) a site is honest. `previous` and `perturb` are what a stale vLLM adapter cache or a corrupted
 load look like; the site's own self-check catches them (consumer/self_check.py) unless it is turned off, as a site
 that lies on purpose would. `logprobs` is a site sending rollouts under its valid key with log-probabilities that
-vLLM never computed. The trainer's audit (producer/rollout_audit.py) catches all three.
+vLLM never computed. The trainer's audit (producer/rollout_audit.py) catches all three per rollout. `sharpen` is a
+site that samples from another policy (a sharper one) and reports the right log-probabilities of what it sampled
+(vLLM's raw ones): every per-token check passes, and only the audit's sampling test can catch it, statistically.
 """
+import dataclasses
 import os
 import pathlib
 
@@ -18,9 +22,11 @@ from hilo.schemas.errors import ConfigError
 
 LIES = {"previous": "serve the previously loaded adapter under the new version",
         "perturb": "serve each version with its largest lora_B block scaled by 1 + PERTURB",
-        "logprobs": "report each behaviour log-probability times LOGPROB_SCALE"}
+        "logprobs": "report each behaviour log-probability times LOGPROB_SCALE",
+        "sharpen": "sample at the prompt's temperature times SHARPEN, reporting vLLM's (right) log-probabilities"}
 PERTURB = 1e-3
 LOGPROB_SCALE = 0.99
+SHARPEN = 0.25
 
 
 def lie() -> str | None:
@@ -39,6 +45,11 @@ def perturb_adapter(adapter_dir) -> str:
     tensors[name] = (tensors[name].double() * (1 + PERTURB)).to(tensors[name].dtype)
     save_file({k: t.contiguous() for k, t in tensors.items()}, str(path), metadata={"format": "pt"})
     return name
+
+
+def sharpened(sampling):
+    """The prompt's sampling parameters at SHARPEN times its temperature (what a `sharpen` site asks vLLM for)."""
+    return dataclasses.replace(sampling, temperature=sampling.temperature * SHARPEN)
 
 
 def made_up(logprobs) -> tuple:

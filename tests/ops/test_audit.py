@@ -98,3 +98,26 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
     # what it generated (with v0, before its first bad load) was right; after that it generated nothing
     assert res["ok"] and res["audit"]["sites"].get("s", {"failed": 0})["failed"] == 0, res["audit"]
     assert any("takes no prompts until its vLLM answers again" in x for x in lines), lines[-20:]
+
+
+def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught_by_the_sampling_test(vllm, tmp_path):
+    """HILO_LIE=sharpen: the site asks vLLM for a quarter of the prompt's temperature and reports vLLM's log-probabilities
+    of what it sampled, which are right: every per-token check passes. The standardized surprisal sum of its tokens
+    drifts (an honest site's stays near 0) and quarantines it. The limits are lowered to fit a short run."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("auditsharp"), 8
+    sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
+             "liar": _site(log, run, "liar", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="sharpen"))}
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
+                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "40", *RL)
+    with reaped(trainer, sites):
+        out, err = trainer.communicate(timeout=900)
+        assert trainer.returncode == 0, err[-3000:]
+        for s in sites.values():
+            s.communicate(timeout=300)
+    res = json.loads(out)
+    liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
+    print(f"sharpen: liar z {liar['z']:+.2f} over {liar['tokens']} tokens (failed {liar['failed']}), honest z "
+          f"{honest['z']:+.2f} over {honest['tokens']} tokens")
+    assert liar["failed"] == 0 and liar["quarantined"] and "standardized surprisal" in liar["evidence"], liar
+    assert not honest["quarantined"] and abs(honest["z"]) < 4, honest
