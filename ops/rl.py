@@ -189,8 +189,15 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     def min_version():
         # the k-th prompt queued ahead (complete or in flight) is trained when the trainer is at version
         # producer.version + k // B; asking for a policy at most S older keeps its samples from aging out
-        # (S = 0: a prompt issued while the current batch completes waits for the next version, it is not wasted)
-        return max(0, producer.version + (len(ready) + len(exchange.book.in_flight)) // cfg.batch_prompts - cfg.staleness)
+        # (S = 0: a prompt issued while the current batch completes waits for the next version, it is not wasted).
+        # Unless the current step still lacks groups that the prompts ahead can give: prompts were dropped (stale,
+        # audit-failed, quarantined) and this one replaces one the step needs, so it must be answerable now; asking for
+        # a later version there left every prompt in flight waiting for a version only they could make (a deadlock)
+        now = producer.version
+        answerable = sum(1 for p in exchange.book.in_flight.values() if p.min_version <= now)
+        if len(ready) + answerable < cfg.batch_prompts:
+            return max(0, now - cfg.staleness)
+        return max(0, now + (len(ready) + len(exchange.book.in_flight)) // cfg.batch_prompts - cfg.staleness)
 
     source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed, min_version=min_version),
                               exchange.issued, None)

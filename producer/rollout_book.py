@@ -70,6 +70,7 @@ class RolloutBook:
         self.received = {}                       # prompt id -> {sample: RolloutRecord}
         self.done = set()                        # prompt ids completed: a late sample of one is a duplicate (ids are small)
         self.retired = set()                     # prompt ids aged out: a late sample of one is stale too
+        self.retired_by = {}                     # prompt id -> the audit's reason, for prompts the audit retired
         self.dropped = collections.Counter()     # reason -> rollouts not trained on
         self.accepted = 0
 
@@ -123,7 +124,7 @@ class RolloutBook:
         if r.run != self.run:
             return "other-run"
         if r.prompt_id in self.retired:
-            return "stale"
+            return self.retired_by.get(r.prompt_id, "stale")  # a late sample of a group the audit dropped: the same reason
         if r.prompt_id in self.done or r.sample in self.received.get(r.prompt_id, {}):
             return "duplicate"
         prompt = self.in_flight.get(r.prompt_id)
@@ -149,6 +150,8 @@ class RolloutBook:
         if aged:
             self.dropped["stale" if reason == "too-old-policy" else reason] += aged
         self.retired.add(prompt_id)
+        if reason in ("audit-failed", "quarantined"):
+            self.retired_by[prompt_id] = reason
 
     def age_out(self, trainer_version: int) -> list:
         """Retire every prompt holding a sample more than S versions behind `trainer_version` (its group could only be

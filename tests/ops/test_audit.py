@@ -109,7 +109,7 @@ def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught
     sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
              "liar": _site(log, run, "liar", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="sharpen"))}
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
-                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "40", *RL)
+                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", *RL)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]

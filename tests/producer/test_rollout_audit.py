@@ -154,6 +154,8 @@ def test_the_book_drops_a_failed_group_and_a_quarantined_sites_waiting_samples()
     assert book.offer(r[2], 0, judge=lambda rec, p: "audit-failed") == "audit-failed"
     assert "p2" in book.retired and book.dropped["audit-failed"] == 1
     assert book.drop_site("bad") == ["p1"] and book.dropped["quarantined"] == 1 and list(book.in_flight) == ["p0"]
+    late = [record(pid, 1, "bad", 0, (1, 2), (-0.5, -0.5)) for pid in ("p1", "p2")]  # the rest of those groups
+    assert [book.offer(r, 0) for r in late] == ["quarantined", "audit-failed"] and book.dropped["stale"] == 0
     assert {"audit-failed", "quarantined"} <= set(DROP_REASONS)
 
 
