@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 from hilo.log.target import LogTarget
 from hilo.replay.bad_records import OnBadRecord
+from hilo.replica.kernels import MODES as APPLY_MODES
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
 
@@ -57,6 +58,9 @@ class SiteConfig:
                                      "another run's) is skipped with one warning, counted and written to the history; the "
                                      "site stops only if a later version shows it was needed. stop: the first such record "
                                      "stops the site (fail-stop; an operator must remove it)")
+    apply: str = opt("kernel", "kernel | reference | kernel-only. kernel: the fused CPU kernel (replica/kernels/) where the "
+                     "run's optimizer has one, else the torch path, said once; reference: the torch path (the specification; "
+                     "the same bits, slower); kernel-only: refuse to start without a kernel for the run's optimizer")
     prefetch: bool = opt(True, "fetch the next version while this one is verified, decoded and applied (a second log "
                          "client, one thread; over a slow link the fetch then costs nothing a version waits for)")
 
@@ -69,6 +73,8 @@ class SiteConfig:
             raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
         if self.snapshot_every_s is not None and not self.snapshot_every_s > 0:  # `not >`: NaN is refused too
             raise ConfigError(f"SiteConfig.snapshot_every_s = {self.snapshot_every_s}: must be > 0 (or none)")
+        if self.apply not in APPLY_MODES:
+            raise ConfigError(f"SiteConfig.apply = {self.apply!r}: expected one of {list(APPLY_MODES)}")
         if self.export_dtype not in DTYPES:
             raise ConfigError(f"SiteConfig.export_dtype = {self.export_dtype!r}: expected one of {sorted(DTYPES)}")
         if self.keep_adapters < 1:

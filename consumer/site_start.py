@@ -14,6 +14,7 @@ from hilo.log.tail import head, newest
 from hilo.replay.checks import accepts
 from hilo.replay.follower import Follower
 from hilo.replay.start import Source, choose_start
+from hilo.replica import kernels
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
 from hilo.schemas.position import Position
@@ -65,6 +66,12 @@ class SiteStart:
             logger.warning("site %s: snapshot v%d is older than the retained log; bootstrapping from the newest checkpoint v%d",
                            cfg.site, old.version, replica.version)
         replica.recycle = True  # read only between versions (export, snapshot), never kept: apply reuses its buffers
+        replica.apply_mode = cfg.apply
+        why = kernels.unavailable(replica.state.optimizer)
+        if why and cfg.apply == "kernel-only":
+            raise ConfigError(f"site {cfg.site}: --apply kernel-only, but {replica.state.optimizer} has no fused kernel here ({why})")
+        if why and cfg.apply == "kernel":
+            kernels.say_once(replica.state.optimizer, why)
         if cfg.from_offset is not None and held is None:
             pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",

@@ -4,8 +4,10 @@ The commands are a table (hilo/ops/commands/__init__.py); only the one being run
 operator commands (`hilo lag`, `hilo topics`) start without loading torch.
 """
 import argparse
+import faulthandler
 import importlib
 import logging
+import signal
 import sys
 
 from hilo.schemas.errors import HiloError
@@ -72,6 +74,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser(argv).parse_args(argv)
     setup_logging(a.log_level, a.log_format)
+    # `kill -USR1 PID`: every thread's stack to stderr, so a process that stopped moving says where it waits
+    if sys.__stderr__ is not None:  # the process's own stderr (sys.stderr may be a capture without a file descriptor)
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     for noisy in ("urllib3", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     # kafka-python logs each retry of what we then report in one line; DEBUG shows it all

@@ -166,7 +166,8 @@ def headline_table(root: pathlib.Path) -> str:
     serve = {s["shape"]: s["median"]["total_s"] for s in _load(root, f"{RESULTS}/serve.json")["shapes"]}
     faults = _load(root, f"{RESULTS}/faults.json")
     replay = _load(root, f"{RESULTS}/replay.json")
-    adamw = next(r for r in replay["rows"] if r["optimizer"] == "adamw")
+    adamw = next(r for r in replay["rows"] if r["optimizer"] == "adamw" and r.get("apply", "kernel") == "kernel")  # what a site runs
+    ranks = {r["ranks"]: r for r in _load(root, f"{RESULTS}/ranks.json")["rows"]}
     rows = {  # what -> measured
         f"one version of a Qwen3-1.7B rank-64 adapter ({spar4['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 codec":
             (f"{spar4['bytes'] / 1e6:.2f} MB ({100 * spar4['fraction_of_adapter']:.2f}%); encode "
@@ -185,6 +186,9 @@ def headline_table(root: pathlib.Path) -> str:
              f"{len(faults['anomalies'])} gaps, duplicates, forks or lost versions; {faults['divergent_digests']} "
              "divergent digests"),
         f"a site {replay['behind']} versions behind catching up (Qwen3-1.7B r64, AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
+        "a 2-rank trainer's step against a lone one's (torchrun, Qwen3-1.7B r64, one core per rank)":
+            (f"{ranks[2]['period_s']:.2f} s against {ranks[1]['period_s']:.2f} s "
+             f"({ranks[2]['period_s'] / ranks[1]['period_s']:.2f}x): the other rank applies the broadcast message after the step"),
     }
     return "\n".join(["| what | measured |", "|---|---|"] + [f"| {what} | {measured} |" for what, measured in rows.items()])
 
@@ -212,7 +216,8 @@ def metrics_table(root: pathlib.Path) -> str:
 
 REGIONS = {
     "headline": Region(headline_table, (f"{RESULTS}/codecs-compressed-budget.json", QUALITY, f"{RESULTS}/wan.json",
-                                        f"{RESULTS}/serve.json", f"{RESULTS}/faults.json", f"{RESULTS}/replay.json")),
+                                        f"{RESULTS}/serve.json", f"{RESULTS}/faults.json", f"{RESULTS}/replay.json",
+                                        f"{RESULTS}/ranks.json")),
     "metrics": Region(metrics_table),
     "acls": Region(acls_table),
     "codecs": _codecs(f"{RESULTS}/codecs.json"),
@@ -235,6 +240,7 @@ REGIONS = {
     "wan": _bench("wan", "markdown", f"{RESULTS}/wan.json"),
     "scrape": Region(scrape_table, (f"{RESULTS}/scrape.json",)),
     "snapshot": _bench("snapshot", "table", f"{RESULTS}/snapshot.json"),
+    "ranks": _bench("ranks", "table", f"{RESULTS}/ranks.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
 }
 
@@ -279,7 +285,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "audit", "replay", "snapshot", "wan", "scrape", "startup")
+              "fanout", "rl", "audit", "replay", "snapshot", "wan", "ranks", "scrape", "startup")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

@@ -205,13 +205,17 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = {cfg.batch_prompts}, "
         f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
     procs = {n: _site(cfg, cfg.servers[i % len(cfg.servers)], url, run, n, work) for i, n in enumerate(names)}
-    rows, t0, idle = [], time.monotonic(), 0.0
+    rows, t0, idle, gone = [], time.monotonic(), 0.0, set()
     try:
         while producer.version < cfg.steps:
             waited = time.monotonic()
 
             def going(waited=waited):
                 dead = [n for n, p in procs.items() if p.poll() is not None]
+                for n in sorted(set(dead) - gone):  # said once; the group moves its prompts to the others
+                    gone.add(n)
+                    say(f"hilo rl: {n} exited ({procs[n].returncode}) at step {producer.version + 1}; the other sites take "
+                        f"its prompts (its log: {work}/{n}.log)")
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")
                 if time.monotonic() - waited > STALL_S:
@@ -251,7 +255,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             digests[n] = m.group(1) if m and p.returncode == 0 else f"exit {p.returncode} (see {work}/{n}.log)"
     finally:
         for p in procs.values():
-            if p.poll() is None:
+            if p.poll() is None:  # a site still running now is stuck or being stopped: its stacks go to its log first
+                p.send_signal(signal.SIGUSR1)
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=60)
         producer.close()

@@ -33,5 +33,4 @@ export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
 # read from the test modules' marks by tests/xdist_groups.py (xdist 3.8's own grouping does nothing under pytest 9).
 par=()
 [ "${HILO_TEST_WORKERS:-3}" != 0 ] && par=(-n "${HILO_TEST_WORKERS:-3}" --dist loadgroup)
-# --durations=10: every run ends with its 10 slowest tests (setup and teardown included), where the suite's time goes.
-"$HILO_VENV/bin/python" -m pytest -p no:cacheprovider --durations=10 "${par[@]}" "$@"
+"$HILO_VENV/bin/python" -m pytest -p no:cacheprovider "${par[@]}" "$@"

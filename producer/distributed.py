@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import re
+import time
 
 import msgpack
 import torch
@@ -37,7 +38,7 @@ from hilo.schemas import errors
 from hilo.schemas.errors import ConfigError, DivergenceError, TrainerError
 from hilo.schemas.records import decode_record
 
-from .lora_params import lora_parameters
+from .lora_params import lora_weights
 
 logger = logging.getLogger(__name__)
 SLACK_S = 300.0  # rank_timeout_s's default beyond publish_deadline_s: a step's encode and apply, with room
@@ -77,19 +78,21 @@ def _join_launch(config) -> None:
                        dist.get_rank(), world, backend)
 
 
-def refuse_sharded(model: torch.nn.Module, params: list) -> None:
-    """LoRA parameters that no rank holds whole are refused: the replica, the encoder and write-back need the adapter
-    entire on the publishing rank and on every rank that applies its messages."""
+def refuse_sharded(model: torch.nn.Module, weights, job: bool) -> None:
+    """LoRA parameters sharded in a way hilo cannot gather are refused: FSDP (1) flattens them into its own buffers,
+    DeepSpeed ZeRO-3 partitions them behind its hooks. FSDP2's DTensor shards are gathered (LoraWeights), in a job
+    of several ranks; a one-rank FSDP2 model holds everything anyway and is refused with the way out."""
     how = None
-    if any(type(p).__name__ == "DTensor" for p in params):
-        how = "sharded by FSDP2 (fully_shard: DTensor parameters)"
+    if weights.sharded and not job:
+        how = "sharded by FSDP2 (fully_shard) in a one-rank job, where nothing is gained by it"
     elif any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
         how = "inside FSDP (FullyShardedDataParallel flattens and shards them)"
-    elif any(hasattr(p, "ds_id") for p in params):
+    elif any(hasattr(p, "ds_id") for p in weights.params):
         how = "partitioned by DeepSpeed ZeRO-3"
     if how:
-        raise ConfigError(f"the LoRA parameters are {how}: not supported; every rank must hold the whole adapter. Wrap the "
-                          f"model in DistributedDataParallel instead (a LoRA adapter is small: replicating it is what DDP does)")
+        raise ConfigError(f"the LoRA parameters are {how}: not supported. Shard the model with FSDP2's fully_shard in a job "
+                          f"of several ranks, or wrap it in DistributedDataParallel (a LoRA adapter is small: replicating it "
+                          f"is what DDP does)")
 
 
 def _error_of(e: BaseException) -> list:
@@ -198,29 +201,30 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
     model = unwrap(model)
     _join_launch(config)
     if not in_job():
-        refuse_sharded(model, lora_parameters(model, config.adapter)[1])
+        refuse_sharded(model, lora_weights(model, config.adapter)[1], job=False)
         if check is not None:
             check()
         return open_here(model, config, log_backend, metrics)
     timeout = config.rank_timeout_s or config.publish_deadline_s + SLACK_S
     ranks = Ranks(config.run, config.publish_rank, timeout)
-    refusal, fp, manifest, params = None, None, None, None
+    refusal, fp, manifest, weights = None, None, None, None
     try:
-        manifest, params = lora_parameters(model, config.adapter)
-        refuse_sharded(model, params)
+        manifest, weights = lora_weights(model, config.adapter)
+        refuse_sharded(model, weights, job=True)
         extra = check() if check is not None else None
         if config.publish_rank >= ranks.world:
             raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are 0..{ranks.world - 1}")
         if config.mode != "gradient":
             raise ConfigError(f"ProducerConfig.mode = {config.mode!r}: a torch.distributed job runs mode 'gradient' only (delta "
                               f"mode's master copy, which the model trains on, is not replicated across ranks yet)")
-        fp = fingerprint(config, manifest, extra)
+        fp = fingerprint(config, manifest, (extra or {}) | {"LoRA sharding": "FSDP2" if weights.sharded else "none"})
     except Exception as e:  # noqa: BLE001  (every rank must hear of it, or the others wait for this one)
         refusal = _error_of(e)
     _refuse(ranks.gather((refusal, fp), "comparing the ranks' configs"), ranks)
+    weights.gather(grads=False)  # FSDP2: every rank all-gathers the params (the publishing rank's genesis reads them)
     if ranks.publishes:
         try:
-            inner = open_here(model, config, log_backend, metrics)
+            inner = open_here(model, config, log_backend, metrics, lora=(manifest, weights))
         except BaseException as e:
             ranks.share(_pack({"error": _error_of(e)}), "opening the run")
             raise
@@ -231,14 +235,14 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
         except BaseException:
             inner.close(flush=False)
             raise
-        return RankProducer(ranks, model, config, manifest, params, inner)
+        return RankProducer(ranks, model, config, manifest, weights, inner)
     frame = _unpack(ranks.share(None, "opening the run"))
     if frame["error"] is not None:
         _raise_as(frame["error"])
     where = f"rank {ranks.rank}: the start state of the publishing rank {ranks.publish_rank}"
     replica = PolicyReplica.from_checkpoint(decode_record(frame["checkpoint"], where), where)
     _remember(replica, [(int(v), bytes(d)) for v, d in frame["recent"]])
-    producer = RankProducer(ranks, model, config, manifest, params, None, replica)
+    producer = RankProducer(ranks, model, config, manifest, weights, None, replica)
     producer.write_back()
     return producer
 
@@ -280,12 +284,14 @@ class RankProducer:
     HiLoProducer that writes the run; on the others it holds a replica without a log that applies what that one
     publishes. Every call that can move the replica (step, rotate_key, resync) is a collective: call it on every rank."""
 
-    def __init__(self, ranks: Ranks, model, config, manifest, params: list, inner=None, replica=None):
-        self.ranks, self.model, self.config, self.manifest, self.params = ranks, model, config, manifest, params
+    def __init__(self, ranks: Ranks, model, config, manifest, weights, inner=None, replica=None):
+        self.ranks, self.model, self.config, self.manifest, self.weights = ranks, model, config, manifest, weights
+        self.params = weights.params
         self.inner, self._replica = inner, replica
         self.rule = get_optimizer(config.optimizer)
         self.master = None  # gradient mode only
         self._last_step, self._fenced = {}, False
+        self.follow_s = 0.0  # a non-publishing rank's last step: the broadcast message's decode, apply and write-back
         if inner is not None:
             inner.publisher = _Remembers(inner.publisher)
 
@@ -330,17 +336,16 @@ class RankProducer:
         """Copy the replica's fp32 params into this rank's model (its dtype)."""
         if self.inner is not None:
             return self.inner.write_back()
-        with torch.no_grad():
-            for p, src in zip(self.params, self._replica.state.params):
-                p.copy_(src.to(p.dtype))
+        self.weights.write(self._replica.state.params)
 
     def step(self, meta: dict | None = None, zero_grad: bool = True, **hparams) -> int:
         """HiLoProducer.step on the publishing rank (its gradients, its hyperparameters); every rank then holds the
-        version it published, or raises its error unchanged. Returns the version."""
+        version it published, or raises its error unchanged. Returns the version. FSDP2: every rank first
+        all-gathers the gradients (the publishing rank encodes them whole)."""
+        self.weights.gather(grads=True)
         self._together("step", lambda: self.inner.step(meta, zero_grad, **hparams))
         if zero_grad and self.inner is None:
-            for p in self.params:
-                p.grad = None
+            self.weights.zero_grad()
         return self.version
 
     def flush(self, lag: float | None = None, max_messages: int | None = None) -> int:
@@ -407,6 +412,7 @@ class RankProducer:
     def _follow(self, frame: dict, what: str) -> None:
         """Move this rank's replica as the publishing rank's moved, then raise its error (if any)."""
         where = f"rank {self.ranks.rank}: {what} v{frame['version']} from the publishing rank {self.ranks.publish_rank}"
+        t0 = time.perf_counter()
         if "message" in frame:
             self._replica.apply(self._replica.decode(frame["message"], where), where)
         elif "checkpoint" in frame:
@@ -418,6 +424,7 @@ class RankProducer:
                                   f"publishing rank v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
         if "message" in frame or "checkpoint" in frame:
             self.write_back()
+        self.follow_s = time.perf_counter() - t0
         self._last_step, self._fenced = frame["last_step"], frame["fenced"]
         if frame["error"] is not None:
             _raise_as(frame["error"])

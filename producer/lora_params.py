@@ -1,5 +1,6 @@
 """Where a PEFT LoRA model keeps its adapter: the manifest, and its parameters in manifest order."""
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hilo.schemas.errors import ConfigError, TrainerError
 from hilo.schemas.records import BlockSpec, Manifest
@@ -33,14 +34,73 @@ def lora_parameters(model: torch.nn.Module, adapter: str = "default"):
     return manifest, [found[k] for k in keys]
 
 
-def lora_gradients(params: list, manifest: Manifest, run: str, adapter: str) -> list:
-    """The LoRA params' .grad in manifest order (zeros for a block outside the graph); refuses none at all, or NaN/Inf."""
-    if all(p.grad is None for p in params):
+def lora_weights(model: torch.nn.Module, adapter: str = "default") -> tuple:
+    """(manifest, LoraWeights) of a peft LoRA model's adapter `adapter`."""
+    manifest, params = lora_parameters(model, adapter)
+    return manifest, LoraWeights(params)
+
+
+def lora_gradients(grads: list, manifest: Manifest, run: str, adapter: str) -> list:
+    """The LoRA params' gradients in manifest order (zeros for a block outside the graph); refuses none at all, or NaN/Inf.
+    `grads`: LoraWeights.grads() (None where a param has none)."""
+    if all(g is None for g in grads):
         raise TrainerError(f"run {run}: no LoRA parameter has a gradient (call loss.backward() first; "
                            f"is adapter {adapter!r} trainable?)")
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    like = next(g for g in grads if g is not None)
+    grads = [g if g is not None else torch.zeros(b.shape, dtype=like.dtype, device=like.device)
+             for g, b in zip(grads, manifest.blocks, strict=True)]
     for b, g in zip(manifest.blocks, grads):
         if not bool(torch.isfinite(g).all()):
             raise TrainerError(f"run {run}: the gradient of '{b.key}' has NaN/Inf values; nothing was published "
                                f"(skip this step, as a grad scaler does, or lower the learning rate)")
     return grads
+
+
+def _sharded(t) -> bool:
+    return isinstance(t, DTensor)
+
+
+class LoraWeights:
+    """The adapter's parameters in the training model, read and written whole however the model holds them: plain
+    tensors (one process, DDP: every rank holds them all) as they are; FSDP2 shards (DTensor: each rank holds a slice)
+    all-gathered by `gather`, a collective every rank of the job calls at the same point, and written back as this
+    rank's slice (no communication: every rank holds the same whole values)."""
+
+    def __init__(self, params: list):
+        self.params = params
+        self.sharded = any(_sharded(p) for p in params)
+        self._values = self._grads = None  # what `gather` collected (sharded only)
+
+    def gather(self, grads: bool) -> None:
+        """Sharded: all-gather the params whole, and their gradients when `grads` (a collective: every rank calls it)."""
+        if not self.sharded:
+            return
+        with torch.no_grad():
+            self._values = [p.full_tensor().detach() if _sharded(p) else p.detach() for p in self.params]
+            if grads:
+                self._grads = [None if p.grad is None else p.grad.full_tensor() if _sharded(p.grad) else p.grad
+                               for p in self.params]
+
+    def values(self) -> list:
+        """The params whole (sharded: as the last `gather` found them)."""
+        return self._values if self.sharded else [p.detach() for p in self.params]
+
+    def grads(self) -> list:
+        """The params' gradients whole, None where there is none (sharded: as the last `gather(grads=True)` found them)."""
+        return self._grads if self.sharded else [p.grad for p in self.params]
+
+    def write(self, values: list) -> None:
+        """Copy whole fp32 `values` into the model's params (their dtype and device; a shard takes its slice)."""
+        with torch.no_grad():
+            for p, v in zip(self.params, values, strict=True):
+                if _sharded(p):
+                    v = distribute_tensor(v.to(device=p.device, dtype=p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+                    p.to_local().copy_(v.to_local())
+                else:
+                    p.copy_(v.to(p.dtype))
+
+    def zero_grad(self) -> None:
+        """Drop the params' gradients (and what `gather` collected of them)."""
+        for p in self.params:
+            p.grad = None
+        self._grads = None

@@ -33,7 +33,7 @@ from .checkpoints import Checkpoints
 from .config import ProducerConfig
 from .distributed import open_on_one_rank
 from .link_budget import LinkBudget
-from .lora_params import lora_gradients, lora_parameters
+from .lora_params import lora_gradients, lora_weights
 from .publisher import Publisher
 from .resume import Resumed, TrainerStart
 from .sync_mode import SYNC_MODES
@@ -76,11 +76,12 @@ class HiLoProducer:
     committed version and the next `step()` first resyncs, adopting the proposal only if the log holds it."""
 
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log, signer, metrics: Metrics, checkpoints: Checkpoints,
-                 started: Resumed, fencing_token: int, ledger: TrainerLedger):
-        """Assemble a trainer that `started` (no I/O); `HiLoProducer.open` is how one is made."""
+                 started: Resumed, fencing_token: int, ledger: TrainerLedger, lora: tuple):
+        """Assemble a trainer that `started` (no I/O); `HiLoProducer.open` is how one is made. `lora`: (manifest, LoraWeights)."""
         self.config, self.model, self.log, self.signer, self.metrics = config, model, log, signer, metrics
         self.checkpoints, self.fencing_token, self.ledger = checkpoints, fencing_token, ledger
-        self.manifest, self.params = lora_parameters(model, config.adapter)
+        self.manifest, self.weights = lora
+        self.params = self.weights.params
         self.outage = Outage(f"run {config.run}: trainer", metrics)  # publishes waiting for a log reached before
         self.publisher = Publisher(log, config.run, updates_topic(config.run), checkpoints_topic(config.run),
                                    config.chunk_bytes, config.publish_deadline_s, metrics, self.outage)
@@ -95,11 +96,13 @@ class HiLoProducer:
         self.last_step = {}
 
     @open_on_one_rank  # a classmethod; in a torch.distributed job the log is opened by one rank (producer/distributed.py)
-    def open(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None) -> "HiLoProducer":
+    def open(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None,
+             lora: tuple | None = None) -> "HiLoProducer":
         """Open the log, make every refusal by reading it, fence earlier trainers of the run, start (genesis, the
         trainer's snapshot, or the newest checkpoint) and catch up to the head. `metrics`: the registry to record into
-        (one a metrics endpoint already serves; served by `hilo produce --metrics-port` or ops/metrics_server.py)."""
-        manifest, params = lora_parameters(model, config.adapter)
+        (one a metrics endpoint already serves; served by `hilo produce --metrics-port` or ops/metrics_server.py).
+        `lora`: the adapter's (manifest, LoraWeights) where the caller has them (a multi-rank job's, gathered)."""
+        manifest, weights = lora or lora_weights(model, config.adapter)
         _check_room(config, manifest)
         signer = Signer.load(config.signing_key) if config.signing_key else None
         metrics = metrics or Metrics("trainer", run=config.run)
@@ -108,10 +111,10 @@ class HiLoProducer:
             log.create_topics(config.run)
             checkpoints = Checkpoints(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
                                       signer, metrics)
-            store, started, token = _start(log, config, manifest, params, signer, checkpoints)
+            store, started, token = _start(log, config, manifest, weights.values(), signer, checkpoints)
             ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),
                                    HistoryWriter(config.history) if config.history else None, store)
-            producer = cls(model, config, log, signer, metrics, checkpoints, started, token, ledger)
+            producer = cls(model, config, log, signer, metrics, checkpoints, started, token, ledger, (manifest, weights))
         except BaseException:
             if log_backend is None:
                 log.close()
@@ -182,9 +185,7 @@ class HiLoProducer:
 
     def write_back(self):
         """Copy the trainer's fp32 params (the replica's; delta mode: the master's) into the training model (its dtype)."""
-        with torch.no_grad():
-            for p, src in zip(self.params, self.sync.policy(self.replica)):
-                p.copy_(src.to(p.dtype))
+        self.weights.write(self.sync.policy(self.replica))
 
     def lag(self) -> float:
         """How far the sites' policy trails the trainer's: ||master - site|| / ||master|| (0 in gradient mode)."""
@@ -201,14 +202,13 @@ class HiLoProducer:
             budget, why = self.link_budget.choose()
             self.builder.use_budget(budget)
             meta = dict(meta or {}) | {f"budget_{k}": v for k, v in why.items()}
-        grads = lora_gradients(self.params, self.manifest, self.config.run, self.config.adapter)
+        grads = lora_gradients(self.weights.grads(), self.manifest, self.config.run, self.config.adapter)
         proposal, pending = self.sync.propose(self.builder, grads, self.config.hparams | hparams, meta)
         version = self._publish(proposal, pending, t0)
         if self.link_budget is not None:
             self.link_budget.observe(self.builder.encoder.budget.fraction, self.last_step["encode_s"] + self.last_step["apply_s"])
         if zero_grad:
-            for p in self.params:
-                p.grad = None
+            self.weights.zero_grad()
         return version
 
     def flush(self, lag: float | None = None, max_messages: int | None = None) -> int:

@@ -3,15 +3,17 @@ import collections
 import logging
 import math
 
+import numpy as np
 import torch
 
-from hilo.schemas.errors import DivergenceError, Fork, Gap, MalformedMessage, NonFinite, OtherRun
+from hilo.schemas.errors import ConfigError, DivergenceError, Fork, Gap, MalformedMessage, NonFinite, OtherRun
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.limits import DEFAULT_LIMITS, Limits
 from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record, history_id
 
 from .codecs import decode as decode_gradient
 from .codecs import update_size_bound
+from . import kernels
 from .optimizers import get_optimizer
 from .optimizers.base import Buffers
 from .state import ReplicaState
@@ -33,15 +35,20 @@ def _finite(kind: str, tensors: list, manifest: Manifest, msg: UpdateMessage, wh
     """MalformedMessage naming the first block of `tensors` with a NaN/Inf: such a state is never adopted, whatever its digest."""
     for b, t in zip(manifest.blocks, tensors):
         if not _all_finite(t):
-            raise NonFinite(f"{what}: version {msg.version} would leave NaN/Inf in the {kind} of '{b.key}'; refused "
-                                   f"(the replica stays at v{msg.version - 1})")
+            raise _non_finite(kind, b.key, msg, what)
+
+
+def _non_finite(kind: str, key: str, msg: UpdateMessage, what: str) -> NonFinite:
+    """The one refusal of a NaN/Inf, whichever path found it."""
+    return NonFinite(f"{what}: version {msg.version} would leave NaN/Inf in the {kind} of '{key}'; refused "
+                     f"(the replica stays at v{msg.version - 1})")
 
 
 class PolicyReplica:
     """One copy of the policy: state, its digest, and atomic, chained `apply`."""
 
     def __init__(self, state: ReplicaState, run: str, limits: Limits = DEFAULT_LIMITS, digest: bytes | None = None,
-                 genesis: bytes | None = None, nonce: bytes = b""):
+                 genesis: bytes | None = None, nonce: bytes = b"", apply: str = "kernel"):
         self.state = state
         self.run = run
         self.limits = limits
@@ -57,6 +64,19 @@ class PolicyReplica:
         # replaced state: its tensors are overwritten by the next version. Off by default (the trainer holds proposals).
         self.recycle = False
         self._spare, self._scratch = None, []
+        self.apply_mode = apply
+
+    @property
+    def apply_mode(self) -> str:
+        """How `compute` runs a step: "kernel" (the fused kernel where one exists, else the reference path; the
+        default), "reference" (the torch path, the specification) or "kernel-only" (refuse a step without a kernel)."""
+        return self._apply_mode
+
+    @apply_mode.setter
+    def apply_mode(self, mode: str) -> None:
+        if mode not in kernels.MODES:
+            raise ConfigError(f"apply = {mode!r}: expected one of {list(kernels.MODES)}")
+        self._apply_mode = mode
 
     @staticmethod
     def genesis(run: str, manifest: Manifest, params: list, optimizer: str, nonce: bytes = b"") -> "PolicyReplica":
@@ -136,6 +156,9 @@ class PolicyReplica:
             raise MalformedMessage(f"{what}: optimizer {msg.optimizer!r}, this replica's state is for {self.state.optimizer!r}")
         opt = get_optimizer(msg.optimizer, what)
         hparams = opt.check_hparams(msg.hparams, what)
+        module = self._kernel(msg.optimizer)
+        if module is not None:
+            return self._compute_fused(msg, what, decoded, opt, module, hparams)
         if decoded is not None:
             grads = decoded
         else:
@@ -146,6 +169,37 @@ class PolicyReplica:
         _finite("params", params, self.manifest, msg, what)
         for name, tensors in slots.items():
             _finite(f"optimizer state '{name}'", tensors, self.manifest, msg, what)
+        return ReplicaState(s.manifest, s.optimizer, msg.version, params, slots, scalars)
+
+    def _kernel(self, optimizer: str):
+        """The fused kernel module for `optimizer` under this replica's apply mode, or None for the reference path."""
+        if self._apply_mode == "reference":
+            return None
+        why = kernels.unavailable(optimizer)
+        if why is None:
+            return kernels.modules()[optimizer]
+        if self._apply_mode == "kernel-only":
+            raise ConfigError(f"apply = kernel-only: {optimizer} has no fused kernel here ({why})")
+        kernels.say_once(optimizer, why)
+        return None
+
+    def _compute_fused(self, msg: UpdateMessage, what: str, decoded, opt, module, hparams) -> ReplicaState:
+        """compute's kernel path: the same state and the same refusals as the reference path, in one pass per block."""
+        from .kernels import apply as fused_apply  # here, not at the top: numba loads only where a kernel runs (kernels.modules)
+        sources = None
+        if decoded is None:
+            sources = fused_apply.gradient_sources(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
+            if sources is None:  # a codec whose decode is not fused: its reference decode, then the fused step
+                decoded = decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
+        s = self.state
+        params, slots, scalars, bits = fused_apply.step(opt, module, self.manifest, s, hparams, self._buffers(), what, sources,
+                                                        decoded)
+        # the reference's order of checks: every decoded gradient, then the params, then each slot
+        kinds = [(1, "decoded gradient"), (2, "params")] + [(4 << j, f"optimizer state '{n}'") for j, n in enumerate(opt.slots)]
+        for bit, kind in kinds:
+            bad = np.flatnonzero(bits & bit)
+            if len(bad):
+                raise _non_finite(kind, self.manifest.blocks[bad[0]].key, msg, what)
         return ReplicaState(s.manifest, s.optimizer, msg.version, params, slots, scalars)
 
     def _buffers(self) -> Buffers:

@@ -29,6 +29,16 @@ def to_bytes(t: torch.Tensor, dtype: str) -> bytes:
 
 def from_bytes(buf, dtype: str, shape, what: str, limits: Limits = DEFAULT_LIMITS, finite: bool = True) -> torch.Tensor:
     """Parse `buf` as `dtype` of `shape` into a new fp32/int64-able tensor; length and finiteness checked first."""
+    arr = view_bytes(buf, dtype, shape, what, limits, finite)
+    if dtype in ("uint32", "uint8"):
+        return torch.from_numpy(arr.astype(np.int64))
+    if dtype == "float64":
+        return torch.from_numpy(arr.copy())
+    return torch.from_numpy(arr.astype(np.float32))  # float16 -> float32 is exact
+
+
+def view_bytes(buf, dtype: str, shape, what: str, limits: Limits = DEFAULT_LIMITS, finite: bool = True) -> np.ndarray:
+    """`buf` as a read-only numpy array of `dtype` and `shape`, no copy; the checks of from_bytes, in its order."""
     if not isinstance(buf, (bytes, bytearray)):
         raise MalformedMessage(f"{what}: expected bin, got {type(buf).__name__}")
     count = math.prod(shape)
@@ -40,8 +50,4 @@ def from_bytes(buf, dtype: str, shape, what: str, limits: Limits = DEFAULT_LIMIT
     arr = np.frombuffer(buf, dtype=DTYPES[dtype][0]).reshape(shape)
     if finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise MalformedMessage(f"{what}: contains NaN or Inf")
-    if dtype in ("uint32", "uint8"):
-        return torch.from_numpy(arr.astype(np.int64))
-    if dtype == "float64":
-        return torch.from_numpy(arr.copy())
-    return torch.from_numpy(arr.astype(np.float32))  # float16 -> float32 is exact
+    return arr

@@ -37,6 +37,11 @@ class OtherRun(ChainError):
     """A message body of another run."""
 
 
+class UnfitState(HiloError):
+    """A replica state whose buffers the fused apply kernel cannot take (dtype, layout, shape): refused before anything
+    is written; the reference path (--apply reference) takes it."""
+
+
 class DivergenceError(HiloError):
     """Applying the message did not produce the digest it promised: a different kernel, or a forged message."""
 

@@ -71,7 +71,10 @@ class KafkaPromptQueue(PromptQueue):
     def take(self, max_prompts, timeout_s=1.0):
         """One poll of the group's partitions assigned to this site."""
         self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
-        got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
+        try:
+            got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
+        except KafkaError as e:  # a broker restart: kafka-python raises a connection error from the coordinator lookup
+            raise failure(f"{self.log.url}: site {self.site}: reading run {self.run}'s prompts", e) from None
         if not any(got.values()) and not self.consumer.paused():  # a paused partition waits for a version, not stuck
             self._watch()
         else:
@@ -116,13 +119,8 @@ class KafkaPromptQueue(PromptQueue):
             return
         backlog = self._backlog()
         if backlog and backlog == self.idle_backlog:
-            logger.warning("site %s: nothing from the prompt group for %.0f s while %d prompts wait unanswered; rejoining "
-                           "the group with a fresh consumer", self.site, time.monotonic() - self.idle_since, sum(backlog.values()))
-            try:
-                self.consumer.close(autocommit=False, timeout_ms=5000)
-            except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
-                pass
-            self._join()
+            self._rejoin(f"nothing from the prompt group for {time.monotonic() - self.idle_since:.0f} s while "
+                         f"{sum(backlog.values())} prompts wait unanswered")
         self.idle_since, self.idle_backlog = time.monotonic(), backlog
 
     def _backlog(self) -> dict:
@@ -145,7 +143,10 @@ class KafkaPromptQueue(PromptQueue):
             p.begin_transaction()
             futures = [p.send(self.rollouts, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
                        for k, v, h in records]
-            p.send_offsets_to_transaction(offsets, self.consumer.group_metadata())
+            group = self.consumer.group_metadata()
+            # bounded like the commit: kafka-python waits on the coordinator's answer with no timeout, and a site whose
+            # settle met a broker restart waited there forever, silent (a stuck site's stack, test_outage's hilo rl run)
+            call_within(lambda: p.send_offsets_to_transaction(offsets, group), ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
             p.flush(timeout=ATTEMPT_TIMEOUT_S)
             crashpoints.reach("generate.in-transaction")  # the rollouts are on the brokers, uncommitted
             call_within(p.commit_transaction, ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
@@ -185,16 +186,28 @@ class KafkaPromptQueue(PromptQueue):
         self._producer = None
 
     def _rewind(self):
-        """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again)."""
-        for tp in self.consumer.assignment():
-            try:
-                committed = self.consumer.committed(tp)
-            except KafkaError:
-                committed = None
-            if committed is None:
-                self.consumer.seek_to_beginning(tp)
-            else:
-                self.consumer.seek(tp, committed)
+        """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again). Where
+        the offsets cannot be read (an outage), a fresh member: it starts from the group's committed offsets."""
+        try:
+            for tp in self.consumer.assignment():
+                # bounded: kafka-python's committed() without a timeout waited for the coordinator forever, and a site
+                # whose settle failed in a broker restart stopped there, silent, long after the broker was back
+                committed = self.consumer.committed(tp, timeout_ms=int(ATTEMPT_TIMEOUT_S * 1000))
+                if committed is None:
+                    self.consumer.seek_to_beginning(tp)  # the group never committed here: its first prompt
+                else:
+                    self.consumer.seek(tp, committed)
+        except KafkaError as e:
+            self._rejoin(f"the group's offsets cannot be read ({type(unwrap(e)).__name__})")
+
+    def _rejoin(self, why: str):
+        """Leave the group (bounded) and join it again with a fresh consumer, which reads from the committed offsets."""
+        logger.warning("site %s: %s; rejoining the group with a fresh consumer", self.site, why)
+        try:
+            self.consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
+            pass
+        self._join()
 
     def close(self):
         """Leave the group (its partitions go to the other sites at once) and close the producer."""

@@ -1,14 +1,19 @@
 """`hilo bench replay`: a site that was down catches up, and what its state costs, at a real adapter's shape.
 
-    hilo bench replay [--shape qwen3-1.7b] [--behind 100] [--json]
+    hilo bench replay [--shape qwen3-1.7b] [--behind 100] [--apply kernel,reference] [--json]
 
 Per optimizer (AdamW and SGD in gradient mode; "add", what a delta-mode site runs): a trainer replica makes `behind`
 versions of spar4 at 1.6% from the synthetic gradients (replica/synthetic.py) and appends them, chunked and with
 the headers the producer writes, to an embedded log. A site that holds version 0 then replays them through the real
 follower (read, reassemble, unframe, decode, optimizer step, digest): versions per second and the time per stage,
 twice from the same log: with new buffers per version, then recycling the replaced state's (what a site runs).
-Its digest must equal the trainer's. Then its state: snapshot save and load time (fsynced, as a site saves) and the
-bytes on disk, optimizer state included; a delta-mode site keeps the parameters only.
+Its digest must equal the trainer's. One row per apply path (`apply`: the fused kernel, replica/kernels/, and the
+torch reference), replaying the same log. Then its state: snapshot save and load time (fsynced, as a site saves)
+and the bytes on disk, optimizer state included; a delta-mode site keeps the parameters only.
+
+Beside them, the machine's triad bandwidth (a = b + s*c in torch, the best of a few runs) and each row's apply time
+over its floor: the bytes the step must move at that bandwidth (FLOOR_BYTES: fp32 reads and writes per parameter,
+the gradient counted as one read, as docs/results/replay.json's targets count them).
 """
 import pathlib
 import shutil
@@ -16,6 +21,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+import torch
 
 from hilo.log import open_log, updates_topic
 from hilo.ops.bench.codecs import DEFAULT_LR
@@ -31,7 +38,22 @@ from hilo.schemas.chunks import split
 from hilo.schemas.position import Position
 
 OPTIMIZERS = ("adamw", "sgd", "add")  # add: a delta-mode site (parameters only, no optimizer state)
+APPLY = ("kernel", "reference")       # PolicyReplica.apply_mode: the fused kernel, then the torch path it must equal
 CHUNK_BYTES = 900_000                 # the producer's default record size
+# bytes a fused step must move per parameter: AdamW reads p, g, m, v and writes p, m, v; SGD p, g, buf and p, buf; add p, g and p
+FLOOR_BYTES = {"adamw": 28, "sgd": 20, "add": 12}
+TRIAD_ELEMENTS = 50_000_000           # 600 MB over three arrays: far past any cache
+
+
+def triad_gbps(runs: int = 5) -> float:
+    """The machine's memory bandwidth as STREAM's triad measures it (a = b + s*c, 12 bytes per element), in GB/s."""
+    a, b, c = torch.empty(TRIAD_ELEMENTS), torch.ones(TRIAD_ELEMENTS), torch.full((TRIAD_ELEMENTS,), 2.0)
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return 12 * TRIAD_ELEMENTS / best / 1e9
 
 
 def _say(*a):
@@ -58,30 +80,42 @@ def publish(log, run: str, shape: str, optimizer: str, versions: int) -> tuple:
     return trainer.digest, statistics.mean(sizes), statistics.median(encode)
 
 
-def one(shape: str, optimizer: str, behind: int, work: pathlib.Path) -> dict:
-    """Publish, replay from version 0, snapshot; the row."""
+def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tuple = APPLY, triad: float | None = None) -> list:
+    """Publish once, replay from version 0 on each apply path, snapshot; one row per path."""
     run = f"replay-{optimizer}"
     log = open_log(f"file://{work}/log")
     log.create_topics(run)
     digest, msg_bytes, encode_s = publish(log, run, shape, optimizer, behind)
     manifest = qwen3_manifest(shape)
-    replays = {}
-    for recycle in (False, True):  # what a site did before it recycled its buffers, then what it does
-        site = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
-        site.recycle = recycle
-        follower = Follower(log, run, site, Position(next_offset=0))
-        stages, t0 = {}, time.perf_counter()
-        applied = 0
-        for event in follower.catch_up():
-            if isinstance(event, Applied):
-                applied += 1
-                for k, s in event.timing.items():
-                    stages[k] = stages.get(k, 0.0) + s
-        replays[recycle] = (time.perf_counter() - t0, stages)
-        if site.digest != digest or applied != behind:
-            raise RuntimeError(f"{shape}/{optimizer}: replay (recycle={recycle}) applied {applied} of {behind} versions, "
-                               f"digest {site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
-    replay_s, stages = replays[True]
+    rows = []
+    for mode in apply:
+        replays = {}
+        for recycle in (False, True):  # what a site did before it recycled its buffers, then what it does
+            site = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
+            site.recycle, site.apply_mode = recycle, mode
+            follower = Follower(log, run, site, Position(next_offset=0))
+            stages, t0 = {}, time.perf_counter()
+            applied = 0
+            for event in follower.catch_up():
+                if isinstance(event, Applied):
+                    applied += 1
+                    for k, s in event.timing.items():
+                        stages[k] = stages.get(k, 0.0) + s
+            replays[recycle] = (time.perf_counter() - t0, stages)
+            if site.digest != digest or applied != behind:
+                raise RuntimeError(f"{shape}/{optimizer}/{mode}: replay (recycle={recycle}) applied {applied} of {behind} versions, "
+                                   f"digest {site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
+        replay_s, stages = replays[True]
+        row = {"shape": shape, "optimizer": optimizer, "apply": mode, "versions": behind, "message_bytes": round(msg_bytes),
+               "trainer_encode_apply_s": round(encode_s, 3), "replay_s": round(replay_s, 2),
+               "versions_per_s": round(behind / replay_s, 2),
+               "stage_s_per_version": {k: round(v / behind, 4) for k, v in stages.items()},
+               "versions_per_s_new_buffers": round(behind / replays[False][0], 2),
+               "stage_s_per_version_new_buffers": {k: round(v / behind, 4) for k, v in replays[False][1].items()}}
+        if triad:
+            floor = FLOOR_BYTES[optimizer] * manifest.numel / (triad * 1e9)
+            row |= {"floor_s": round(floor, 4), "apply_over_floor": round(stages["apply"] / behind / floor, 2)}
+        rows.append(row)
     store = SnapshotStore(work / "state")
     t1 = time.perf_counter()
     store.save(site, follower.position())
@@ -90,49 +124,53 @@ def one(shape: str, optimizer: str, behind: int, work: pathlib.Path) -> dict:
     t3 = time.perf_counter()
     assert loaded.digest == site.digest
     size = sum(f.stat().st_size for f in (work / "state").rglob("*") if f.is_file())
-    return {"shape": shape, "optimizer": optimizer, "versions": behind, "message_bytes": round(msg_bytes),
-            "trainer_encode_apply_s": round(encode_s, 3), "replay_s": round(replay_s, 2),
-            "versions_per_s": round(behind / replay_s, 2),
-            "stage_s_per_version": {k: round(v / behind, 4) for k, v in stages.items()},
-            "versions_per_s_new_buffers": round(behind / replays[False][0], 2),
-            "stage_s_per_version_new_buffers": {k: round(v / behind, 4) for k, v in replays[False][1].items()},
-            "snapshot_save_s": round(t2 - t1, 2), "snapshot_load_s": round(t3 - t2, 2), "snapshot_bytes": size,
-            "adapter_bytes_bf16": manifest.adapter_bytes()}
+    # the state and its snapshot do not depend on the apply path: measured once, said on every row
+    return [r | {"snapshot_save_s": round(t2 - t1, 2), "snapshot_load_s": round(t3 - t2, 2), "snapshot_bytes": size,
+                 "adapter_bytes_bf16": manifest.adapter_bytes()} for r in rows]
 
 
-def run_bench(shape: str, behind: int, optimizers: list) -> dict:
-    """One row per optimizer."""
+def run_bench(shape: str, behind: int, optimizers: list, apply: tuple = APPLY) -> dict:
+    """Rows per optimizer and apply path, beside the machine's triad bandwidth (measured before and after: the best)."""
+    triad = triad_gbps()
+    _say(f"bench replay: triad bandwidth {triad:.1f} GB/s")
     rows = []
     for opt in optimizers:
         work = pathlib.Path(tempfile.mkdtemp(prefix="hilo-replay-"))
         try:
-            rows.append(one(shape, opt, behind, work))
+            rows += one(shape, opt, behind, work, apply, triad)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        r = rows[-1]
-        _say(f"bench replay: {shape}/{opt}: {r['versions_per_s']} versions/s, snapshot {r['snapshot_bytes'] / 1e6:.0f} MB "
-             f"(save {r['snapshot_save_s']} s, load {r['snapshot_load_s']} s)")
-    return {"shape": shape, "behind": behind, "codec": "spar4", "budget": "1.6%", "rows": rows}
+        for r in rows[-len(apply):]:
+            _say(f"bench replay: {shape}/{opt}/{r['apply']}: {r['versions_per_s']} versions/s, apply "
+                 f"{r['stage_s_per_version']['apply']:.3f} s ({r.get('apply_over_floor', '?')}x its floor), snapshot "
+                 f"{r['snapshot_bytes'] / 1e6:.0f} MB (save {r['snapshot_save_s']} s, load {r['snapshot_load_s']} s)")
+    triad_after = triad_gbps()
+    return {"shape": shape, "behind": behind, "codec": "spar4", "budget": "1.6%", "triad_gbps": round(triad, 2),
+            "triad_gbps_after": round(triad_after, 2), "floor_bytes_per_param": FLOOR_BYTES, "rows": rows}
 
 
 def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
-    out = ["| optimizer (site) | versions/s replayed | new buffers per version: versions/s | per version: fetch / decode / "
-           "apply s | snapshot MB | save s | load s |", "|---|---:|---:|---|---:|---:|---:|"]
+    out = ["| optimizer (site) | apply path | versions/s replayed | new buffers per version: versions/s | per version: fetch / "
+           "decode / apply s | apply over its floor | snapshot MB | save s | load s |", "|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in res["rows"]:
         st = r["stage_s_per_version"]
         name = "add (delta mode)" if r["optimizer"] == "add" else r["optimizer"]
-        out.append(f"| {name} | {r['versions_per_s']:.2f} | {r['versions_per_s_new_buffers']:.2f} | {st.get('fetch', 0):.3f} / "
-                   f"{st.get('decode', 0):.3f} / "
-                   f"{st.get('apply', 0):.3f} | {r['snapshot_bytes'] / 1e6:,.0f} | {r['snapshot_save_s']:.2f} | "
-                   f"{r['snapshot_load_s']:.2f} |")
+        over = f"{r['apply_over_floor']:.1f}x" if "apply_over_floor" in r else "-"
+        out.append(f"| {name} | {r.get('apply', 'reference')} | {r['versions_per_s']:.2f} | {r['versions_per_s_new_buffers']:.2f} | "
+                   f"{st.get('fetch', 0):.3f} / {st.get('decode', 0):.3f} / {st.get('apply', 0):.3f} | {over} | "
+                   f"{r['snapshot_bytes'] / 1e6:,.0f} | {r['snapshot_save_s']:.2f} | {r['snapshot_load_s']:.2f} |")
+    if "triad_gbps" in res:
+        floors = ", ".join(f"{k} {v} B" for k, v in res["floor_bytes_per_param"].items())
+        out.append(f"\nTriad bandwidth of the machine that ran it: {res['triad_gbps']:.1f} GB/s before the rows, "
+                   f"{res['triad_gbps_after']:.1f} GB/s after (floor: {floors} per parameter at the first).")
     return "\n".join(out)
 
 
-def main(as_json: bool, shape: str, behind: int, optimizers: list, out: str | None) -> int:
+def main(as_json: bool, shape: str, behind: int, optimizers: list, out: str | None, apply: tuple = APPLY) -> int:
     """Run it; print the table or JSON."""
     out_dir = results_dir("replay", out)
-    res = run_bench(shape, behind, optimizers)
+    res = run_bench(shape, behind, optimizers, tuple(apply))
     if not save(res, out_dir, "replay", as_json):
         print(table(res))
     return 0

@@ -64,7 +64,7 @@ def audit(a):
 def replay(a):
     """Catch-up rate and snapshot cost at a real adapter's shape."""
     from hilo.ops.bench.replay import main
-    return main(a.json, a.shape, a.behind, a.optimizers, a.out)
+    return main(a.json, a.shape, a.behind, a.optimizers, a.out, a.apply)
 
 
 def scrape(a):
@@ -78,6 +78,14 @@ def snapshot(a):
     from hilo.ops.bench.snapshot import main
     argv = ["--shape", a.shape, "--repeats", str(a.repeats)] + [x for s in a.state or () for x in ("--state", s)]
     return main(argv + (["--out", a.out] if a.out else []) + (["--json"] if a.json else []))
+
+
+def ranks(a):
+    """A 2-rank trainer's step against a lone one's: the broadcast and the other rank's apply."""
+    from hilo.ops.bench.ranks import main
+    return main(["--shape", a.shape, "--codec", a.codec, "--steps", str(a.steps), "--rounds", str(a.rounds)]
+                + (["--out", a.out] if a.out else [])
+                + (["--json"] if a.json else []))
 
 
 def probe(a):
@@ -171,6 +179,7 @@ def register(sub):
     w.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/wan-TIME)")
     w.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     w.set_defaults(fn=wan)
+    from hilo.ops.bench.replay import APPLY as REPLAY_APPLY
     from hilo.ops.bench.replay import OPTIMIZERS as REPLAY_OPTIMIZERS
     rp = bsub.add_parser("replay", help="a site N versions behind catches up: versions/s, time per stage; snapshot save/load "
                          "time and size (AdamW, SGD, a delta-mode site)")
@@ -178,6 +187,8 @@ def register(sub):
     rp.add_argument("--behind", type=at_least(1), default=100, help="versions the site replays (default: %(default)s)")
     rp.add_argument("--optimizers", type=names(list(REPLAY_OPTIMIZERS)), default=",".join(REPLAY_OPTIMIZERS),
                     help="comma list; add = a delta-mode site (default: %(default)s)")
+    rp.add_argument("--apply", type=names(list(REPLAY_APPLY)), default=",".join(REPLAY_APPLY),
+                    help="comma list of apply paths, a row each: kernel (replica/kernels/), reference (torch) (default: %(default)s)")
     rp.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/replay-TIME)")
     rp.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     rp.set_defaults(fn=replay)
@@ -199,6 +210,15 @@ def register(sub):
     sn.add_argument("--json", action="store_true", help="print the JSON")
     sn.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
     sn.set_defaults(fn=snapshot)
+    rk = bsub.add_parser("ranks", help="a 2-rank trainer (torchrun, gloo) against a lone one at an adapter's shape: the job's "
+                         "step, the publishing rank's, and the other rank's apply of the broadcast message")
+    rk.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
+    rk.add_argument("--codec", choices=sorted(CODECS), default="spar4", help="the run's codec (default: %(default)s)")
+    rk.add_argument("--steps", type=at_least(1), default=5, help="timed steps per job, after a warm-up (default: %(default)s)")
+    rk.add_argument("--rounds", type=at_least(1), default=2, help="each job this many times, alternating (default: %(default)s)")
+    rk.add_argument("--json", action="store_true", help="print the JSON")
+    rk.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
+    rk.set_defaults(fn=ranks)
     pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 FIELDS = ("snapshot_every", "snapshot_every_s", "export_adapters", "export_dtype", "keep_adapters", "on_version", "vllm", "trust",
           "lora_name", "self_check", "self_check_base", "self_check_tolerance", "from_offset", "from_version", "until_version",
-          "idle_exit_s", "wait_checkpoint_s", "history", "on_bad_record", "prefetch")
+          "idle_exit_s", "wait_checkpoint_s", "history", "on_bad_record", "apply", "prefetch")
 FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_checkpoint_s": "--wait-checkpoint"}
 
 
@@ -60,12 +60,14 @@ def register(sub):
     from hilo.consumer.adapter_export import DTYPES
     from hilo.consumer.config import SiteConfig
     from hilo.replay.bad_records import OnBadRecord
+    from hilo.replica.kernels import MODES as APPLY_MODES
     p = sub.add_parser("consume", help=COMMANDS["consume"][1])
     common(p)
     docs = field_help(SiteConfig)
     p.add_argument("--site", required=True, help=docs["site"])
     p.add_argument("--state-dir", required=True, help=docs["state_dir"])
-    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": [o.value for o in OnBadRecord]})
+    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": [o.value for o in OnBadRecord],
+                                                             "apply": list(APPLY_MODES)})
     from hilo.consumer.generator import GenerateConfig
     g = p.add_argument_group("generating (the return path)", "answer the run's prompts with the policy vLLM serves, between "
                              "versions; rollouts and the prompts they answer settle together (exactly once)")

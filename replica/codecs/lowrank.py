@@ -7,10 +7,11 @@ Block payload: {"i", "k", "u", "v", "s": fp32 (k,)} with the factors in one of t
 Decode sums the rank-1 outer products j = 0..k-1 with elementwise fp32 ops (no matmul), so every IEEE-754
 machine gets the same bits. The encoder refits s to the rounded vectors, so rounding costs as little as it can.
 """
+import numpy as np
 import torch
 
 from hilo.schemas import fields as F
-from hilo.schemas.arrays import from_bytes, to_bytes
+from hilo.schemas.arrays import to_bytes, view_bytes
 from hilo.schemas.errors import MalformedMessage
 
 from .base import BLOCK_OVERHEAD, block_entries, block_what
@@ -34,11 +35,13 @@ def pack_int4(q: torch.Tensor) -> bytes:
     return to_bytes(nib[:, 0::2] | (nib[:, 1::2] << 4), "uint8")
 
 
+# byte -> (low nibble - 8, high nibble - 8) as fp32: one table lookup per byte instead of int64 arithmetic
+NIBBLES = np.stack([np.arange(256) % 16, np.arange(256) // 16], 1).astype(np.float32) - 8
+
+
 def unpack_int4(buf, k: int, m: int, what: str, limits) -> torch.Tensor:
     """Inverse of pack_int4, as fp32 (k, m) (small integers: exact)."""
-    b = from_bytes(buf, "uint8", (k, (m + 1) // 2), what, limits)
-    nib = torch.stack([b % 16, b // 16], 2).reshape(k, -1)[:, :m]
-    return (nib - 8).to(torch.float32)
+    return widen(view_bytes(buf, "uint8", (k, (m + 1) // 2), what, limits), 4, m)
 
 
 def refit_scales(gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
@@ -103,21 +106,43 @@ def factor_payload(i: int, g: torch.Tensor, U: torch.Tensor, V: torch.Tensor, bi
     return FactorPrefixes(i, g, lambda K: (U[:, :K], V[:, :K]), k, bits).payload(k)
 
 
-def decode_block(entry: dict, shape, what: str, limits, scratch: list | None = None) -> torch.Tensor:
-    """Rebuild one (m, n) block from its factors; lengths are checked before anything is allocated. `scratch`: a
-    one-item list holding a flat buffer reused for each rank-1 term (grown as needed), instead of a new (m, n) each."""
+def block_payload(entry: dict, shape, what: str, limits) -> tuple:
+    """(k, bits, u, v, s) of one block's payload, every field checked, left in the message's bytes: u (k, ceil(m/2)) and
+    v uint8 for 4 bits, (k, m) and (k, n) fp16 for 16; s (k,) fp32. The fused apply (replica/kernels/apply.py) widens
+    them itself."""
     m, n = shape
     k = F.get_int(entry, "k", what, 0, min(m, n))
     bits = F.get_int(entry, "bits", what, 0) if "bits" in entry else 16
     if bits not in BITS:
         raise MalformedMessage(f"{what}: field 'bits' is {bits}, expected one of {list(BITS)}")
     if bits == 4:
-        u = unpack_int4(F.req(entry, "u", what), k, m, f"{what} field 'u'", limits)
-        v = unpack_int4(F.req(entry, "v", what), k, n, f"{what} field 'v'", limits)
+        u = view_bytes(F.req(entry, "u", what), "uint8", (k, (m + 1) // 2), f"{what} field 'u'", limits)
+        v = view_bytes(F.req(entry, "v", what), "uint8", (k, (n + 1) // 2), f"{what} field 'v'", limits)
     else:
-        u = from_bytes(F.req(entry, "u", what), "float16", (k, m), f"{what} field 'u'", limits)
-        v = from_bytes(F.req(entry, "v", what), "float16", (k, n), f"{what} field 'v'", limits)
-    s = from_bytes(F.req(entry, "s", what), "float32", (k,), f"{what} field 's'", limits)
+        u = view_bytes(F.req(entry, "u", what), "float16", (k, m), f"{what} field 'u'", limits)
+        v = view_bytes(F.req(entry, "v", what), "float16", (k, n), f"{what} field 'v'", limits)
+    s = view_bytes(F.req(entry, "s", what), "float32", (k,), f"{what} field 's'", limits)
+    return k, bits, u, v, s
+
+
+def widen(raw: np.ndarray, bits: int, cols: int) -> torch.Tensor:
+    """A factor from block_payload as fp32 (rows, cols): 4-bit nibbles to -8..7, fp16 widened (both exact)."""
+    if bits == 4:
+        return torch.from_numpy(np.ascontiguousarray(NIBBLES[raw].reshape(raw.shape[0], 2 * raw.shape[1])[:, :cols]))
+    return torch.from_numpy(raw.astype(np.float32))
+
+
+def block_factors(entry: dict, shape, what: str, limits) -> tuple:
+    """(k, bits, u (k, m), v (k, n), s (k,)) of one block's payload, every field checked, as fp32 tensors."""
+    k, bits, u, v, s = block_payload(entry, shape, what, limits)
+    return k, bits, widen(u, bits, shape[0]), widen(v, bits, shape[1]), torch.from_numpy(s.astype(np.float32))
+
+
+def decode_block(entry: dict, shape, what: str, limits, scratch: list | None = None) -> torch.Tensor:
+    """Rebuild one (m, n) block from its factors; lengths are checked before anything is allocated. `scratch`: a
+    one-item list holding a flat buffer reused for each rank-1 term (grown as needed), instead of a new (m, n) each."""
+    m, n = shape
+    k, bits, u, v, s = block_factors(entry, shape, what, limits)
     out = torch.zeros(m, n)
     if k:
         scratch = scratch if scratch is not None else [torch.empty(0)]

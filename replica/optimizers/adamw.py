@@ -19,15 +19,20 @@ class AdamW(Optimizer):
         """Step count and the running products beta1^t, beta2^t (float64, exact IEEE multiplies)."""
         return {"t": 0.0, "beta1_pow": 1.0, "beta2_pow": 1.0}
 
+    def coefficients(self, scalars, h):
+        """(the step's fp32 scalars, the next scalar state): shared with the fused kernel (replica/kernels/adamw.py)."""
+        b1p = scalars["beta1_pow"] * h["beta1"]
+        b2p = scalars["beta2_pow"] * h["beta2"]
+        c = {"step_size": f32(h["lr"] / (1.0 - b1p)), "bc2_sqrt": f32(math.sqrt(1.0 - b2p)),  # sqrt: correctly rounded everywhere
+             "b1": f32(h["beta1"]), "c1": f32(1.0 - h["beta1"]), "b2": f32(h["beta2"]), "c2": f32(1.0 - h["beta2"]),
+             "decay": f32(1.0 - h["lr"] * h["weight_decay"]), "eps": f32(h["eps"])}
+        return c, {"t": scalars["t"] + 1.0, "beta1_pow": b1p, "beta2_pow": b2p}
+
     def step(self, params, grads, slots, scalars, h, out=None):
         """One AdamW step; results written where `out` says."""
         out = out or Buffers()
-        b1p = scalars["beta1_pow"] * h["beta1"]
-        b2p = scalars["beta2_pow"] * h["beta2"]
-        step_size = f32(h["lr"] / (1.0 - b1p))
-        bc2_sqrt = f32(math.sqrt(1.0 - b2p))  # sqrt is correctly rounded everywhere
-        b1, c1, b2, c2 = f32(h["beta1"]), f32(1.0 - h["beta1"]), f32(h["beta2"]), f32(1.0 - h["beta2"])
-        decay, eps = f32(1.0 - h["lr"] * h["weight_decay"]), f32(h["eps"])
+        c, new_scalars = self.coefficients(scalars, h)
+        step_size, bc2_sqrt, b1, c1, b2, c2, decay, eps = (c[k] for k in ("step_size", "bc2_sqrt", "b1", "c1", "b2", "c2", "decay", "eps"))
         new_p, new_m, new_v = [], [], []
         for i, (p, g, m, v) in enumerate(zip(params, grads, slots["exp_avg"], slots["exp_avg_sq"])):
             m = torch.mul(m, b1, out=out.slot("exp_avg", i, m)).add_(torch.mul(g, c1, out=out.scratch(g)))
@@ -37,4 +42,4 @@ class AdamW(Optimizer):
             new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(upd))
             new_m.append(m)
             new_v.append(v)
-        return new_p, {"exp_avg": new_m, "exp_avg_sq": new_v}, {"t": scalars["t"] + 1.0, "beta1_pow": b1p, "beta2_pow": b2p}
+        return new_p, {"exp_avg": new_m, "exp_avg_sq": new_v}, new_scalars

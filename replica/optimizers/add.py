@@ -14,7 +14,11 @@ class Add(Optimizer):
     name = "add"
     applies_deltas = True
 
+    def coefficients(self, scalars, h):
+        """(no scalars, the next scalar state): shared with replica/kernels/add.py."""
+        return {}, {"t": scalars["t"] + 1.0}
+
     def step(self, params, grads, slots, scalars, h, out=None):
         """Add the decoded change; results written where `out` says."""
         out = out or Buffers()
-        return [torch.add(p, d, out=out.param(i, p)) for i, (p, d) in enumerate(zip(params, grads))], {}, {"t": scalars["t"] + 1.0}
+        return [torch.add(p, d, out=out.param(i, p)) for i, (p, d) in enumerate(zip(params, grads))], {}, self.coefficients(scalars, h)[1]

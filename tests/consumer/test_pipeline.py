@@ -321,3 +321,26 @@ def test_a_state_dir_of_another_run_is_named_as_such(log_url, tmp_path):
     site(log_url, first, tmp_path, name="shared", export_adapters=False, until_version=1).run(progress=False)
     with pytest.raises(ConfigError, match=rf"holds a snapshot of run '{first}', not of run '{second}'"):
         site(log_url, second, tmp_path, name="shared", export_adapters=False)
+
+
+def test_sites_on_either_apply_path_reach_the_trainers_digest(tmp_path):
+    run, url = new_run(), f"file://{tmp_path}/log"
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
+    publish_random(producer, 5)
+    for mode in ("kernel", "reference", "kernel-only"):
+        s = site(url, run, tmp_path, name=f"s-{mode}", until_version=5, export_adapters=False, apply=mode)
+        assert s.follower.replica.apply_mode == mode
+        assert s.run(progress=False) == 5
+        assert s.follower.replica.digest == producer.replica.digest
+    producer.close()
+    with pytest.raises(ConfigError, match=r"SiteConfig.apply = 'fast'"):
+        SiteConfig(log=url, run=run, site="x", state_dir=str(tmp_path / "x"), apply="fast")
+
+
+def test_kernel_only_refuses_a_run_whose_optimizer_has_no_kernel(tmp_path):
+    run, url = new_run(), f"file://{tmp_path}/log"
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, optimizer="muon"))
+    publish_random(producer, 1)
+    producer.close()
+    with pytest.raises(ConfigError, match="kernel-only.*muon"):
+        site(url, run, tmp_path, export_adapters=False, apply="kernel-only")

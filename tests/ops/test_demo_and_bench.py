@@ -42,11 +42,25 @@ def test_bench_scrape_sees_consistent_lag_in_every_scrape(capsys, tmp_path):
 def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(capsys, tmp_path):
     from hilo.ops.cli import main
     assert main(["bench", "replay", "--shape", "tiny", "--behind", "4", "--out", str(tmp_path), "--json"]) == 0
-    rows = {r["optimizer"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
-    assert list(rows) == ["adamw", "sgd", "add"]  # each replayed to the trainer's digest (the bench raises otherwise)
-    for r in rows.values():
+    res = json.loads(capsys.readouterr().out)
+    both = {(r["optimizer"], r["apply"]): r for r in res["rows"]}
+    # each replayed to the trainer's digest on both apply paths (the bench raises otherwise)
+    assert list(both) == [(o, a) for o in ("adamw", "sgd", "add") for a in ("kernel", "reference")]
+    assert res["triad_gbps"] > 0
+    for r in both.values():
         assert r["versions"] == 4 and r["versions_per_s"] > 0 and 0 < r["message_bytes"] <= 0.016 * r["adapter_bytes_bf16"] + 1100
-        assert r["snapshot_save_s"] >= 0 and r["snapshot_load_s"] >= 0
+        assert r["snapshot_save_s"] >= 0 and r["snapshot_load_s"] >= 0 and r["apply_over_floor"] > 0
+    rows = {o: r for (o, a), r in both.items() if a == "kernel"}
     # fp32 state per parameter: AdamW 3 (two moments), SGD 2 (momentum), a delta-mode site 1 (the parameters alone)
     assert 2.2 < rows["adamw"]["snapshot_bytes"] / rows["add"]["snapshot_bytes"] < 3.0
     assert 1.5 < rows["sgd"]["snapshot_bytes"] / rows["add"]["snapshot_bytes"] < 2.0
+
+
+@pytest.mark.slow
+def test_bench_ranks_times_both_jobs_and_they_end_at_one_digest(capsys, tmp_path):
+    from hilo.ops.cli import main
+    assert main(["bench", "ranks", "--shape", "tiny", "--steps", "2", "--rounds", "1", "--out", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["ranks"] for r in res["rows"]] == [1, 2]
+    assert res["same_digest"]  # a lone trainer and a 2-rank job, fed the same gradients, publish the same run
+    assert len(res["rows"][1]["apply_s_other_ranks"]) == 1 and res["overhead_x"] > 0

@@ -13,7 +13,12 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   layout      rank 1's adapter has another LoRA rank: refused likewise (the optimizer before DDP, which refuses it too)
   publish     publish_rank = 2 in a 2-rank job: refused likewise
   publish_rank  rank 1 names itself the publishing rank: refused likewise (the same line on both ranks)
-  fsdp2       the model sharded by FSDP2's fully_shard: refused likewise
+  fsdp2       the model sharded by FSDP2's fully_shard (each rank holds half of every LoRA param): STEPS steps
+  fsdp2_one   only rank 1 shards its model: refused on both ranks before anything is published
+  fenced      before the second step, rank 0 starts another trainer of the run (a process of its own) that fences
+              this job's publishing rank: every rank stops with the same FencedError line
+  outage      before the second step, rank 0 stops the job's Kafka broker (ops/kafka/stop.sh, its HILO_KAFKA_PORT and
+              HILO_KAFKA_DIR from the environment): the publish fails and every rank stops with the same NotPublished
   die         rank 1 SIGKILLs itself at the second step, after its backward (the publishing rank is then in step())
   nan         the publishing rank's gradient has a NaN at the second step: both ranks raise its line, neither moves
   trainer     transformers Trainer to global step STEPS (a restarted job resumes from its newest save)
@@ -27,6 +32,7 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 
 scenario, url, run, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4]), int(sys.argv[5])
@@ -101,6 +107,16 @@ def trainer_loop(model, config, steps):
     return opt
 
 
+def another_trainer(config):
+    """Open (and close) a lone trainer of `config`'s run in a process of its own: it fences this job's publishing rank."""
+    code = ("import sys; from hilo.ops.tiny_trainer import build_model; from hilo.producer.config import ProducerConfig; "
+            "from hilo.producer.producer import HiLoProducer; from hilo.replica.codecs import Budget; "
+            "HiLoProducer.open(build_model(seed=0, rank=8, hidden=64, layers=2), ProducerConfig(run=sys.argv[2], "
+            "log=sys.argv[1], budget=Budget(0.25), checkpoint_every=3)).close()")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    subprocess.run([sys.executable, "-c", code, config.log, config.run], env=env, check=True, timeout=240)
+
+
 def plain_loop(opt, ddp, saved, steps):
     """A plain loop on the DDP model: each rank its own batches, a scheduler, clipping; opt.pt loaded first if saved."""
     if saved.exists():  # a restarted job resumes from what rank 0 saved (as a framework's checkpoint does)
@@ -117,6 +133,10 @@ def plain_loop(opt, ddp, saved, steps):
         report["grads_sha256"].append(hashlib.sha256(grads).hexdigest())  # DDP: the same on every rank
         if scenario == "die" and step == 1 and rank == 1:  # mid-step for the publishing rank, which is in step()
             os.kill(os.getpid(), signal.SIGKILL)
+        if scenario == "fenced" and step == 1 and rank == 0:
+            another_trainer(opt.producer.config)
+        if scenario == "outage" and step == 1 and rank == 0:
+            subprocess.run([str(pathlib.Path(__file__).resolve().parents[2] / "ops/kafka/stop.sh")], check=True, timeout=300)
         if scenario == "nan" and step == 1 and rank == 0:
             opt.producer.params[3].grad[0, 0] = float("nan")
         try:
@@ -127,6 +147,17 @@ def plain_loop(opt, ddp, saved, steps):
             report["errors"].append(f"{type(e).__name__}: {e}")
             report["version_after_error"] = opt.version
         sched.step()
+        opt.zero_grad()
+
+
+def fsdp_loop(opt, model, steps):
+    """The FSDP2-sharded model: each rank its own batches; FSDP2 reduce-scatters the gradients into each rank's shard."""
+    gen = torch.Generator().manual_seed(1000 * rank)
+    report["local_shapes"] = [list(t.to_local().shape) for t in opt.producer.params[:2]]
+    for _ in range(steps):
+        ids, labels = batch(gen, 8)
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
         opt.zero_grad()
 
 
@@ -149,10 +180,12 @@ def main():
         opt = accelerate_loop(model, config, steps)
     elif scenario == "trainer":
         opt = trainer_loop(model, config, steps)
-    elif scenario == "fsdp2":  # the LoRA params become DTensor shards: refused on every rank
+    elif scenario in ("fsdp2", "fsdp2_one"):  # the LoRA params become DTensor shards
         from torch.distributed.fsdp import fully_shard
-        fully_shard(model)
+        if scenario == "fsdp2" or other:
+            fully_shard(model)
         opt = HiLoOptimizer(model, config, lr=3e-3)
+        fsdp_loop(opt, model, steps)
     elif scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
         opt = HiLoOptimizer(model, config, lr=3e-3)
         DistributedDataParallel(model)
@@ -161,9 +194,12 @@ def main():
         opt = HiLoOptimizer(ddp, config, lr=3e-3)
         plain_loop(opt, ddp, saved, steps)
     p = opt.producer
-    flat = b"".join(t.detach().float().contiguous().numpy().tobytes() for t in p.params)
+    p.weights.gather(grads=False)  # FSDP2: the params whole (a collective: every rank is here)
+    whole = p.weights.values()
+    flat = b"".join(t.float().contiguous().numpy().tobytes() for t in whole)
     report.update(version=opt.version, digest=p.replica.digest.hex(), params_sha256=hashlib.sha256(flat).hexdigest(),
-                  params_are_replica=all(torch.equal(a.detach().float(), b) for a, b in zip(p.params, p.replica.state.params)))
+                  params_are_replica=all(torch.equal(a.float(), b) for a, b in zip(whole, p.replica.state.params)),
+                  sharded=p.weights.sharded)
     sd = opt.state_dict()
     report["has_encoder"] = "encoder" in sd["hilo"]
     report["hilo"] = {k: v for k, v in sd["hilo"].items() if k != "encoder"}
@@ -180,6 +216,7 @@ if __name__ == "__main__":
         main()
     except BaseException as e:
         report["stopped"] = f"{type(e).__name__}: {e}"
+        report["in_doubt"] = getattr(e, "in_doubt", None)
         write()
         raise
     write()

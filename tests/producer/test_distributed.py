@@ -21,7 +21,7 @@ import torch
 
 from hilo.producer.config import ProducerConfig
 from hilo.producer.distributed import RankProducer, _raise_as
-from hilo.producer.lora_params import lora_parameters
+from hilo.producer.lora_params import lora_weights
 from hilo.producer.optimizer import HiLoOptimizer
 from hilo.producer.producer import HiLoProducer
 from hilo.replica.replica import PolicyReplica
@@ -34,6 +34,9 @@ from tests.producer.test_training_loops import Follow, published
 pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = str(pathlib.Path(__file__).with_name("_dist_worker.py"))
+SNIPPETS = str(pathlib.Path(__file__).with_name("_snippet_worker.py"))
+ACCELERATE_2 = ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no"]  # `accelerate launch` of 2 processes (--multi_gpu: its multi-process switch, CPU here)
 JOB_S = 300  # a 2-rank job of a few steps takes 15-30 s on a busy 2-core machine
 
 
@@ -154,6 +157,22 @@ def test_transformers_trainer_in_a_2_rank_job_and_its_resume(tmp_path):
         assert follower.digest() == r0["digest"]
 
 
+def test_an_fsdp2_job_gathers_the_sharded_gradients_to_the_publishing_rank_and_writes_each_shard_back(tmp_path):
+    """fully_shard: each rank holds half of every LoRA param (a DTensor shard). Every rank all-gathers the gradients,
+    the publishing rank encodes them whole, and every rank writes its slice of the replica's params back: the whole
+    params, gathered again, are the replica's on both ranks, and the site ends at the same digest."""
+    url, run = f"file://{tmp_path}/log", "fsdp2"
+    follower = Follow(url, run, tmp_path, 3)
+    with reaped(follower.proc):
+        rc, out, (r0, r1) = torchrun("fsdp2", url, run, tmp_path, 3)
+        assert rc == 0, out[-4000:]
+        assert r0["sharded"] and r1["sharded"]
+        assert r0["local_shapes"] == r1["local_shapes"] and r0["local_shapes"][0][0] == 4  # LoRA rank 8, split in two
+        assert_ranks_hold_the_replica(r0, r1, 3)
+        assert [m.version for m in published(url, run)] == [1, 2, 3]
+        assert follower.digest() == r0["digest"]
+
+
 def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
     """`accelerate launch` (torchrun underneath; --multi_gpu is its multi-process switch, on CPU here) of the README's
     plain loop, word for word: nothing in it initializes torch.distributed, so HiLoOptimizer does, from the launcher's
@@ -161,9 +180,7 @@ def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
     url, run = f"file://{tmp_path}/log", "launched"
     follower = Follow(url, run, tmp_path, 4)
     with reaped(follower.proc):
-        rc, out, (r0, r1) = launch(["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                                    "--mixed_precision", "no", "--dynamo_backend", "no"],
-                                   str(pathlib.Path(WORKER).with_name("_snippet_worker.py")), [url, run, tmp_path, 4], tmp_path)
+        rc, out, (r0, r1) = launch(ACCELERATE_2, SNIPPETS, ["plain loop", url, run, tmp_path, 4], tmp_path)
         assert rc == 0, out[-4000:]
         assert "hilo initialized it (gloo) so that this rank alone publishes" in out
         assert r0["publishes"] and not r1["publishes"]
@@ -173,17 +190,34 @@ def test_accelerate_launch_runs_the_readme_plain_loop_unchanged(tmp_path):
         assert follower.digest() == r0["digest"]
 
 
+def test_accelerate_launch_runs_the_trl_grpo_trainer_snippet_unchanged(tmp_path):
+    """TRL's GRPOTrainer under `accelerate launch` with 2 processes, the docs' snippet word for word: the trainer's
+    Accelerator initializes torch.distributed and wraps the model in DDP; each rank generates and scores its own
+    completions; rank 0 publishes one version per optimizer step and both ranks end at the replica."""
+    url, run, steps = f"file://{tmp_path}/log", "grpo2", 2
+    follower = Follow(url, run, tmp_path, steps)
+    with reaped(follower.proc):
+        rc, out, (r0, r1) = launch(ACCELERATE_2, SNIPPETS, ["TRL GRPOTrainer", url, run, tmp_path, steps], tmp_path)
+        assert rc == 0, out[-4000:]
+        assert r0["publishes"] and not r1["publishes"]
+        assert r0["global_step"] == r1["global_step"] == steps
+        assert r0["version"] == r1["version"] == steps and r0["digest"] == r1["digest"]
+        assert r0["params_sha256"] == r1["params_sha256"] and r0["params_are_replica"] and r1["params_are_replica"]
+        assert [m.version for m in published(url, run)] == list(range(1, steps + 1))
+        assert follower.digest() == r0["digest"]
+
+
 @pytest.mark.parametrize("scenario,line", [
     ("codec", r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's is "
               r"'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)"),
     ("layout", r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
                r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
     ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
-    ("fsdp2", r"ConfigError: rank 0 of 2: the LoRA parameters are sharded by FSDP2 \(fully_shard: DTensor parameters\): not "
-              r"supported; every rank must hold the whole adapter\. Wrap the model in DistributedDataParallel instead"),
+    ("fsdp2_one", r"ConfigError: torch.distributed job: rank 1's LoRA sharding is FSDP2, the publishing rank 0's is none; "
+                  r"every rank must"),
     ("publish_rank", r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing rank 0's "
                      r"is 0; every rank must"),
-], ids=["codec", "layout", "publish_rank_outside", "fsdp2", "publish_rank_differs"])
+], ids=["codec", "layout", "publish_rank_outside", "fsdp2_on_one_rank", "publish_rank_differs"])
 def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
     rc, out, (r0, r1) = torchrun(scenario, f"file://{tmp_path}/log", "bad", tmp_path, 2)
     assert rc != 0
@@ -201,6 +235,17 @@ def test_a_step_the_publishing_rank_refuses_moves_no_rank_and_raises_its_line_on
     assert r0["version_after_error"] == r1["version_after_error"] == 1
     assert_ranks_hold_the_replica(r0, r1, 2)
     assert [m.version for m in published(url, run)] == [1, 2]
+
+
+def test_a_fenced_publishing_rank_stops_every_rank_with_the_same_line(tmp_path):
+    """Another trainer of the run (a lone process) opens it between two steps: the publishing rank's next publish is
+    fenced, and every rank stops with its FencedError line; nothing more of this job's is on the log."""
+    url, run = f"file://{tmp_path}/log", "fenced"
+    rc, out, (r0, r1) = torchrun("fenced", url, run, tmp_path, 3)
+    assert rc != 0
+    assert r0["stopped"] == r1["stopped"] and "\n" not in r0["stopped"], (r0["stopped"], r1["stopped"])
+    assert r0["stopped"].startswith(f"FencedError: file://{tmp_path}/log: run fenced: this trainer"), r0["stopped"]
+    assert [m.version for m in published(url, run)] == [1]
 
 
 @pytest.mark.parametrize("killed", [0, 1], ids=["the publishing rank", "the other rank"])
@@ -273,11 +318,11 @@ def joined_pair(tmp_path):
     """(publishing RankProducer over a real HiLoProducer on a file log, the other rank's, the other rank's model)."""
     frames, cfg = [], producer_config(run="wire", log=f"file://{tmp_path}/log")
     inner = HiLoProducer.open(small_model(), cfg)
-    pub = RankProducer(Wire(0, frames), inner.model, cfg, inner.manifest, inner.params, inner)
+    pub = RankProducer(Wire(0, frames), inner.model, cfg, inner.manifest, inner.weights, inner)
     other_model = small_model(seed=1)
-    _, params = lora_parameters(other_model)
+    _, weights = lora_weights(other_model)
     start = PolicyReplica.from_checkpoint(decode_record(inner.replica.checkpoint().to_bytes(), "start"), "start")
-    other = RankProducer(Wire(1, frames), other_model, cfg, inner.manifest, params, None, start)
+    other = RankProducer(Wire(1, frames), other_model, cfg, inner.manifest, weights, None, start)
     other.write_back()
     return pub, other
 

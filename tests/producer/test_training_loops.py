@@ -206,18 +206,24 @@ def test_trainer_resumed_from_an_older_checkpoint_continues_at_the_log_head(tmp_
     assert_model_is_replica(opt2)
 
 
-def test_trl_grpo_trainer_with_a_peft_config(tmp_path):
+def digits_right(completions, answer, **kw):
+    """GRPO's verifiable reward: the share of the answer's characters the completion gets right."""
+    return [sum(x == y for x, y in zip(c, a)) / len(a) for c, a in zip(completions, answer)]
+
+
+def addition_prompts():
+    """GRPO's dataset: two-digit additions with their answers."""
     from datasets import Dataset
+    pairs = [(a, b) for a in range(10, 50) for b in range(10, 14)]
+    return Dataset.from_dict({"prompt": [f"{a:02d}+{b:02d}=" for a, b in pairs], "answer": [f"{a + b:03d};" for a, b in pairs]})
+
+
+def test_trl_grpo_trainer_with_a_peft_config(tmp_path):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
     url, run, steps = f"file://{tmp_path}/log", "grpo", 3
     follower = Follow(url, run, tmp_path, steps)
-    pairs = [(a, b) for a in range(10, 50) for b in range(10, 14)]
-    dataset = Dataset.from_dict({"prompt": [f"{a:02d}+{b:02d}=" for a, b in pairs], "answer": [f"{a + b:03d};" for a, b in pairs]})
-
-    def digits_right(completions, answer, **kw):
-        """Verifiable reward: the share of the answer's characters the completion gets right."""
-        return [sum(x == y for x, y in zip(c, a)) / len(a) for c, a in zip(completions, answer)]
+    dataset = addition_prompts()
     # README: TRL GRPOTrainer
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_completion_length=4,
                       max_steps=steps, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0, disable_tqdm=True)

@@ -1,0 +1,177 @@
+"""The fused apply's Python side: check the buffers, lay out one kernel call, map its flags to the reference's errors.
+
+`step` is PolicyReplica.compute's kernel path: given the message's payload (or gradients already decoded), it
+returns what the optimizer's reference `step` would (new params, slots, scalars) and the NaN/Inf bits per block,
+bit for bit. Nothing is written before every buffer has been checked: a buffer the kernel cannot take is refused
+in one line naming the block (UnfitState).
+"""
+import threading
+
+import numpy as np
+import torch
+
+from hilo.schemas.errors import UnfitState
+from hilo.schemas.records import Manifest
+
+from ..codecs import dense
+from ..codecs.base import block_entries, block_what
+from ..codecs.lowrank import block_payload
+from ..optimizers.base import Buffers
+from . import fused
+from .lowrank import widen4
+
+LOWRANK = ("powersgd", "spar", "spar4")  # the codecs whose payload is lowrank.py's format
+ITEM_ELEMENTS = 1 << 14  # elements per work item: its decoded gradient stays in L1/L2; thousands of items balance the threads
+# AdamW's two passes run over groups of consecutive blocks of about this many elements: few enough kernel calls (each
+# wakes the threads: 0.1-1 ms on a busy 2-core machine), small enough that a group's new moments are still in cache
+GROUP_ELEMENTS = 1 << 21
+SQRT_PIECE = 32768  # torch's grain size (at::internal::GRAIN_SIZE): a smaller op runs on the calling thread
+_layouts: dict = {}      # manifest id -> layout(): the work split depends on the shapes only
+# One kernel call at a time per process: numba's fallback thread pool (workqueue, where neither TBB nor OpenMP loads)
+# aborts on concurrent launches, and two replicas stepping at once would only share the same two cores anyway.
+_one_at_a_time = threading.Lock()
+
+
+def layout(manifest: Manifest) -> tuple:
+    """(items (N, 4): block, first row, end row, block rows; cols per block; groups: [(first block, end block, first item,
+    end item)] of consecutive blocks up to GROUP_ELEMENTS; each block's offset in its group) for `manifest`, cached."""
+    hit = _layouts.get(manifest.manifest_id)
+    if hit is None:
+        items, cols, groups, at = [], [], [], np.zeros(len(manifest.blocks), np.int64)
+        size = GROUP_ELEMENTS + 1
+        for b, spec in enumerate(manifest.blocks):
+            m, n = spec.shape
+            cols.append(n)
+            if size + spec.numel > GROUP_ELEMENTS and (not groups or groups[-1][0] < b):
+                groups.append([b, b, len(items), len(items)])
+                size = 0
+            at[b], size = size, size + spec.numel
+            per = max(1, ITEM_ELEMENTS // max(n, 1))
+            items += [(b, r, min(m, r + per), m) for r in range(0, m, per)]
+            groups[-1][1], groups[-1][3] = b + 1, len(items)
+        hit = (np.array(items, np.int64).reshape(-1, 4), np.array(cols, np.int64), [tuple(g) for g in groups], at)
+        _layouts[manifest.manifest_id] = hit
+    return hit
+
+
+def _address(t, manifest: Manifest, b: int, kind: str, what: str) -> int:
+    """t's data address, after checking the kernel can take it (fp32, C-contiguous, CPU, the manifest's shape)."""
+    spec = manifest.blocks[b]
+    if isinstance(t, np.ndarray):
+        dtype, contiguous, cpu, shape, addr = t.dtype == np.float32, t.flags.c_contiguous, True, t.shape, t.ctypes.data
+    else:
+        dtype, contiguous, cpu, shape = t.dtype == torch.float32, t.is_contiguous(), t.device.type == "cpu", tuple(t.shape)
+        addr = t.data_ptr()
+    problem = ("not float32" if not dtype else "not on the CPU" if not cpu else f"shape {tuple(shape)}, manifest says {spec.shape}"
+               if tuple(shape) != spec.shape else "not contiguous" if not contiguous else "misaligned" if addr % 4 else None)
+    if problem:
+        raise UnfitState(f"{what}: the fused apply cannot take the {kind} of block '{spec.key}': {problem} "
+                         f"(dtype {getattr(t, 'dtype', '?')}); refused before anything was written (--apply reference takes it)")
+    return addr
+
+
+def gradient_sources(codec: str, manifest: Manifest, params: dict, blocks: list, what: str, limits) -> tuple | None:
+    """(src, dense gradients, lr, u, s, v) for a payload the kernel decodes itself, or None for a codec it does not (topk:
+    its reference decode runs first). Low-rank: every block's fields checked as the reference checks them, in its order
+    (block_payload), then all factors widened to fp32 in one vectorised op per encoding. Dense: the message's bytes."""
+    nb = len(manifest.blocks)
+    src, lr, none = np.zeros(nb, np.int64), np.zeros((nb, 6), np.int64), np.zeros(1, np.float32)
+    if codec == "dense":
+        return src + fused.DENSE, dense.views(manifest, params, blocks, what, limits), lr, none, none, none
+    if codec not in LOWRANK:
+        return None
+    raw = {4: ([], []), 16: ([], [])}  # bits -> (u rows, v rows) as the message holds them
+    at = {4: [0, 0], 16: [0, 0]}       # bits -> widened elements so far (u, v)
+    ss, s_at, enc = [], 0, np.zeros(nb, np.int64)
+    for i, entry in block_entries(manifest, blocks, what, require_all=False):
+        k, bits, u, v, s = block_payload(entry, manifest.blocks[i].shape, block_what(what, manifest, i), limits)
+        width = 2 if bits == 4 else 1   # fp32 values per stored element: a byte holds two nibbles
+        src[i], enc[i] = fused.LOWRANK, bits
+        lr[i] = (k, at[bits][0], width * u.shape[1], s_at, at[bits][1], width * v.shape[1])
+        raw[bits][0].append(u.reshape(-1))
+        raw[bits][1].append(v.reshape(-1))
+        ss.append(s)
+        at[bits][0] += width * u.size
+        at[bits][1] += width * v.size
+        s_at += k
+    flat = lambda xs, bits: _widen(np.concatenate(xs), bits) if xs else np.zeros(0, np.float32)  # noqa: E731
+    u4, v4 = flat(raw[4][0], 4), flat(raw[4][1], 4)
+    lr[enc == 16, 1] += len(u4)  # fp16 blocks' factors follow the 4-bit ones
+    lr[enc == 16, 4] += len(v4)
+    cat = lambda *xs: np.concatenate(xs + (none,)).astype(np.float32, copy=False)  # noqa: E731  (never empty)
+    return src, None, lr, cat(u4, flat(raw[16][0], 16)), cat(*ss) if ss else none, cat(v4, flat(raw[16][1], 16))
+
+
+def _widen(raw: np.ndarray, bits: int) -> np.ndarray:
+    """Stored factor values as fp32: nibbles to -8..7 (two per byte, in a compiled loop), fp16 widened; exact."""
+    if bits == 16:
+        return raw.astype(np.float32)
+    out = np.empty(2 * raw.size, np.float32)
+    widen4(raw, out)
+    return out
+
+
+def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, what: str, sources: tuple | None = None,
+         grads: list | None = None) -> tuple:
+    """(new params, {slot: new tensors}, new scalars, bits per block): the fused step. `sources` from gradient_sources, or
+    `grads`: decoded fp32 gradients (any codec, or the trainer's own decode)."""
+    nb = len(manifest.blocks)
+    if sources is None:
+        none = np.zeros(1, np.float32)
+        sources = (np.zeros(nb, np.int64) + fused.DENSE, grads, np.zeros((nb, 6), np.int64), none, none, none)
+    src, dense_g, lr, u, s, v = sources
+    coeffs, scalars = opt.coefficients(state.scalars, hparams)
+    sc = module.coefficients(coeffs)
+    # every address checked before the kernel writes anything
+    g_addr = np.zeros(nb, np.int64)
+    keep = []  # arrays made here (a misaligned payload copied) live until the kernel returns
+    for b in range(nb):
+        if src[b] == fused.DENSE:
+            g = dense_g[b]
+            if isinstance(g, np.ndarray) and g.ctypes.data % 4:
+                g = g.copy()  # a payload at an odd offset: copied once, aligned (the bits are the same)
+                keep.append(g)
+            g_addr[b] = _address(g, manifest, b, "gradient", what)
+    names = list(opt.slots)
+    addr_in, addr_out = np.zeros((4, nb), np.int64), np.zeros((3, nb), np.int64)
+    new_p, new_s = [], {n: [] for n in names}
+    for b in range(nb):
+        p = state.params[b]
+        addr_in[0, b] = _address(p, manifest, b, "params", what)
+        for j, n in enumerate(names):
+            addr_in[j + 1, b] = _address(state.slots[n][b], manifest, b, f"optimizer state '{n}'", what)
+    for b in range(nb):
+        p = state.params[b]
+        new_p.append(out.param(b, p))
+        addr_out[0, b] = _address(new_p[-1], manifest, b, "new params", what)
+        for j, n in enumerate(names):
+            new_s[n].append(out.slot(n, b, state.slots[n][b]))
+            addr_out[j + 1, b] = _address(new_s[n][-1], manifest, b, f"new optimizer state '{n}'", what)
+    with _one_at_a_time:
+        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out))
+    bits = np.zeros(nb, np.int64)
+    np.bitwise_or.at(bits, layout(manifest)[0][:, 0], flags)
+    return new_p, new_s, scalars, bits
+
+
+def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: tuple) -> np.ndarray:
+    """The kernel call(s) over checked addresses; the NaN/Inf bits per work item."""
+    src, g_addr, lr, u, s, v, addr_in, addr_out = addresses
+    items, cols, groups, at = layout(manifest)
+    flags = np.zeros(len(items), np.int64)
+    args = (cols, src, g_addr, lr, u, s, v, addr_in, addr_out)
+    if not getattr(module, "SQRT_BETWEEN", False):
+        fused.run(module.CODE, sc, items, *args, flags)
+    else:  # group by group, so the new moments are still in cache for torch's sqrt and the second pass (adamw.py says why)
+        root = out.scratch(torch.empty(max(int(at[e - 1]) + manifest.blocks[e - 1].numel for _, e, _, _ in groups)))
+        addr_in[3, :] = root.data_ptr() + 4 * at
+        second = np.zeros(len(items), np.int64)
+        for b0, b1, lo, hi in groups:
+            fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi])
+            for b in range(b0, b1):  # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
+                flat, dst = new_s["exp_avg_sq"][b].view(-1), root[at[b]:at[b] + manifest.blocks[b].numel]
+                for c in range(0, len(flat), SQRT_PIECE):
+                    torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
+            fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])
+        flags |= second
+    return flags
