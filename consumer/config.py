@@ -33,6 +33,14 @@ class SiteConfig:
                            "server runs with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, as ops/vllm/start.sh "
                            "starts it)")
     lora_name: str = opt("policy", "the adapter name requests to that server use")
+    self_check: bool = opt(True, "after each vLLM load, compare vLLM's log-probabilities of a fixed probe with the site's "
+                           "own forward pass of that version; a difference over the tolerance: no generating with it, one "
+                           "line, the load retried (consumer/self_check.py)")
+    self_check_base: str | None = opt(None, "the base model directory for the self-check's forward pass (none: the path "
+                                      "vLLM reports serving, which must then be a local directory)")
+    self_check_tolerance: float = opt(1e-5, "the largest per-token |log-probability difference| the self-check accepts "
+                                      "(vLLM CPU server, fp32 base: honest differences measured below 1e-6, docs/results/"
+                                      "audit.json). A GPU or bf16 deployment measures and sets its own")
     retry_serve_s: float = opt(2.0, "first wait before retrying a load vLLM could not take (doubles up to 60 s)")
     trust: str | None = opt(None, "the trainer's Ed25519 public key (PEM); only records it signed are applied (none: verify "
                             "nothing)")
@@ -79,5 +87,7 @@ class SiteConfig:
             raise ConfigError("SiteConfig.vllm: vLLM loads exported adapter directories; it cannot be used with export_adapters=False")
         if self.vllm is not None and not self.vllm.startswith(("http://", "https://")):
             raise ConfigError(f"SiteConfig.vllm = {self.vllm!r}: expected an http:// or https:// URL")
+        if not self.self_check_tolerance > 0:
+            raise ConfigError(f"SiteConfig.self_check_tolerance = {self.self_check_tolerance}: must be > 0")
         if not self.lora_name or "/" in self.lora_name:
             raise ConfigError(f"SiteConfig.lora_name = {self.lora_name!r}: must be a non-empty name without '/'")

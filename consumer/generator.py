@@ -22,6 +22,7 @@ from hilo.schemas.framing import split_trailer
 from hilo.schemas.options import opt
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
+from .lies import made_up, sharpened
 from .vllm_serving import VllmDown, VllmError
 
 logger = logging.getLogger(__name__)
@@ -207,11 +208,14 @@ class Generator:
     def _answer(self, p: PromptRecord, version: int) -> list:
         """The n rollouts of one prompt, as (key, value, headers) records."""
         t0 = time.perf_counter()
-        samples = self.server.complete(p.token_ids, p.sampling)
+        lying = self.serving.lie  # a test hook (consumer/lies.py); None: honest
+        samples = self.server.complete(p.token_ids, sharpened(p.sampling) if lying == "sharpen" else p.sampling)
         t1 = time.perf_counter()
         end = self.serving.version
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
+            if lying == "logprobs":
+                logprobs = made_up(logprobs)
             reward = float(self.reward(p.token_ids, ids))
             r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
                               finish if finish in ("stop", "length") else "abort",

@@ -8,6 +8,8 @@ import logging
 import time
 
 from .adapter_export import discard_beyond, export_adapter, prune_adapters
+from .lies import lie, perturb_adapter
+from .self_check import SelfCheck, SelfCheckFailed
 from .serving_state import ServingState
 from .shell_hook import run_hook
 from .vllm_serving import VllmDown, VllmError, VllmServer
@@ -17,13 +19,17 @@ logger = logging.getLogger(__name__)
 
 class Serving:
     """One site's adapter exports and its vLLM server (None: export and hook only). The generator reads
-    `version` (what vLLM serves now, or None) and `healthy` (its loads succeed) and nothing else of the site."""
+    `version` (what vLLM serves now, or None), `healthy` (its loads succeed and pass the self-check) and `lie` (a
+    test hook, consumer/lies.py) and nothing else of the site."""
 
     def __init__(self, cfg, metrics):
         self.site, self.export, self.dtype, self.keep, self.hook = cfg.site, cfg.export_adapters, cfg.export_dtype, \
             cfg.keep_adapters, cfg.on_version
         self.adapters_dir = f"{cfg.state_dir}/adapters"
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
+        self.checker = SelfCheck(self.server, cfg.self_check_base, cfg.export_dtype, cfg.self_check_tolerance) \
+            if self.server is not None and cfg.self_check else None
+        self.lie = lie()  # a test hook (consumer/lies.py); None: honest
         self.state = ServingState(cfg.retry_serve_s)
         self.metrics = metrics
         self.timing = {}  # seconds the newest export and vLLM load took: {"version", "export_s", "load_s"}
@@ -72,6 +78,8 @@ class Serving:
         if self.state.needs_export(replica.version):
             keep = [self.state.serving[1]] if self.state.serving else []
             out = export_adapter(replica, self.adapters_dir, self.dtype, self.keep, protect=keep)
+            if self.lie == "perturb":
+                perturb_adapter(out)
             self.state.on_exported(replica.version, out)
             self.timing = {"version": replica.version, "export_s": time.perf_counter() - t0}
             self.metrics.observe("stage_seconds", self.timing["export_s"], stage="export")
@@ -80,24 +88,44 @@ class Serving:
         if self.server is None or not self.state.needs_load(replica.version):
             return False
         version, out = self.state.exported
+        loaded = out
+        if self.lie == "previous" and self.state.serving:
+            loaded = self.state.serving[1]  # the adapter loaded before, under the new version
         t1 = time.perf_counter()
         try:
             if self.server.version is None:
                 self.server.check()
-            self.server.load(out, version)
+            self.server.load(loaded, version)
+            load_s = time.perf_counter() - t1
+            if self.checker is not None:
+                self.checker.check(replica)
         except VllmError as e:
             if strict and not isinstance(e, VllmDown):
                 raise
             self._retry_later(e)
             return False
+        except SelfCheckFailed as e:  # vLLM took the load and serves something else: nothing is generated with it
+            self.metrics.inc("self_check_failures")
+            self.metrics.set("self_check_worst_difference", self.checker.worst)
+            self._retry_later(e)
+            return False
+        if self.checker is not None:
+            self.metrics.set("self_check_worst_difference", self.checker.worst)
+            self.metrics.observe("stage_seconds", self.checker.seconds, stage="self_check")
+            logger.info("site %s: self-check of v%d passed: worst log-probability difference %.3g (tolerance %g)", self.site,
+                        version, self.checker.worst, self.checker.tolerance)
         self.state.on_loaded()
-        self.timing["load_s"] = time.perf_counter() - t1
+        self.timing["load_s"] = load_s  # the self-check's time is its own stage
         self.metrics.observe("stage_seconds", self.timing["load_s"], stage="vllm_reload")
         self.metrics.set("serving_version", version)
-        prune_adapters(out.parent, self.keep, protect=[out])  # the previously served one may go now
+        prune_adapters(out.parent, self.keep, protect=[out, loaded])  # the previously served one may go now
         return True
 
     def _retry_later(self, error) -> None:
         wait = self.state.on_failed(time.monotonic())
+        if isinstance(error, SelfCheckFailed):
+            logger.warning("site %s: self-check failed: %s; generating nothing until a load passes, retrying the newest in "
+                           "%.0fs", self.site, error, wait)
+            return
         logger.warning("site %s: vLLM did not take v%d (%s); still serving %s, retrying the newest in %.0fs", self.site,
                        self.state.exported[0], error, f"v{self.version}" if self.state.serving else "nothing", wait)

@@ -87,6 +87,30 @@ class VllmServer:
         self.plugin = plugin
         logger.info("vLLM at %s now serves v%d as %r", self.url, version, self.lora_name)
 
+    def next_token_logprobs(self, prefixes, top: int = 5) -> list:
+        """For each token-id prefix: {token id: log-probability} of the `top` most likely next tokens (and the greedy
+        one) under the adapter `lora_name`, one request for all. What a site compares with its own replica's forward
+        pass. (Not vLLM's prompt_logprobs: on the CPU build a prompt_logprobs request batched with another LoRA
+        request kills the engine, vLLM 0.32.)"""
+        r = self._call("POST", "/v1/completions", json={"model": self.lora_name, "prompt": [list(p) for p in prefixes],
+                                                        "max_tokens": 1, "temperature": 0, "logprobs": top,
+                                                        "return_tokens_as_token_ids": True, "return_token_ids": True})
+        if r.status_code != 200:
+            raise VllmError(f"vLLM at {self.url} refused a log-probabilities request: {_reason(r)}")
+        try:
+            out = []
+            for c in sorted(r.json()["choices"], key=lambda c: c["index"]):
+                lp = c["logprobs"]
+                row = {int(k.rpartition(":")[2]): float(v) for k, v in lp["top_logprobs"][0].items()}
+                row[int(c["token_ids"][0])] = float(lp["token_logprobs"][0])
+                out.append(row)
+            if len(out) != len(prefixes):
+                raise ValueError(f"{len(out)} answers for {len(prefixes)} prefixes")
+            return out
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise VllmError(f"vLLM at {self.url}: a log-probabilities answer without the next tokens' log-probabilities "
+                            f"({type(e).__name__}: {e})") from None
+
     def complete(self, prompt_ids, sampling) -> list:
         """`sampling.n` completions of the token ids `prompt_ids` by the adapter `lora_name`: one (completion token ids,
         behaviour log-probability of each, finish reason) per sample. vLLM's log-probabilities are the model's

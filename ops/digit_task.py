@@ -28,6 +28,13 @@ def reward(prompt_ids, completion_ids) -> float:
     return float(got[:3] == want[:3] and got[3:] in ([], want[3:]))
 
 
+def partial_reward(prompt_ids, completion_ids) -> float:
+    """The share of the answer's tokens (3 digits, then ';') the completion has right, position by position: partial
+    credit, so even the random tiny policy's samples differ and every GRPO step moves it (the audit's tests use it)."""
+    want, got = answer_ids(prompt_ids), list(completion_ids[:ANSWER_LEN])
+    return sum(a == b for a, b in zip(want, got)) / len(want)
+
+
 def prompts(run: str, sampling: Sampling, seed: int = 0, min_version=lambda: 0, prefix: str = "p"):
     """An endless stream of digit-task prompts of `run` (ids PREFIX-0, PREFIX-1, ...); `min_version()` is read as each
     is made (the trainer's version: S = 0 asks for the newest policy)."""

@@ -235,6 +235,7 @@ REGIONS = {
     "faults": Region(faults_table, (f"{RESULTS}/faults.json",)),
     "fanout": _bench("fanout", "table", f"{RESULTS}/fanout.json"),
     "rl": _bench("rl", "table", f"{RESULTS}/rl.json"),
+    "audit": _bench("audit", "table", f"{RESULTS}/audit.json"),
     "replay": _bench("replay", "table", f"{RESULTS}/replay.json"),
     "wan": _bench("wan", "markdown", f"{RESULTS}/wan.json"),
     "scrape": Region(scrape_table, (f"{RESULTS}/scrape.json",)),
@@ -284,7 +285,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "replay", "snapshot", "wan", "ranks", "scrape", "startup")
+              "fanout", "rl", "audit", "replay", "snapshot", "wan", "ranks", "scrape", "startup")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

@@ -34,10 +34,12 @@ from hilo.ops.tiny_trainer import with_lora
 from hilo.producer.importance import mismatch_kl
 from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
+from hilo.producer.rollout_audit import AuditConfig, Auditor
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.producer.rollout_ledger import RolloutLedger
 from hilo.replica.codecs import Budget
+from hilo.replica.forward import completion_logprobs
 from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable
 from hilo.schemas.options import opt
 from hilo.schemas.rollouts import Sampling
@@ -76,6 +78,8 @@ class RLConfig:
     trainer_threads: int = opt(1, "torch threads of the trainer. On one machine it shares the cores with the sites and vLLM, "
                                "and OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a run 1.6x "
                                "slower")
+    audit: AuditConfig = opt(help="how the trainer audits the sites' rollouts (producer/rollout_audit.py): the share, the "
+                             "tolerance, the quarantine threshold", factory=AuditConfig)
 
     def __post_init__(self):
         for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0),
@@ -93,17 +97,6 @@ class RLConfig:
     def servers(self) -> list:
         """The vLLM URLs, one per server."""
         return self.vllm.split(",") if self.vllm else []
-
-
-def completion_logprobs(model, samples) -> list:
-    """For each (prompt ids, completion ids): the model's log-probability of each completion token given the prompt and
-    the tokens before it (with grad). One forward for all: right padding never reaches a real token (causal attention)."""
-    seqs = [list(p) + list(c) for p, c in samples]
-    pad = model.config.pad_token_id or 0
-    ids = torch.tensor([s + [pad] * (max(map(len, seqs)) - len(s)) for s in seqs])
-    logp = torch.log_softmax(model(ids).logits.float(), -1)
-    return [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c).view(-1, 1)).squeeze(1)
-            for i, (p, c) in enumerate(samples)]
 
 
 def grpo_loss(model, exchange, groups) -> tuple:
@@ -193,8 +186,12 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                                                   state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
     ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None
+    auditor = None
+    if cfg.audit.share > 0:  # keeps the params of the last S + 1 versions: a rollout older than those is stale anyway
+        auditor = Auditor(cfg.audit, model, producer.manifest, cfg.staleness + 1, producer.metrics)
+        auditor.remember(producer.version, producer.replica.state.params)
     exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=max(cfg.prompt_partitions, cfg.sites), metrics=producer.metrics,
-                               ledger=ledger)
+                               ledger=ledger, auditor=auditor)
     if ledger is not None:
         exchange.restore(producer.version)
     ready = []
@@ -202,8 +199,15 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     def min_version():
         # the k-th prompt queued ahead (complete or in flight) is trained when the trainer is at version
         # producer.version + k // B; asking for a policy at most S older keeps its samples from aging out
-        # (S = 0: a prompt issued while the current batch completes waits for the next version, it is not wasted)
-        return max(0, producer.version + (len(ready) + len(exchange.book.in_flight)) // cfg.batch_prompts - cfg.staleness)
+        # (S = 0: a prompt issued while the current batch completes waits for the next version, it is not wasted).
+        # Unless the current step still lacks groups that the prompts ahead can give: prompts were dropped (stale,
+        # audit-failed, quarantined) and this one replaces one the step needs, so it must be answerable now; asking for
+        # a later version there left every prompt in flight waiting for a version only they could make (a deadlock)
+        now = producer.version
+        answerable = sum(1 for p in exchange.book.in_flight.values() if p.min_version <= now)
+        if len(ready) + answerable < cfg.batch_prompts:
+            return max(0, now - cfg.staleness)
+        return max(0, now + (len(ready) + len(exchange.book.in_flight)) // cfg.batch_prompts - cfg.staleness)
 
     source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed, min_version=min_version),
                               exchange.issued, None)
@@ -227,13 +231,19 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 if time.monotonic() - waited > STALL_S:
                     raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
                                     f"logs are in {work}")
+            audited_s = auditor.seconds if auditor else 0.0
             groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)  # waits out outages
             wait_s = time.monotonic() - waited
+            audit_s = (auditor.seconds if auditor else 0.0) - audited_s  # part of the wait: the trainer audits while it waits
+            step_t0 = time.monotonic()
             idle += wait_s
             exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)
             loss, stats = grpo_loss(model, exchange, groups)
             loss.backward()
             producer.step(lr=cfg.lr)
+            train_s = time.monotonic() - step_t0
+            if auditor is not None:
+                auditor.remember(producer.version, producer.replica.state.params)
             published_at, nbytes = time.time(), producer.last_step["bytes"]
             try:
                 lags = {r["site"]: r["lag"] for r in lag_rows(producer.log, run)}
@@ -242,7 +252,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             row = {"step": producer.version, "reward": round(stats["reward"], 4), **staleness_row(groups),
                    "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
                    "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names}, "wait_s": round(wait_s, 3),
-                   "bytes": nbytes, "rollouts": sum(len(g.rollouts) for g in groups), "published_at": published_at,
+                   "train_s": round(train_s, 3), "audit_s": round(audit_s, 4), "bytes": nbytes,
+                   "rollouts": sum(len(g.rollouts) for g in groups), "published_at": published_at,
                    "t": round(time.monotonic() - t0, 2)}
             rows.append(row)
             say(f"step {row['step']:3d}  reward {row['reward']:.3f}  staleness {row['staleness']:.2f}  in flight "
@@ -268,13 +279,21 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                "complete_unused": sorted(exchange.book.complete()),  # complete after the last step needed them
                "trainer_idle_fraction": round(idle / wall, 3), "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
                "dropped": dict(exchange.book.dropped), "adapter_bytes": producer.manifest.adapter_bytes(), "work_dir": work,
-               "trainer_digest": mine, "site_digests": digests, "ok": ok}
+               "trainer_digest": mine, "site_digests": digests, "ok": ok,
+               "audit": auditor.summary() if auditor else None}
     say(f"\n{'site':10s} {'digest':34s} match")
     for n, d in digests.items():
         say(f"{n:10s} {d[:32]:34s} {'yes' if d == mine else 'NO'}")
     say(f"{'trainer':10s} {mine:34s}\nwall {wall:.1f} s, trainer idle {100 * idle / wall:.0f}% (longest wait for a batch "
         f"{summary['longest_wait_s']:.1f} s), dropped "
         f"{dict(exchange.book.dropped) or 'none'}; {'OK' if ok else 'DIGESTS DIFFER'}")
+    if auditor is not None:
+        for n, v in sorted(auditor.verdicts.items()):
+            say(f"audit {n}: {v.audited} audited, {v.passed} passed, {v.failed} failed, worst difference {v.worst:.3g} "
+                f"(tolerance {cfg.audit.tolerance:g}), sampling z {v.z:+.2f} over {v.tokens} tokens"
+                + (f"; QUARANTINED: {v.evidence}" if v.quarantined else ""))
+        say(f"audit: {auditor.seconds:.2f} s of the trainer's time ({100 * auditor.seconds / wall:.1f}% of the run), "
+            f"{auditor.kept_bytes:,} bytes of params kept for {len(auditor.versions)} versions")
     if as_json:
         print(json.dumps(summary), file=out)
     return 0 if ok else 1

@@ -23,7 +23,9 @@ from hilo.schemas.rollouts import PromptRecord, RolloutRecord
 
 # Why a rollout is not trained on: the reasons the trainer counts (and its metrics label).
 DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy",
+                "audit-failed", "quarantined",  # the audit's (producer/rollout_audit.py), asked by the book
                 "malformed", "non-finite", "unsigned", "forged")  # the last four: refused before the book (rollout_exchange)
+RETIRING = ("stale", "too-old-policy", "audit-failed", "quarantined")  # the group can no longer complete: it leaves flight
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class RolloutBook:
         self.received = {}                       # prompt id -> {sample: RolloutRecord}
         self.done = set()                        # prompt ids completed: a late sample of one is a duplicate (ids are small)
         self.retired = set()                     # prompt ids aged out: a late sample of one is stale too
+        self.retired_by = {}                     # prompt id -> the audit's reason, for prompts the audit retired
         self.dropped = collections.Counter()     # reason -> rollouts not trained on
         self.accepted = 0
 
@@ -93,24 +96,35 @@ class RolloutBook:
         self.in_flight[prompt.prompt_id] = prompt
         self.received[prompt.prompt_id] = {}
 
-    def offer(self, r: RolloutRecord, trainer_version: int, offset: int | None = None) -> str | None:
+    def offer(self, r: RolloutRecord, trainer_version: int, offset: int | None = None, judge=None) -> str | None:
         """Take one received rollout, read at `offset` of RUN.rollouts; returns None if accepted, else the reason it is
-        dropped (and counted)."""
+        dropped (and counted). judge(r, prompt) -> reason or None: asked last, of a rollout the book would accept (the
+        audit)."""
         reason = self._check(r, trainer_version, offset)
+        if reason is None and judge is not None:
+            reason = judge(r, self.in_flight[r.prompt_id])
         if reason is None:
             self.received[r.prompt_id][r.sample] = r
             self.accepted += 1
             return None
         self.dropped[reason] += 1
-        if reason in ("stale", "too-old-policy"):  # the group can no longer complete: it ages out together
-            self._retire(r.prompt_id)
+        if reason in RETIRING:  # the group can no longer complete: it ages out together
+            self._retire(r.prompt_id, reason)
         return reason
+
+    def drop_site(self, site: str) -> list:
+        """Retire every prompt in flight holding a sample from `site` (quarantined: its samples are dropped, counted
+        "quarantined"); the prompt ids, in issue order."""
+        out = [pid for pid, got in self.received.items() if any(r.site == site for r in got.values())]
+        for pid in out:
+            self._retire(pid, "quarantined")
+        return out
 
     def _check(self, r: RolloutRecord, trainer_version: int, offset: int | None) -> str | None:
         if r.run != self.run:
             return "other-run"
         if r.prompt_id in self.retired:
-            return "stale"
+            return self.retired_by.get(r.prompt_id, "stale")  # a late sample of a group the audit dropped: the same reason
         if r.prompt_id in self.done or r.sample in self.received.get(r.prompt_id, {}):
             return "duplicate"
         prompt = self.in_flight.get(r.prompt_id)
@@ -128,13 +142,16 @@ class RolloutBook:
             return "stale"
         return None
 
-    def _retire(self, prompt_id: str) -> None:
-        """A prompt leaves flight: its samples so far are dropped with it (counted as stale)."""
+    def _retire(self, prompt_id: str, reason: str = "stale") -> None:
+        """A prompt leaves flight: its samples so far are dropped with it (counted under `reason`: stale unless the
+        audit dropped it)."""
         self.in_flight.pop(prompt_id, None)
         aged = len(self.received.pop(prompt_id, {}))
         if aged:
-            self.dropped["stale"] += aged
+            self.dropped["stale" if reason == "too-old-policy" else reason] += aged
         self.retired.add(prompt_id)
+        if reason in ("audit-failed", "quarantined"):
+            self.retired_by[prompt_id] = reason
 
     def age_out(self, trainer_version: int) -> list:
         """Retire every prompt holding a sample more than S versions behind `trainer_version` (its group could only be

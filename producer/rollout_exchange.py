@@ -50,8 +50,9 @@ class RolloutExchange:
     """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
 
     def __init__(self, log, run: str, policy, trusted_sites: dict | None = None, signer=None, rollouts_from: int = 0,
-                 prompt_partitions: int = 4, metrics=None, ledger=None, clock=time.monotonic):
+                 prompt_partitions: int = 4, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
         self.log, self.run, self.signer, self.metrics, self.ledger, self.clock = log, run, signer, metrics, ledger, clock
+        self.auditor = auditor              # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
@@ -151,8 +152,11 @@ class RolloutExchange:
             batch = None
         if batch is not None:
             self.outage.over()
-            for rec in batch:
-                r = self._rollout(rec)
+            decoded = [(rec, self._rollout(rec)) for rec in batch]
+            if self.auditor is not None:  # the audited ones scored together, one forward pass per version
+                self.auditor.prepare([(r, self.book.in_flight[r.prompt_id]) for _, r in decoded
+                                      if r is not None and r.prompt_id in self.book.in_flight])
+            for rec, r in decoded:
                 if r is not None:
                     self._offer(rec, r, trainer_version)
             self.next_offset = batch.next_offset
@@ -170,11 +174,21 @@ class RolloutExchange:
         return groups
 
     def _offer(self, rec, r: RolloutRecord, trainer_version: int) -> str | None:
-        """Offer `r`, read at `rec`, to the book; a refusal is said (the book counted it)."""
-        reason = self.book.offer(r, trainer_version, rec.offset)
+        """Offer `r`, read at `rec`, to the book (and the audit); a refusal is said (the book counted it)."""
+        reason = self.book.offer(r, trainer_version, rec.offset, self.auditor.judge if self.auditor is not None else None)
         if reason is not None:
             self._refused(reason, f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} from site "
                                   f"{r.site} (v{r.version_start}, trainer at v{trainer_version})", counted=True)
+        while self.auditor is not None and self.auditor.newly_quarantined:
+            site = self.auditor.newly_quarantined.pop(0)
+            before = self.book.dropped["quarantined"]
+            retired = self.book.drop_site(site)
+            n = self.book.dropped["quarantined"] - before
+            if n and self.metrics is not None:
+                self.metrics.inc("rollouts_dropped", n, reason="quarantined")
+            if retired:
+                logger.warning("run %s: %d samples of %d prompts from quarantined site %s dropped; fresh prompts replace "
+                               "them", self.run, n, len(retired), site)
         return reason
 
     def _rollout(self, rec) -> RolloutRecord | None:

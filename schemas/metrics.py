@@ -78,7 +78,8 @@ TABLE = (
     _site("stage_seconds", "histogram", "Time per version and stage: fetch (reads that returned records), verify "
           "(signature), decode (unframe), apply (gradient decode, optimizer step, digest), snapshot_copy (the apply "
           "loop's stall: the state copied for a background snapshot), snapshot (writing it, on the writer thread; on "
-          "exit, in the loop), export, vllm_reload.", ("stage",), STAGE_BUCKETS),
+          "exit, in the loop), export, vllm_reload, self_check (the probe scored by vLLM and by the replica).", ("stage",),
+          STAGE_BUCKETS),
     _site("snapshots_deferred", "counter", "Snapshots that came due while the previous one was still being written: "
           "taken at the first version after it finished."),
     _site("snapshot_failures", "counter", "Background snapshot writes that failed (the previous snapshot stays whole; "
@@ -92,6 +93,11 @@ TABLE = (
           "engine-refused: vLLM refused the request, lease_lost: the prompts went to another site before this one "
           "settled).", ("reason",)),
     *_outage("site", "site"),
+    _site("self_check_failures", "counter", "Loads whose self-check failed: vLLM's log-probabilities of the probe differed "
+          "from the site's own forward pass of the version by more than the tolerance (nothing generated with them; the "
+          "load is retried)."),
+    _site("self_check_worst_difference", "gauge", "The newest self-check's worst per-token |log-probability difference| "
+          "between vLLM and the site's replica."),
     _site("rebootstraps", "counter", "Times a running site fell behind retention (its next versions expired) and "
           "bootstrapped again from the newest checkpoint."),
     _trainer("published_version", "gauge", "Newest version the trainer published (committed on the log)."),
@@ -115,6 +121,14 @@ TABLE = (
              "sample.", (), tuple(float(i) for i in range(0, 9))),
     _trainer("prompts_in_flight", "gauge", "Prompts issued and not yet complete or dropped (admission control keeps "
              "it <= (S + 1) * B)."),
+    _trainer("rollouts_audited", "counter", "Rollouts whose behaviour log-probabilities the trainer recomputed under the "
+             "version they claim, by site and result (passed, failed).", ("site", "result")),
+    _trainer("audit_worst_difference", "gauge", "The worst per-token |log-probability difference| between a site's "
+             "rollouts and the trainer's recomputation, over that site's audited rollouts.", ("site",)),
+    _trainer("site_quarantined", "gauge", "1 while a site is quarantined (its audits failed past the threshold; its "
+             "rollouts are dropped).", ("site",)),
+    _trainer("audit_seconds", "histogram", "Trainer time spent auditing one rollout (its forward pass under the claimed "
+             "version).", (), STAGE_BUCKETS),
     _trainer("importance_truncated_fraction", "gauge", "Share of tokens whose importance weight was capped, in "
              "the newest group."),
     *_outage("trainer", "trainer"),

@@ -7,7 +7,7 @@ import textwrap
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # snippet name (`# README: name` in the tests) -> the page that shows it
 HOMES = {"plain loop": "README.md", "transformers Trainer": "docs/operations.md", "TRL GRPOTrainer": "docs/operations.md",
-         "delta mode": "docs/operations.md", "rollouts": "docs/operations.md"}
+         "delta mode": "docs/operations.md", "rollouts": "docs/operations.md", "audit": "docs/operations.md"}
 
 
 def snippets() -> dict:

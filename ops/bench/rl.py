@@ -29,6 +29,7 @@ import time
 from hilo.ops.bench.report import mean_ci, results_dir, save, save_figure
 from hilo.ops.bench.runstore import RunStore
 from hilo.ops.rl import RLConfig, run_rl
+from hilo.producer.rollout_audit import AuditConfig
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
 
@@ -52,6 +53,7 @@ class BenchConfig:
     batch_prompts: int = opt(8, "complete groups per step (B)")
     samples: int = opt(8, "samples per prompt (n, the GRPO group)")
     lr: float = opt(1e-3, "the trainer's AdamW learning rate")
+    audit_share: float = opt(0.1, "share of rollouts the trainer audits (producer/rollout_audit.py)")
 
     def __post_init__(self):
         if self.vllm is None:
@@ -65,7 +67,8 @@ class BenchConfig:
     def rl(self, staleness: int, seed: int) -> RLConfig:
         """The `hilo rl` config of one run."""
         return RLConfig(vllm=self.vllm, base=self.base, sites=self.sites, staleness=staleness, steps=self.steps,
-                        batch_prompts=self.batch_prompts, samples=self.samples, lr=self.lr, seed=seed)
+                        batch_prompts=self.batch_prompts, samples=self.samples, lr=self.lr, seed=seed,
+                        audit=AuditConfig(share=self.audit_share))
 
 
 QUICK = dict(staleness=(0, 2), seeds=1, steps=3, batch_prompts=2, samples=2)  # CI's smoke run
@@ -111,6 +114,7 @@ def one_run(cfg: RLConfig) -> dict:
     shutil.rmtree(work, ignore_errors=True)  # 10-20 MB of exported adapters per run
     lat = [x for v in latency.values() for x in v]
     rollouts = sum(r["rollouts"] for r in steps)
+    verdicts = (res["audit"] or {}).get("sites", {})
     return {"reward": [r["reward"] for r in steps], "wall_s": res["wall_s"], "t": [r["t"] for r in steps],
             "trainer_idle_fraction": res["trainer_idle_fraction"], "rollouts_per_s": round(rollouts / res["wall_s"], 2),
             "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))), "dropped": res["dropped"],
@@ -118,7 +122,11 @@ def one_run(cfg: RLConfig) -> dict:
                                 "p90": sorted(lat)[int(0.9 * (len(lat) - 1))] if lat else None, "per_site": latency},
             "mismatch_kl": statistics.mean(r["mismatch_kl"] for r in steps),
             "bytes_per_version": statistics.mean(r["bytes"] for r in steps), "adapter_bytes": res["adapter_bytes"],
-            "cpu_busy_fraction": round((busy1 - busy0) / max(1, total1 - total0), 3), "ok": res["ok"]}
+            "cpu_busy_fraction": round((busy1 - busy0) / max(1, total1 - total0), 3), "ok": res["ok"],
+            "audit_share": cfg.audit.share, "audited": sum(v["audited"] for v in verdicts.values()),
+            "audit_failed": sum(v["failed"] for v in verdicts.values()),
+            "audit_s_per_step": statistics.mean(r["audit_s"] for r in steps),
+            "train_s_per_step": statistics.mean(r["train_s"] for r in steps)}
 
 
 def summarize(cfg: BenchConfig, runs: dict) -> list:
@@ -157,8 +165,21 @@ def summarize(cfg: BenchConfig, runs: dict) -> list:
             "bytes_per_version": statistics.mean(r["bytes_per_version"] for r in rs.values()),
             "adapter_bytes": next(iter(rs.values()))["adapter_bytes"],
             "cpu_busy_fraction": statistics.mean(r["cpu_busy_fraction"] for r in rs.values()),
+            **_audit_columns(rs.values()),
         })
     return rows
+
+
+def _audit_columns(runs) -> dict:
+    """The audit's columns over runs of one S: the share audited, failed audits, the trainer's audit seconds per step
+    against its training seconds per step (absent from runs saved before the audit existed)."""
+    runs = [r for r in runs if "audited" in r]
+    if not runs:
+        return {}
+    audit_s, train_s = statistics.mean(r["audit_s_per_step"] for r in runs), statistics.mean(r["train_s_per_step"] for r in runs)
+    return {"audit_share": runs[0]["audit_share"], "audited": sum(r["audited"] for r in runs),
+            "audit_failed": sum(r["audit_failed"] for r in runs), "audit_s_per_step": audit_s,
+            "audit_overhead": audit_s / train_s if train_s else None}
 
 
 def plot(cfg: BenchConfig, runs: dict, out_dir: pathlib.Path) -> str:
@@ -212,8 +233,14 @@ def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
     out = ["| S | seeds | reward, last third | vs S = 0 (95% CI) | reward, all steps | vs S = 0 (95% CI) | wall s | "
            "wall / S = 0 | trainer idle | rollouts/s | staleness histogram | publish -> served s (median) | mismatch KL | "
-           "bytes/version (adapter) | CPU busy |",
-           "|---:|---:|---:|---|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|"]
+           "bytes/version (adapter) | CPU busy | audited (share) | audit failures | audit s/step (overhead) |",
+           "|---:|---:|---:|---|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+
+    def audit(r):
+        if "audited" not in r:
+            return "- | - | -"
+        overhead = "" if r["audit_overhead"] is None else f" ({100 * r['audit_overhead']:.0f}%)"
+        return f"{r['audited']} ({100 * r['audit_share']:.0f}%) | {r['audit_failed']} | {r['audit_s_per_step']:.3f}{overhead}"
 
     def ci(p):
         return "" if p is None else f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
@@ -225,7 +252,7 @@ def table(res: dict) -> str:
                    f"{', '.join(f'{x:.2f}' for x in r['wall_ratio_vs_ref'])} | {100 * r['trainer_idle_fraction']:.0f}% | "
                    f"{r['rollouts_per_s']:.1f} | {' '.join(f'{k}:{n}' for k, n in r['staleness_hist'].items())} | "
                    f"{'-' if lat is None else f'{lat:.2f}'} | {r['mismatch_kl']:.1e} | "
-                   f"{r['bytes_per_version']:,.0f} ({r['adapter_bytes']:,}) | {100 * r['cpu_busy_fraction']:.0f}% |")
+                   f"{r['bytes_per_version']:,.0f} ({r['adapter_bytes']:,}) | {100 * r['cpu_busy_fraction']:.0f}% | {audit(r)} |")
     return "\n".join(out)
 
 

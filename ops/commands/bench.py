@@ -55,6 +55,12 @@ def rl(a):
     return main(dataclasses.replace(cfg, **QUICK) if a.quick else cfg, a.json, a.out)
 
 
+def audit(a):
+    """The audit's calibration and cost: honest runs at each audited share."""
+    from hilo.ops.bench.audit import AuditBenchConfig, main
+    return main(config_from_args(AuditBenchConfig, a, shares=tuple(a.shares)), a.json, a.out)
+
+
 def replay(a):
     """Catch-up rate and snapshot cost at a real adapter's shape."""
     from hilo.ops.bench.replay import main
@@ -241,7 +247,7 @@ def register(sub):
                         "wall time, idle, staleness", description="Reward against step and wall time, trainer idle fraction, "
                         "staleness, publish-to-serving latency, mismatch KL and bytes per version, for each staleness bound "
                         "S on paired seeds (ops/bench/rl.py). ops/rl.sh bench starts a vLLM server on the student base and runs it.")
-    config_options(r, BenchConfig, ("vllm", "base", "seeds", "steps", "sites", "batch_prompts", "samples", "lr"))
+    config_options(r, BenchConfig, ("vllm", "base", "seeds", "steps", "sites", "batch_prompts", "samples", "lr", "audit_share"))
     r.add_argument("--staleness", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, BenchConfig.staleness)),
                    help="comma list of S; the first is the reference (default: %(default)s)")
     r.add_argument("--quick", action="store_true", help="smoke run, what CI runs: S = 0 and 2, 1 seed, 3 steps of 2 groups of "
@@ -250,3 +256,14 @@ def register(sub):
                    "(default: ~/.cache/hilo-sync/bench/rl-TIME)")
     r.add_argument("--json", action="store_true", help="print the results object (with `rows` per S and `runs`)")
     r.set_defaults(fn=rl)
+    from hilo.ops.bench.audit import AuditBenchConfig
+    au = bsub.add_parser("audit", help="the trainer's audit on honest GRPO runs: per-token log-probability differences "
+                         "(the tolerance's calibration) and the trainer's time per step at each audited share",
+                         description="One `hilo rl` run per audited share (0, 10%, 100%), 2 honest sites on a vLLM server "
+                         "with fp32 adapters (ops/bench/audit.py).")
+    config_options(au, AuditBenchConfig, ("vllm", "base", "steps", "batch_prompts", "samples", "seed"))
+    au.add_argument("--shares", type=lambda t: [float(x) for x in t.split(",")],
+                    default=",".join(map(str, AuditBenchConfig.shares)), help="comma list of shares (default: %(default)s)")
+    au.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/audit-TIME)")
+    au.add_argument("--json", action="store_true", help="print the results object (with `rows` per share)")
+    au.set_defaults(fn=audit)

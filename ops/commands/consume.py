@@ -14,8 +14,8 @@ from .args import common, config_from_args, config_options, field_help, metrics_
 logger = logging.getLogger(__name__)
 
 FIELDS = ("snapshot_every", "snapshot_every_s", "export_adapters", "export_dtype", "keep_adapters", "on_version", "vllm", "trust",
-          "lora_name", "from_offset", "from_version", "until_version", "idle_exit_s", "wait_checkpoint_s", "history",
-          "on_bad_record", "apply", "prefetch")
+          "lora_name", "self_check", "self_check_base", "self_check_tolerance", "from_offset", "from_version", "until_version",
+          "idle_exit_s", "wait_checkpoint_s", "history", "on_bad_record", "apply", "prefetch")
 FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_checkpoint_s": "--wait-checkpoint"}
 
 

@@ -13,6 +13,7 @@ import torch
 
 from hilo.ops.digit_task import prompts, reward
 from hilo.producer.producer import HiLoProducer
+from hilo.producer.rollout_audit import AuditConfig, Auditor
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
 from hilo.schemas.rollouts import PromptRecord, Sampling
@@ -68,6 +69,12 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
     source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
     # README: end
+    S = 0
+    # README: audit
+    auditor = Auditor(AuditConfig(share=1.0), model, producer.manifest, keep=S + 1, metrics=producer.metrics)
+    auditor.remember(producer.version, producer.replica.state.params)   # at start, and after every producer.step()
+    exchange.auditor = auditor
+    # README: end
     exchange.source = source
     site = hilo("consume", "--log", url, "--run", run, "--site", "g", "--state-dir", str(tmp_path / "g"), "--vllm", vllm_url,
                 "--lora-name", LORA, "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
@@ -87,6 +94,7 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
                     seen[(version, g.prompt.prompt_id, r.sample)] = (g.prompt.token_ids, r)
                 assert g.staleness == (0, 0, 0)
             _train_step(producer, gen)   # S = 0: every later prompt asks for the new version
+            auditor.remember(producer.version, producer.replica.state.params)
         # the same samples scored under the next version differ by far more than the tolerance: the stamp is the truth
         for (version, _, _), (prompt_ids, r) in seen.items():
             if version == 1:
@@ -95,6 +103,8 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
         out, err = site.communicate(timeout=300)
         assert site.returncode == 0, err[-3000:]
         assert exchange.book.dropped.total() == 0 and exchange.in_flight_peak <= 2
+        v = auditor.verdicts["g"]  # every rollout recomputed under its version by the trainer: all passed
+        assert (v.audited, v.passed, v.failed, v.quarantined) == (12, 12, 0, False) and v.worst < auditor.cfg.tolerance
     finally:
         if site.poll() is None:
             site.kill()

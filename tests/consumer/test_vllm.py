@@ -9,6 +9,7 @@ policy moves them by ~1e-2, so the bound separates "same weights" from "another 
 import http.server
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import threading
@@ -289,3 +290,38 @@ def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_pa
         producer.close()
     finally:
         subprocess.run([str(ROOT / "ops/vllm/stop.sh")], env=env, check=True, timeout=120)
+
+
+# -- the site's self-check after every load (consumer/self_check.py) -----------------------------------
+
+@pytest.mark.parametrize("lie", [None, "previous", "perturb"])
+def test_after_every_load_the_site_checks_that_vllm_serves_its_replica(vllm, tmp_path, monkeypatch, caplog, lie):
+    """Honest: every load passes, the worst difference is recorded. A stale adapter under the new version (the
+    previously loaded one: HILO_LIE=previous) or a perturbed one (one block x (1 + 1e-3)): the load fails its
+    self-check, the site says so in one line naming the version and the difference, counts it and keeps not
+    generating with it (the generator reads `healthy`)."""
+    import logging
+    vllm_url, _ = vllm
+    url, run = f"file://{tmp_path}/log", new_run("selfcheck")
+    producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url, codec="dense"))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):  # large steps (as a long-trained adapter): a perturbed block moves log-probabilities measurably
+        for p in producer.params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        producer.step(lr=3e-2)
+    if lie:
+        monkeypatch.setenv("HILO_LIE", lie)
+    s = make_site(url, run, tmp_path, vllm_url, until_version=3)  # loads v0 at start (no previous one: honest), then v3
+    with caplog.at_level(logging.WARNING, logger="hilo.consumer.serving"):
+        s.run(progress=False)
+    failures = s.metrics.registry.get_sample_value("hilo_site_self_check_failures_total", s.metrics.identity)
+    said = [r.getMessage() for r in caplog.records if "self-check failed" in r.getMessage()]
+    if lie is None:
+        assert s.serving.state.served_versions == [0, 3] and s.serving.healthy and failures == 0 and not said
+        assert s.serving.checker.worst < s.cfg.self_check_tolerance
+    else:
+        assert not s.serving.healthy and failures >= 1 and said, said
+        assert re.search(r"vLLM does not serve v3: its log-probabilities of the probe differ from the replica's by up to "
+                         r"\S+ \(token \d+ after \d+ of the probe's 12 tokens; tolerance", said[0]), said[0]
+        assert 3 not in s.serving.state.served_versions
+    producer.close()

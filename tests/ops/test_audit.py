@@ -1,0 +1,123 @@
+"""The trainer's audit over real `hilo rl` runs with a real vLLM CPU server: honest sites pass every audit (the margin to
+the tolerance is reported); a site that serves v-1 while claiming v, one that serves a perturbed adapter, and one that
+makes up its log-probabilities are each quarantined while the honest site carries the run to the trainer's digest.
+The liars run with HILO_LIE (consumer/lies.py) and, where their own self-check would stop them, --no-self-check."""
+import json
+import os
+import re
+
+import pytest
+
+from tests.conftest import new_run
+from tests.helpers import hilo, reaped
+
+# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+# partial credit: the random tiny policy's samples differ, so every step moves it (with the 0/1 reward it stays put)
+REWARD = "hilo.ops.digit_task:partial_reward"
+RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")
+
+
+def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None):
+    """A generating site of `run` that exits at v`steps`; its stderr in tmp_path/NAME.log."""
+    with open(tmp_path / f"{name}.log", "w") as stderr:  # the child holds its own copy
+        return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
+                    vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", REWARD,
+                    "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
+                    stderr=stderr, env=env)
+
+
+def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
+    url, _ = vllm
+    p = hilo("rl", "--vllm", url, "--steps", "3", "--sites", "2", "--audit-share", "1", *RL)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    res = json.loads(out)
+    audit = res["audit"]
+    # (on one machine the first site to start often answers every prompt of a short run)
+    assert res["ok"] and audit["share"] == 1.0 and audit["sites"] and set(audit["sites"]) <= {"site-1", "site-2"}
+    for v in audit["sites"].values():
+        assert v["audited"] > 0 and v["failed"] == 0 and not v["quarantined"] and v["worst"] < audit["tolerance"], v
+    worst = max(v["worst"] for v in audit["sites"].values())
+    assert re.search(r"audit site-\d: \d+ audited, \d+ passed, 0 failed, worst difference", err), err[-2000:]
+    assert all(r["audit_s"] >= 0 for r in res["steps"]) and audit["seconds"] > 0
+    print(f"honest worst per-token difference {worst:.3g}, tolerance {audit['tolerance']:g}: margin "
+          f"{audit['tolerance'] / max(worst, 1e-12):.0f}x")
+
+
+@pytest.mark.parametrize("lie, extra, lr", [
+    ("previous", ("--no-self-check",), "3e-3"),  # serves v-1 while claiming v (a stale adapter under the same name)
+    # one block scaled by 1 + 1e-3: it moves log-probabilities in proportion to the adapter's own effect, which on the
+    # random tiny model at lr 3e-3 stays about 3e-6 (below the honest noise); at 3e-2 it is 4e-5 to 4e-4
+    ("perturb", ("--no-self-check",), "3e-2"),
+    ("logprobs", (), "3e-3"),                    # well-signed rollouts, made-up log-probabilities
+])
+def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, tmp_path, lie, extra, lr):
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run(f"audit{lie}"), 6
+    sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
+             "liar": _site(log, run, "liar", tmp_path, url, steps, *extra, env=dict(os.environ, HILO_LIE=lie))}
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
+                   "--lr", lr, *RL)
+    with reaped(trainer, sites):
+        out, err = trainer.communicate(timeout=900)
+        assert trainer.returncode == 0, err[-3000:]
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
+    res = json.loads(out)
+    liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
+    assert liar["quarantined"] and liar["failed"] == 2, liar        # quarantined at its second failed audit
+    assert honest["failed"] == 0 and not honest["quarantined"], honest
+    assert res["dropped"].get("quarantined", 0) + res["dropped"].get("audit-failed", 0) > 0, res["dropped"]
+    said = [line for line in err.splitlines() if "QUARANTINED site liar" in line]
+    print(f"{lie}: liar audited {liar['audited']} (passed {liar['passed']}), quarantined at its failure {liar['failed']}, "
+          f"worst {liar['worst']:.3g}; honest audited {honest['audited']}, worst {honest['worst']:.3g}; dropped {res['dropped']}\n"
+          f"  {said[0] if said else None}")
+    assert len(said) == 1 and "claims v" in said[0] and "tolerance" in said[0], said
+    # the run went on: every version trained and published, and both sites (the liar's replica is exact) at its digest
+    assert res["version"] == steps and all(m is not None and m.group(1) == res["trainer_digest"] for m in digests.values()), digests
+
+
+def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_path):
+    """A site serving v-1 under v with its self-check on: it stops itself before the trainer has to."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("selfcheck"), 2
+    site = _site(log, run, "s", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="previous"))
+    honest = _site(log, run, "h", tmp_path, url, steps)
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
+                   *RL)
+    with reaped(trainer, site, honest):
+        out, err = trainer.communicate(timeout=900)
+        assert trainer.returncode == 0, err[-3000:]
+        for p in (site, honest):
+            p.communicate(timeout=300)
+    res = json.loads(out)
+    lines = (tmp_path / "s.log").read_text().splitlines()
+    failed = [x for x in lines if "self-check failed: vLLM does not serve v" in x]
+    assert failed and re.search(r"differ from the replica's by up to \S+ \(token \d+ after \d+ of the probe's 12 tokens; "
+                                r"tolerance", failed[0]), failed
+    # what it generated (with v0, before its first bad load) was right; after that it generated nothing
+    assert res["ok"] and res["audit"]["sites"].get("s", {"failed": 0})["failed"] == 0, res["audit"]
+    assert any("takes no prompts until its vLLM answers again" in x for x in lines), lines[-20:]
+
+
+def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught_by_the_sampling_test(vllm, tmp_path):
+    """HILO_LIE=sharpen: the site asks vLLM for a quarter of the prompt's temperature and reports vLLM's log-probabilities
+    of what it sampled, which are right: every per-token check passes. The standardized surprisal sum of its tokens
+    drifts (an honest site's stays near 0) and quarantines it. The limits are lowered to fit a short run."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("auditsharp"), 8
+    sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
+             "liar": _site(log, run, "liar", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="sharpen"))}
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
+                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", *RL)
+    with reaped(trainer, sites):
+        out, err = trainer.communicate(timeout=900)
+        assert trainer.returncode == 0, err[-3000:]
+        for s in sites.values():
+            s.communicate(timeout=300)
+    res = json.loads(out)
+    liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
+    print(f"sharpen: liar z {liar['z']:+.2f} over {liar['tokens']} tokens (failed {liar['failed']}), honest z "
+          f"{honest['z']:+.2f} over {honest['tokens']} tokens")
+    assert liar["failed"] == 0 and liar["quarantined"] and "standardized surprisal" in liar["evidence"], liar
+    assert not honest["quarantined"] and abs(honest["z"]) < 4, honest
