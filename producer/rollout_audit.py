@@ -11,7 +11,10 @@ holds, so a site cannot tell which of its rollouts are checked) the trainer runs
 version's params (kept for the last S + 1 versions: an older rollout is stale anyway) and compares per token. Over
 the tolerance the rollout fails and is dropped; a site whose failed audits reach `quarantine_after` is quarantined:
 one loud line naming it and the evidence, every rollout it sends after that dropped (and its samples waiting in
-groups), until an operator clears it (`Auditor.clear`). The run goes on with the other sites.
+groups), until an operator clears it (`Auditor.clear`) or it passes a probe: while quarantined, every rollout it
+sends is audited, and `release_after` passed in a row, their sampling test well inside its limit, release it (a
+site whose operator fixed its engine comes back on its own; one that fails again starts its probe over). The run
+goes on with the other sites.
 
 What it proves and what it does not (docs/design.md, "What each site served"): a passed audit proves the reported
 log-probabilities are those of the claimed version for the tokens sent, within the tolerance. It does not prove the
@@ -66,6 +69,9 @@ class AuditConfig:
                                   "(honest sampling: z is close to N(0, 1)); catches sampling from another policy while "
                                   "reporting the right log-probabilities, statistically")
     sampling_min_tokens: int = opt(200, "audited tokens of a site before its sampling z is judged")
+    release_after: int = opt(16, "a quarantined site's probe: every rollout it sends is audited (and still dropped), and "
+                             "this many passed in a row, with its sampling z over them at most half the limit, release it; "
+                             "0: only an operator releases a site (Auditor.clear)")
 
     def __post_init__(self):
         if not 0 <= self.share <= 1:
@@ -78,6 +84,8 @@ class AuditConfig:
             raise ConfigError(f"AuditConfig.served_dtype = {self.served_dtype!r}: expected one of {list(DTYPES)}")
         if not self.sampling_z_limit > 0:
             raise ConfigError(f"AuditConfig.sampling_z_limit = {self.sampling_z_limit}: must be > 0")
+        if self.release_after < 0:
+            raise ConfigError(f"AuditConfig.release_after = {self.release_after}: must be >= 0 (0: never by probe)")
 
 
 @dataclass
@@ -97,6 +105,7 @@ class Verdict:
     z: float = 0.0
     quarantined: bool = False
     evidence: str | None = None
+    probation: int = 0  # while quarantined: its audited rollouts passed in a row (the probe)
 
     def to_dict(self) -> dict:
         """The JSON form."""
@@ -117,7 +126,8 @@ class Auditor:
         self.verdicts = {}                          # site -> Verdict
         self.seconds = 0.0                          # spent auditing, in all
         self.histogram = collections.Counter()      # honest-margin calibration: per-token |difference| by power of ten
-        self._moments = {}                          # site -> [sum of (surprisal - mean), sum of variances]
+        self._moments = {}                          # site -> [sum of (surprisal - mean), sum of variances, tokens]
+        self._probes = {}                           # the same, of a quarantined site's probe
         self.newly_quarantined = []                 # sites quarantined since the exchange last asked
         self._scored, self._batch_share = {}, 0.0   # what `prepare` scored ahead of `judge`, and its time per rollout
 
@@ -148,7 +158,8 @@ class Auditor:
         todo = collections.defaultdict(list)
         for r, prompt in pairs:
             v = self.verdicts.get(r.site)
-            if (v is None or not v.quarantined) and self.drawn(r) and r.version_start == r.version_end \
+            probing = v is not None and v.quarantined
+            if (self.cfg.release_after if probing else self.drawn(r)) and r.version_start == r.version_end \
                     and r.version_start in self.versions:
                 todo[r.version_start].append((r, prompt))
         n = sum(len(items) for items in todo.values())
@@ -176,14 +187,15 @@ class Auditor:
         """None to accept rollout `r` (answering `prompt`): passed, or not drawn; "quarantined" when its site is;
         "audit-failed" when its log-probabilities are not the claimed version's (which may quarantine the site)."""
         v = self.verdict(r.site)
-        if v.quarantined:
+        probing = v.quarantined  # every rollout of a quarantined site is its probe: audited, and dropped whatever it shows
+        if probing and not self.cfg.release_after:
             return "quarantined"
-        if not self.drawn(r):
+        if not probing and not self.drawn(r):
             return None
         params = self.versions.get(r.version_start)
         if params is None or r.version_end != r.version_start:
             v.unaudited += 1
-            return None
+            return "quarantined" if probing else None
         t0 = time.perf_counter()
         scored = self._scored.pop(_key(r), None)
         ahead = self._batch_share if scored is not None else 0.0  # its share of prepare's forward pass
@@ -212,6 +224,8 @@ class Auditor:
             self.metrics.inc("rollouts_audited", site=r.site, result="failed" if failed else "passed")
             self.metrics.set("audit_worst_difference", v.worst, site=r.site)
             self.metrics.observe("audit_seconds", spent)
+        if probing:
+            return self._probe(v, failed)
         if not failed:
             if v.quarantined:  # the sampling test fired
                 return "quarantined"
@@ -229,35 +243,67 @@ class Auditor:
         return "audit-failed"
 
     def _sampling(self, v: Verdict, lp, mean, var) -> None:
-        """Add a passed rollout's tokens to the site's sampling test; quarantine past the limit."""
-        m = self._moments.setdefault(v.site, [0.0, 0.0])
+        """Add a passed rollout's tokens to the site's sampling test; quarantine past the limit. A quarantined site's
+        tokens go to its probe's own test (the quarantine's z stays in its verdict as evidence)."""
+        probing = v.quarantined
+        m = (self._probes if probing else self._moments).setdefault(v.site, [0.0, 0.0, 0])
         m[0] += float((-lp - mean).sum())
         m[1] += float(var.sum())
-        v.tokens += len(lp)
-        v.z = m[0] / math.sqrt(m[1]) if m[1] > 0 else 0.0
-        if v.tokens >= self.cfg.sampling_min_tokens and abs(v.z) > self.cfg.sampling_z_limit and not v.quarantined:
+        m[2] += len(lp)
+        z = m[0] / math.sqrt(m[1]) if m[1] > 0 else 0.0
+        if probing:
+            if m[2] >= self.cfg.sampling_min_tokens and abs(z) > self.cfg.sampling_z_limit:
+                self._restart_probe(v)  # on probation and still sampling from something else
+            return
+        v.tokens, v.z = m[2], z
+        if v.tokens >= self.cfg.sampling_min_tokens and abs(v.z) > self.cfg.sampling_z_limit:
             self._quarantine(v, f"its sampled tokens are not drawn from the versions they claim: standardized surprisal "
                                 f"z = {v.z:+.1f} over {v.tokens} audited tokens (honest sampling: about N(0, 1); limit "
                                 f"{self.cfg.sampling_z_limit:g}); their log-probabilities were right")
 
+    def _probe(self, v: Verdict, failed: bool) -> str:
+        """Count a quarantined site's audited rollout toward its release; it is dropped either way."""
+        if failed:
+            v.failed += 1
+            self._restart_probe(v)
+            return "quarantined"
+        v.probation += 1
+        total, var, tokens = self._probes.get(v.site, (0.0, 0.0, 0))
+        z = total / math.sqrt(var) if var > 0 else 0.0
+        # release asks for half the quarantine's z limit: a site on probation must look honest, not merely unproven
+        if v.probation >= self.cfg.release_after and tokens >= self.cfg.sampling_min_tokens \
+                and abs(z) <= self.cfg.sampling_z_limit / 2:
+            self._release(v, f"it passed its probe: {v.probation} audited rollouts in a row, sampling z = {z:+.1f} over "
+                             f"{tokens} tokens")
+        return "quarantined"
+
+    def _restart_probe(self, v: Verdict) -> None:
+        """A probe starts over: no passed rollouts, and a sampling test of the probe's own tokens."""
+        v.probation = 0
+        self._probes.pop(v.site, None)
+
     def _quarantine(self, v: Verdict, evidence: str) -> None:
         v.quarantined, v.evidence = True, evidence
+        self._restart_probe(v)
         self.newly_quarantined.append(v.site)
         if self.metrics is not None:
             self.metrics.set("site_quarantined", 1, site=v.site)
-        logger.error("QUARANTINED site %s: %s. Its rollouts are dropped until an operator clears it; the run goes on with "
-                     "the other sites", v.site, evidence)
+        logger.error("QUARANTINED site %s: %s. Its rollouts are dropped until an operator clears it%s; the run goes on with "
+                     "the other sites", v.site, evidence,
+                     f" or {self.cfg.release_after} in a row pass the audit" if self.cfg.release_after else "")
 
     def clear(self, site: str) -> None:
         """An operator's decision: `site`'s rollouts are accepted again (its counts stay; its sampling test starts over)."""
-        v = self.verdict(site)
-        v.quarantined, v.evidence = False, None
-        v.failed = 0
-        v.tokens, v.z = 0, 0.0
-        self._moments.pop(site, None)
+        self._release(self.verdict(site), "an operator cleared it")
+
+    def _release(self, v: Verdict, why: str) -> None:
+        v.quarantined, v.evidence, v.failed = False, None, 0
+        self._restart_probe(v)
+        v.tokens, v.z = 0, 0.0  # its sampling test starts over
+        self._moments.pop(v.site, None)
         if self.metrics is not None:
-            self.metrics.set("site_quarantined", 0, site=site)
-        logger.warning("site %s cleared from quarantine: its rollouts are accepted again", site)
+            self.metrics.set("site_quarantined", 0, site=v.site)
+        logger.warning("site %s released from quarantine (%s): its rollouts are accepted again", v.site, why)
 
     def summary(self) -> dict:
         """What the audit found: per site, the share, the tolerance and the honest per-token differences by decade."""

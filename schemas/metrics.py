@@ -126,7 +126,7 @@ TABLE = (
     _trainer("audit_worst_difference", "gauge", "The worst per-token |log-probability difference| between a site's "
              "rollouts and the trainer's recomputation, over that site's audited rollouts.", ("site",)),
     _trainer("site_quarantined", "gauge", "1 while a site is quarantined (its audits failed past the threshold; its "
-             "rollouts are dropped).", ("site",)),
+             "rollouts are dropped until its probe passes).", ("site",)),
     _trainer("audit_seconds", "histogram", "Trainer time spent auditing one rollout (its forward pass under the claimed "
              "version).", (), STAGE_BUCKETS),
     _trainer("importance_truncated_fraction", "gauge", "Share of tokens whose importance weight was capped, in "

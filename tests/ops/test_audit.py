@@ -65,7 +65,8 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
         digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
     res = json.loads(out)
     liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
-    assert liar["quarantined"] and liar["failed"] == 2, liar        # quarantined at its second failed audit
+    # quarantined at its second failed audit, and its probe (every rollout it sent after that, audited) never passed
+    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] >= 2, liar
     assert honest["failed"] == 0 and not honest["quarantined"], honest
     assert res["dropped"].get("quarantined", 0) + res["dropped"].get("audit-failed", 0) > 0, res["dropped"]
     said = [line for line in err.splitlines() if "QUARANTINED site liar" in line]
@@ -109,7 +110,7 @@ def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught
     sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
              "liar": _site(log, run, "liar", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="sharpen"))}
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
-                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", *RL)
+                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", "--audit-release-after", "0", *RL)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]

@@ -2,6 +2,8 @@
 pass), honest ones pass, wrong versions and made-up log-probabilities fail, a site past the threshold is quarantined
 and its rollouts and waiting samples are dropped, and sampling from another policy is caught by the sampling test.
 The same audit against a real vLLM server: tests/ops/test_audit.py."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -92,6 +94,28 @@ def test_honest_rollouts_pass_wrong_versions_and_made_up_logprobs_fail_and_quara
     assert a.judge(record("z", 0, "stale", 2, ids, lps), prompt(0)) is None
 
 
+def test_a_quarantined_site_is_released_by_a_probe_of_passed_rollouts_in_a_row_and_a_failure_starts_it_over(model):
+    """While quarantined, each rollout of the site is audited whatever the share, and dropped; `release_after` passed in a
+    row (with enough tokens for its sampling test) release it. With release_after = 0 only an operator does."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    a = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=3, sampling_min_tokens=8)
+    stale = sample(model, names, vs[1], seed=7)
+    assert a.judge(record("x0", 0, "s", 2, *stale), prompt(0)) == "audit-failed" and a.verdicts["s"].quarantined
+    a.cfg = dataclasses.replace(a.cfg, share=0.0)  # no rollout is drawn now: a probe audits all the same
+    honest = [sample(model, names, vs[2], seed=20 + i) for i in range(6)]
+    got = [a.judge(record(f"h{i}", 0, "s", 2, *honest[i]), prompt(i)) for i in range(2)]
+    got.append(a.judge(record("x1", 0, "s", 2, *stale), prompt(0)))   # a failure on probation: the probe starts over
+    assert a.verdicts["s"].probation == 0 and a.verdicts["s"].quarantined
+    got += [a.judge(record(f"h{i}", 0, "s", 2, *honest[i]), prompt(i)) for i in range(2, 5)]
+    assert got == ["quarantined"] * 6 and not a.verdicts["s"].quarantined  # the third in a row released it (dropped itself)
+    assert a.judge(record("h5", 0, "s", 2, *honest[5]), prompt(5)) is None  # share 0: accepted, not audited
+    never = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=0, sampling_min_tokens=8)
+    never.judge(record("x0", 0, "s", 2, *stale), prompt(0))
+    assert [never.judge(record(f"h{i}", 0, "s", 2, *honest[i]), prompt(i)) for i in range(6)] == ["quarantined"] * 6
+    assert never.verdicts["s"].quarantined and never.verdicts["s"].audited == 1
+
+
 def test_rollouts_scored_together_ahead_are_judged_as_one_by_one(model):
     manifest, vs = versions(model)
     names = lora_names(model, manifest)
@@ -164,6 +188,7 @@ def test_the_book_drops_a_failed_group_and_a_quarantined_sites_waiting_samples()
     ("tolerance", 0.0, "AuditConfig.tolerance = 0.0: must be > 0"),
     ("quarantine_after", 0, "AuditConfig.quarantine_after = 0: must be >= 1"),
     ("served_dtype", "int8", "AuditConfig.served_dtype = 'int8'"),
+    ("release_after", -1, "AuditConfig.release_after = -1: must be >= 0"),
 ])
 def test_bad_audit_config_is_one_line(field, value, msg):
     with pytest.raises(ConfigError, match=msg):
