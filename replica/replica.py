@@ -165,7 +165,7 @@ class PolicyReplica:
             grads = decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
         _finite("decoded gradient", grads, self.manifest, msg, what)  # finite factors can still multiply to Inf
         s = self.state
-        params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams, self._buffers())
+        params, slots, scalars = opt.step(s.params, grads, s.slots, s.scalars, hparams, self._buffers(), msg.math)
         _finite("params", params, self.manifest, msg, what)
         for name, tensors in slots.items():
             _finite(f"optimizer state '{name}'", tensors, self.manifest, msg, what)
@@ -193,7 +193,7 @@ class PolicyReplica:
                 decoded = decode_gradient(msg.codec, self.manifest, msg.codec_params, msg.blocks, what, self.limits)
         s = self.state
         params, slots, scalars, bits = fused_apply.step(opt, module, self.manifest, s, hparams, self._buffers(), what, sources,
-                                                        decoded)
+                                                        decoded, msg.math)
         # the reference's order of checks: every decoded gradient, then the params, then each slot
         kinds = [(1, "decoded gradient"), (2, "params")] + [(4 << j, f"optimizer state '{n}'") for j, n in enumerate(opt.slots)]
         for bit, kind in kinds:

@@ -7,7 +7,7 @@ import xxhash
 
 from . import fields as F
 from .arrays import nbytes
-from .errors import LimitExceeded, MalformedMessage
+from .errors import LimitExceeded, MalformedMessage, UnsupportedVersion
 from .framing import HEADER_BYTES, KIND_CHECKPOINT, KIND_KEY, KIND_NAMES, KIND_UPDATE, frame, peek_field, unframe
 from .limits import DEFAULT_LIMITS, Limits
 
@@ -22,6 +22,11 @@ def history_id(v0_digest: bytes, nonce: bytes = b"") -> bytes:
 
 
 ZERO_DIGEST = bytes(DIGEST_BYTES)
+# The arithmetic an update's step follows (UpdateMessage.math; SPEC.md, "Update"). 1: AdamW's sqrt is
+# torch.sqrt, which on CPU is MKL's vector sqrt: not correctly rounded on its AVX-512 and SSE4.2 code paths, so an
+# AVX2 host and an AVX-512 host computed different bits. 2: that sqrt correctly rounded, the same on every IEEE-754
+# machine. A message without the field is version 1 (every log written before it), and reads as it always did.
+MATH_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class UpdateMessage:
     hparams: dict                # this step's optimizer hyperparameters (lr from the schedule, ...)
     blocks: list                 # codec-specific per-block payload maps, each with "i" = manifest block index
     meta: dict = field(default_factory=dict)  # informational (trainer loss, wall time); never affects state
+    math: int = MATH_VERSION     # the arithmetic version its step follows (MATH_VERSION says what each means)
 
     def to_bytes(self, signer=None) -> bytes:
         """Frame as an update record (signed by `signer`, a signing.Signer, if given)."""
@@ -136,7 +142,7 @@ class UpdateMessage:
             "run": self.run, "version": self.version, "parent_digest": self.parent_digest, "digest": self.digest,
             "manifest_id": self.manifest_id, "codec": self.codec, "codec_params": self.codec_params,
             "optimizer": self.optimizer, "hparams": self.hparams, "blocks": self.blocks, "meta": self.meta,
-        }, signer=signer)
+        } | ({"math": self.math} if self.math != 1 else {}), signer=signer)  # version 1: the bytes it always had
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "UpdateMessage":
@@ -153,7 +159,19 @@ class UpdateMessage:
             hparams=F.get_scalar_map(body, "hparams", what, limits.max_params),
             blocks=F.get_list(body, "blocks", what, limits.max_blocks),
             meta=F.get_scalar_map(body, "meta", what, limits.max_params) if "meta" in body else {},
+            math=_math(body, what),
         )
+
+
+def _math(body: dict, what: str) -> int:
+    """An update's arithmetic version: 1 where the field is absent (written before it existed)."""
+    if "math" not in body:
+        return 1
+    v = F.get_int(body, "math", what, 1)
+    if v > MATH_VERSION:
+        raise UnsupportedVersion(f"{what}: arithmetic version {v}; this build knows 1 to {MATH_VERSION}: upgrade this "
+                                 f"reader to follow the run")
+    return v
 
 
 @dataclass

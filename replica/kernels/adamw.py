@@ -9,6 +9,8 @@ path about 0.7% of results differ by 1-2 ulp from the correctly rounded sqrt (np
 SSE4.2 path about 16%, with AVX2 none (measured; MKL_ENABLE_INSTRUCTIONS selects the path). It is a pure function
 of the element (thread count and chunking do not change it), so calling it on the block between the two passes
 gives the specification's bits wherever the specification runs. The block is still in cache for the second pass.
+That is arithmetic version 1 (schemas/records.py MATH_VERSION); from version 2 the specification's sqrt is correctly
+rounded, and numpy's sqrt (the hardware's) takes torch's place between the passes.
 """
 import numpy as np
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from hilo.schemas.errors import UnfitState
+from hilo.schemas.records import MATH_VERSION
 from hilo.schemas.records import Manifest
 
 from ..codecs import dense
@@ -112,9 +113,9 @@ def _widen(raw: np.ndarray, bits: int) -> np.ndarray:
 
 
 def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, what: str, sources: tuple | None = None,
-         grads: list | None = None) -> tuple:
+         grads: list | None = None, math_version: int = MATH_VERSION) -> tuple:
     """(new params, {slot: new tensors}, new scalars, bits per block): the fused step. `sources` from gradient_sources, or
-    `grads`: decoded fp32 gradients (any codec, or the trainer's own decode)."""
+    `grads`: decoded fp32 gradients (any codec, or the trainer's own decode); `math_version`: the message's."""
     nb = len(manifest.blocks)
     if sources is None:
         none = np.zeros(1, np.float32)
@@ -148,13 +149,13 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
             new_s[n].append(out.slot(n, b, state.slots[n][b]))
             addr_out[j + 1, b] = _address(new_s[n][-1], manifest, b, f"new optimizer state '{n}'", what)
     with _one_at_a_time:
-        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out))
+        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out), math_version)
     bits = np.zeros(nb, np.int64)
     np.bitwise_or.at(bits, layout(manifest)[0][:, 0], flags)
     return new_p, new_s, scalars, bits
 
 
-def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: tuple) -> np.ndarray:
+def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: tuple, math_version: int) -> np.ndarray:
     """The kernel call(s) over checked addresses; the NaN/Inf bits per work item."""
     src, g_addr, lr, u, s, v, addr_in, addr_out = addresses
     items, cols, groups, at = layout(manifest)
@@ -170,6 +171,9 @@ def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: t
             fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi])
             for b in range(b0, b1):  # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
                 flat, dst = new_s["exp_avg_sq"][b].view(-1), root[at[b]:at[b] + manifest.blocks[b].numel]
+                if math_version >= 2:  # correctly rounded: numpy's sqrt is the hardware's (IEEE), the specification's bits
+                    np.sqrt(flat.numpy(), out=dst.numpy())
+                    continue
                 for c in range(0, len(flat), SQRT_PIECE):
                     torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
             fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])

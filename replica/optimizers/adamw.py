@@ -3,7 +3,18 @@ import math
 
 import torch
 
+from hilo.schemas.records import MATH_VERSION
+
 from .base import INF, Buffers, Optimizer, f32
+
+
+def sqrt(v: torch.Tensor, out: torch.Tensor, math_version: int) -> torch.Tensor:
+    """sqrt(v) into `out` as arithmetic version `math_version` defines it. 2: correctly rounded on every CPU (in float64, then
+    rounded once to fp32; a float32's root never lies close enough to a midpoint between floats for the second rounding
+    to matter). 1: torch.sqrt (MKL's vector sqrt on CPU, off by 1-2 ulp for some inputs on its AVX-512 and SSE4.2 paths)."""
+    if math_version >= 2:
+        return out.copy_(torch.sqrt(v.to(torch.float64)))
+    return torch.sqrt(v, out=out)
 
 
 class AdamW(Optimizer):
@@ -28,7 +39,7 @@ class AdamW(Optimizer):
              "decay": f32(1.0 - h["lr"] * h["weight_decay"]), "eps": f32(h["eps"])}
         return c, {"t": scalars["t"] + 1.0, "beta1_pow": b1p, "beta2_pow": b2p}
 
-    def step(self, params, grads, slots, scalars, h, out=None):
+    def step(self, params, grads, slots, scalars, h, out=None, math_version=MATH_VERSION):
         """One AdamW step; results written where `out` says."""
         out = out or Buffers()
         c, new_scalars = self.coefficients(scalars, h)
@@ -37,7 +48,7 @@ class AdamW(Optimizer):
         for i, (p, g, m, v) in enumerate(zip(params, grads, slots["exp_avg"], slots["exp_avg_sq"])):
             m = torch.mul(m, b1, out=out.slot("exp_avg", i, m)).add_(torch.mul(g, c1, out=out.scratch(g)))
             v = torch.mul(v, b2, out=out.slot("exp_avg_sq", i, v)).add_(torch.mul(g, g, out=out.scratch(g)).mul_(c2))
-            denom = torch.sqrt(v, out=out.scratch(v)).div_(bc2_sqrt).add_(eps)
+            denom = sqrt(v, out.scratch(v), math_version).div_(bc2_sqrt).add_(eps)
             upd = torch.div(m, denom, out=denom).mul_(step_size)
             new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(upd))
             new_m.append(m)

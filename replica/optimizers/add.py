@@ -5,6 +5,8 @@ compressed difference between the master and the sites' copy; a site needs no op
 """
 import torch
 
+from hilo.schemas.records import MATH_VERSION
+
 from .base import Buffers, Optimizer
 
 
@@ -18,7 +20,7 @@ class Add(Optimizer):
         """(no scalars, the next scalar state): shared with replica/kernels/add.py."""
         return {}, {"t": scalars["t"] + 1.0}
 
-    def step(self, params, grads, slots, scalars, h, out=None):
+    def step(self, params, grads, slots, scalars, h, out=None, math_version=MATH_VERSION):
         """Add the decoded change; results written where `out` says."""
         out = out or Buffers()
         return [torch.add(p, d, out=out.param(i, p)) for i, (p, d) in enumerate(zip(params, grads))], {}, self.coefficients(scalars, h)[1]

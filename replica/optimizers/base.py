@@ -12,6 +12,7 @@ import torch
 
 from hilo.schemas import fields as F
 from hilo.schemas.errors import MalformedMessage
+from hilo.schemas.records import MATH_VERSION
 
 
 def f32(x: float) -> torch.Tensor:
@@ -83,9 +84,10 @@ class Optimizer:
             out[k] = v
         return out
 
-    def step(self, params: list, grads: list, slots: dict, scalars: dict, h: dict, out: Buffers | None = None):
+    def step(self, params: list, grads: list, slots: dict, scalars: dict, h: dict, out: Buffers | None = None,
+             math_version: int = MATH_VERSION):
         """Return (new_params, new_slots, new_scalars), written where `out` says (new tensors without it); inputs are
-        never modified."""
+        never modified. `math_version`: the message's arithmetic version (schemas/records.py MATH_VERSION)."""
         raise NotImplementedError
 
 

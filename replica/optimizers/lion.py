@@ -1,6 +1,8 @@
 """Lion (Chen et al. 2023): sign of an interpolated momentum, decoupled weight decay."""
 import torch
 
+from hilo.schemas.records import MATH_VERSION
+
 from .base import INF, Buffers, Optimizer, f32
 
 
@@ -18,7 +20,7 @@ class Lion(Optimizer):
              "b2": f32(h["beta2"]), "c2": f32(1.0 - h["beta2"])}
         return c, {"t": scalars["t"] + 1.0}
 
-    def step(self, params, grads, slots, scalars, h, out=None):
+    def step(self, params, grads, slots, scalars, h, out=None, math_version=MATH_VERSION):
         """One Lion step; results written where `out` says."""
         out = out or Buffers()
         c, new_scalars = self.coefficients(scalars, h)

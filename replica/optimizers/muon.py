@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from hilo.schemas.records import MATH_VERSION
+
 from .base import INF, Buffers, Optimizer, f32
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic coefficients from the Muon reference implementation
@@ -33,7 +35,7 @@ class Muon(Optimizer):
     hparams = {"lr": (0.02, 0.0, INF), "momentum": (0.95, 0.0, 1.0), "weight_decay": (0.0, 0.0, INF)}
     open_hi = frozenset({"momentum"})
 
-    def step(self, params, grads, slots, scalars, h, out=None):
+    def step(self, params, grads, slots, scalars, h, out=None, math_version=MATH_VERSION):
         """One Muon step; parameters and momentum written where `out` says (Newton-Schulz allocates its products)."""
         out = out or Buffers()
         mu, decay = f32(h["momentum"]), f32(1.0 - h["lr"] * h["weight_decay"])

@@ -1,6 +1,8 @@
 """SGD with momentum, torch.optim.SGD semantics (coupled weight decay, dampening 0, optional Nesterov)."""
 import torch
 
+from hilo.schemas.records import MATH_VERSION
+
 from .base import INF, Buffers, Optimizer, f32
 
 
@@ -18,7 +20,7 @@ class SGD(Optimizer):
              "nesterov": bool(h["nesterov"])}
         return c, {"t": scalars["t"] + 1.0}
 
-    def step(self, params, grads, slots, scalars, h, out=None):
+    def step(self, params, grads, slots, scalars, h, out=None, math_version=MATH_VERSION):
         """One SGD-momentum step; results written where `out` says."""
         out = out or Buffers()
         c, new_scalars = self.coefficients(scalars, h)
