@@ -482,6 +482,9 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     out = pathlib.Path(out_dir or os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")),
                                                "bench", f"quality-{'quick-' if cfg.quick else ''}{int(time.time())}"))
     out.mkdir(parents=True, exist_ok=True)
+    saved = out / "runs.jsonl"
+    if cfg.saved_only and (not saved.exists() or saved.stat().st_size == 0):  # said before the base models are evaluated
+        raise ConfigError(f"quality: no finished cell in {saved}: nothing is saved there (--saved-only computes nothing)")
     res = sweep(cfg, out)
     if not res["cells"]:  # only --saved-only gets here: nothing to plot or tabulate
         raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}" + "".join(f"; {m}" for m in res["unfinished"]))
