@@ -9,8 +9,8 @@ path about 0.7% of results differ by 1-2 ulp from the correctly rounded sqrt (np
 SSE4.2 path about 16%, with AVX2 none (measured; MKL_ENABLE_INSTRUCTIONS selects the path). It is a pure function
 of the element (thread count and chunking do not change it), so calling it on the block between the two passes
 gives the specification's bits wherever the specification runs. The block is still in cache for the second pass.
-That is arithmetic version 1 (schemas/records.py MATH_VERSION); from version 2 the specification's sqrt is correctly
-rounded, and numpy's sqrt (the hardware's) takes torch's place between the passes.
+That is arithmetic version 1 (schemas/records.py MATH_VERSION). From version 2 the specification's sqrt is correctly
+rounded, which the hardware's is: the whole step is one pass (step_row).
 """
 import numpy as np
 
@@ -18,7 +18,8 @@ from ._jit import helper
 
 CODE = 1          # pass 1: the moments
 PARAMS_CODE = 4   # pass 2: the parameters, from the new first moment and sqrt(new second moment)
-SQRT_BETWEEN = True
+ONE_PASS_CODE = 5  # arithmetic version 2: moments, correctly rounded sqrt and parameters in one pass
+SQRT_BETWEEN = True  # for version 1 (kernels/apply.py)
 
 
 def coefficients(c) -> np.ndarray:
@@ -54,3 +55,25 @@ def params_row(p, m_new, root, p_out, sc):
         p_out[c] = pc
         bp |= not np.isfinite(pc)
     return 2 if bp else 0
+
+
+@helper
+def step_row(g, p, m, v, p_out, m_out, v_out, sc):
+    """Arithmetic version 2's whole step on one span of rows, the sqrt the hardware's (np.sqrt of an fp32 is IEEE's,
+    correctly rounded, without fastmath); returns the NaN/Inf bits (1: g, 2: p, 4: m, 8: v)."""
+    b1, c1, b2, c2, bc2, eps, step, decay = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7]
+    bg = bp = bm = bv = False
+    for c in range(g.size):
+        gc = g[c]
+        mc = m[c] * b1 + gc * c1
+        vc = v[c] * b2 + (gc * gc) * c2
+        den = np.sqrt(vc) / bc2 + eps
+        pc = p[c] * decay - (mc / den) * step
+        m_out[c] = mc
+        v_out[c] = vc
+        p_out[c] = pc
+        bg |= not np.isfinite(gc)
+        bp |= not np.isfinite(pc)
+        bm |= not np.isfinite(mc)
+        bv |= not np.isfinite(vc)
+    return (1 if bg else 0) | (2 if bp else 0) | (4 if bm else 0) | (8 if bv else 0)

@@ -163,6 +163,8 @@ def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: t
     args = (cols, src, g_addr, lr, u, s, v, addr_in, addr_out)
     if not getattr(module, "SQRT_BETWEEN", False):
         fused.run(module.CODE, sc, items, *args, flags)
+    elif math_version >= 2:  # AdamW with a correctly rounded sqrt: the hardware's, inside the one pass
+        fused.run(module.ONE_PASS_CODE, sc, items, *args, flags)
     else:  # group by group, so the new moments are still in cache for torch's sqrt and the second pass (adamw.py says why)
         root = out.scratch(torch.empty(max(int(at[e - 1]) + manifest.blocks[e - 1].numel for _, e, _, _ in groups)))
         addr_in[3, :] = root.data_ptr() + 4 * at
@@ -171,9 +173,6 @@ def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: t
             fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi])
             for b in range(b0, b1):  # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
                 flat, dst = new_s["exp_avg_sq"][b].view(-1), root[at[b]:at[b] + manifest.blocks[b].numel]
-                if math_version >= 2:  # correctly rounded: numpy's sqrt is the hardware's (IEEE), the specification's bits
-                    np.sqrt(flat.numpy(), out=dst.numpy())
-                    continue
                 for c in range(0, len(flat), SQRT_PIECE):
                     torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
             fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])

@@ -45,6 +45,9 @@ def run(opt, sc, items, cols, src, g_addr, lr, u, s, v, addr_in, addr_out, flags
         if opt == adamw.CODE:
             bad = adamw.moments_row(g, carray(f32_ptr(addr_in[1, b] + off), span), carray(f32_ptr(addr_in[2, b] + off), span),
                                     carray(f32_ptr(addr_out[1, b] + off), span), carray(f32_ptr(addr_out[2, b] + off), span), sc)
+        elif opt == adamw.ONE_PASS_CODE:
+            bad = adamw.step_row(g, p, carray(f32_ptr(addr_in[1, b] + off), span), carray(f32_ptr(addr_in[2, b] + off), span), p_out,
+                                 carray(f32_ptr(addr_out[1, b] + off), span), carray(f32_ptr(addr_out[2, b] + off), span), sc)
         elif opt == sgd.CODE:
             bad = sgd.row(g, p, carray(f32_ptr(addr_in[1, b] + off), span), p_out, carray(f32_ptr(addr_out[1, b] + off), span), sc)
         elif opt == lion.CODE:
