@@ -15,6 +15,8 @@ path, which computes the same bits.
 """
 import logging
 
+from hilo.schemas.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 MODES = ("kernel", "reference", "kernel-only")  # PolicyReplica.apply_mode, `hilo consume --apply`
@@ -51,3 +53,17 @@ def say_once(optimizer: str, reason: str) -> None:
     if optimizer not in _said:
         _said.add(optimizer)
         (logger.info if optimizer in WHY_NOT else logger.warning)("apply: %s runs on the reference path: %s", optimizer, reason)
+
+
+def pick(mode: str, optimizer: str):
+    """The kernel module that runs `optimizer`'s step under apply mode `mode` (MODES), or None for the reference path;
+    ConfigError in kernel-only mode where there is none."""
+    if mode == "reference":
+        return None
+    why = unavailable(optimizer)
+    if why is None:
+        return modules()[optimizer]
+    if mode == "kernel-only":
+        raise ConfigError(f"apply = kernel-only: {optimizer} has no fused kernel here ({why})")
+    say_once(optimizer, why)
+    return None

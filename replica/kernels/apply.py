@@ -11,13 +11,15 @@ import numpy as np
 import torch
 
 from hilo.schemas.errors import UnfitState
-from hilo.schemas.records import MATH_VERSION
-from hilo.schemas.records import Manifest
+from hilo.schemas.records import MATH_VERSION, Manifest
 
+from .. import finite
+from ..codecs import decode as decode_gradient
 from ..codecs import dense
 from ..codecs.base import block_entries, block_what
 from ..codecs.lowrank import block_payload
 from ..optimizers.base import Buffers
+from ..state import ReplicaState
 from . import fused
 from .lowrank import widen4
 
@@ -178,3 +180,16 @@ def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: t
             fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])
         flags |= second
     return flags
+
+
+def compute(opt, module, state, msg, what: str, hparams: dict, out: Buffers, limits, decoded=None):
+    """PolicyReplica.compute's kernel path: the state `msg` leads to, with the same refusals as the reference path, in
+    one pass per block. `decoded`: gradients already decoded from `msg` (the trainer's own decode), else from its blocks."""
+    sources = None
+    if decoded is None:
+        sources = gradient_sources(msg.codec, state.manifest, msg.codec_params, msg.blocks, what, limits)
+        if sources is None:  # a codec whose decode is not fused: its reference decode, then the fused step
+            decoded = decode_gradient(msg.codec, state.manifest, msg.codec_params, msg.blocks, what, limits)
+    params, slots, scalars, bits = step(opt, module, state.manifest, state, hparams, out, what, sources, decoded, msg.math)
+    finite.check_flags(bits, opt.slots, state.manifest, msg, what)
+    return ReplicaState(state.manifest, state.optimizer, msg.version, params, slots, scalars)

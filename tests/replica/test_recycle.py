@@ -67,9 +67,9 @@ def test_a_refused_message_leaves_a_recycling_replica_whole_and_the_next_good_on
 
 @pytest.mark.parametrize("size", [1, 7, 8, 64, 1000, 4099])
 def test_the_finiteness_check_finds_one_nan_or_inf_anywhere(size):
-    """replica._all_finite (min and max in one pass) against isfinite, at every position of vector-width edges."""
+    """finite.all_finite (min and max in one pass) against isfinite, at every position of vector-width edges."""
     import torch
-    from hilo.replica.replica import _all_finite
+    from hilo.replica.finite import all_finite as _all_finite
     base = torch.randn(size)
     assert _all_finite(base) and _all_finite(torch.empty(0))
     for bad in (float("nan"), float("inf"), -float("inf")):
