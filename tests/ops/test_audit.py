@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.conftest import new_run
-from tests.helpers import hilo, reaped
+from tests.helpers import hilo, reaped, wait_until
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
@@ -25,6 +25,24 @@ def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None):
                     vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", REWARD,
                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
                     stderr=stderr, env=env)
+
+
+def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra):
+    """(trainer, {"honest", "liar"}): the liar and the trainer first, the honest site once the liar serves v0, so the
+    liar answers prompts however slowly the machine starts processes (the honest site alone once took every prompt)."""
+    sites = {"liar": _site(log, run, "liar", tmp_path, url, steps, *extra, env=dict(os.environ, HILO_LIE=lie))}
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), *trainer_args)
+    try:
+        wait_until(lambda: "now serves v0" in (tmp_path / "liar.log").read_text() or sites["liar"].poll() is not None, 600,
+                   "the liar serves v0")
+        assert sites["liar"].poll() is None, (tmp_path / "liar.log").read_text()[-3000:]
+    except BaseException:
+        for q in (trainer, *sites.values()):
+            q.kill()
+            q.wait()
+        raise
+    sites["honest"] = _site(log, run, "honest", tmp_path, url, steps)
+    return trainer, sites
 
 
 def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
@@ -55,10 +73,7 @@ def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
 def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, tmp_path, lie, extra, lr):
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run(f"audit{lie}"), 6
-    sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
-             "liar": _site(log, run, "liar", tmp_path, url, steps, *extra, env=dict(os.environ, HILO_LIE=lie))}
-    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
-                   "--lr", lr, *RL)
+    trainer, sites = _liar_then_honest(log, run, tmp_path, url, steps, ("--audit-share", "1", "--lr", lr, *RL), lie, *extra)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
@@ -107,10 +122,9 @@ def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught
     drifts (an honest site's stays near 0) and quarantines it. The limits are lowered to fit a short run."""
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run("auditsharp"), 8
-    sites = {"honest": _site(log, run, "honest", tmp_path, url, steps),
-             "liar": _site(log, run, "liar", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="sharpen"))}
-    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
-                   "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", "--audit-release-after", "0", *RL)
+    trainer, sites = _liar_then_honest(log, run, tmp_path, url, steps, (
+        "--audit-share", "1", "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", "--audit-release-after", "0",
+        *RL), "sharpen")
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
