@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import pathlib
-import socket
 import struct
 import time
 import zlib
@@ -17,9 +16,10 @@ import zlib
 import msgpack
 
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import ConfigError, FencedError, LogError, NoSuchTopic
+from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
 
 from .base import Batch, Log, check_run, checkpoints_topic, prompts_topic, rollouts_topic, updates_topic
+from .file_fence import WriterTokens
 
 _HEAD = struct.Struct("<4sII")
 _MAGIC = b"HREC"
@@ -32,7 +32,7 @@ class FileLog(Log):
         self.root = pathlib.Path(root)
         self.url = f"file://{self.root}"
         self._index = {}  # topic -> [file position of each complete record]; extended incrementally
-        self._tokens = {}  # run -> the fencing token this client holds as the run's writer
+        self._tokens = WriterTokens(self.url, self._dir)  # the fencing tokens this client holds as a run's writer
 
     # -- topics -------------------------------------------------------------------------------
     def _dir(self, topic):
@@ -100,34 +100,12 @@ class FileLog(Log):
             os.fsync(f.fileno())
         return idx
 
-    def _writer_file(self, run):
-        return self._dir(updates_topic(run)) / "writer.json"
-
     def become_writer(self, run, version):
         """Take the run's fencing token (+1): appends by any earlier writer of the run are refused from now on."""
         self.check_topic(updates_topic(run))
         with open(self._dir(updates_topic(run)) / "records", "r+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            path = self._writer_file(run)
-            old = json.loads(path.read_text()) if path.exists() else {"token": 0}
-            me = {"token": old["token"] + 1, "pid": os.getpid(), "host": socket.gethostname(), "version": version,
-                  "since": round(time.time(), 3)}
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(me))
-            os.replace(tmp, path)
-        self._tokens[run] = me["token"]
-        return me["token"]
-
-    def _check_fence(self, topic):
-        run = topic.rsplit(".", 1)[0]
-        mine = self._tokens.get(run)
-        if mine is None:
-            return
-        current = json.loads(self._writer_file(run).read_text())
-        if current["token"] != mine:
-            raise FencedError(f"{self.url}: run {run}: this trainer (token {mine}) was fenced by a newer trainer (pid "
-                              f"{current['pid']} on {current['host']}, token {current['token']}) that took over at "
-                              f"v{current['version']}; it publishes nothing more")
+            return self._tokens.take(run, version)
 
     def append(self, topic, records, partition=0):
         """Append under an exclusive lock and fsync; returns the offsets. A fenced writer's append is refused. One
@@ -135,7 +113,7 @@ class FileLog(Log):
         self.check_topic(topic)
         with open(self._dir(topic) / "records", "r+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            self._check_fence(topic)
+            self._tokens.check(topic)
             idx = self._scan(topic, f, truncate=True)
             pos = f.seek(0, os.SEEK_END)
             offsets, parts = [], []

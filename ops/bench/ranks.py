@@ -76,7 +76,8 @@ def rank_main(shape: str, codec: str, steps: int, log_dir: str, out: str) -> Non
         opened.append(time.perf_counter())
         producer.step(lr=1e-4)
         step_s.append(time.perf_counter() - opened[-1])
-        apply_s.append(getattr(producer, "follow_s", None))
+        if rank != config.publish_rank:  # only another rank follows (the publishing rank's follow_s stays 0)
+            apply_s.append(getattr(producer, "follow_s", None))
     period_s = [b - a for a, b in zip(opened[1:], opened[2:])]  # barrier to barrier: the job's step, the slowest rank's
     pathlib.Path(out, f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world": world, "step_s": step_s[1:-1], "period_s": period_s,
