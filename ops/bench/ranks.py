@@ -84,6 +84,7 @@ def rank_main(shape: str, codec: str, steps: int, log_dir: str, out: str) -> Non
         "apply_s": [x for x in apply_s[1:-1] if x is not None], "version": producer.version, "digest": producer.replica.digest.hex()}))
     producer.close()
     if world > 1:
+        dist.barrier()  # tear down together (a rank that destroys while its peer has left can abort in C++)
         dist.destroy_process_group()
 
 

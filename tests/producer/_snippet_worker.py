@@ -50,4 +50,5 @@ flat = b"".join(t.detach().float().contiguous().numpy().tobytes() for t in p.par
     "params_are_replica": all(torch.equal(a.detach().float(), b) for a, b in zip(p.params, p.replica.state.params)),
     "publishes": p.publishes, "global_step": names["trainer"].state.global_step if "trainer" in names else None}))
 p.close()
+torch.distributed.barrier()  # the ranks tear down together: rank 1 aborted in its teardown once (C++ terminate) while rank 0 left
 torch.distributed.destroy_process_group()
