@@ -38,9 +38,10 @@ class SiteConfig:
                            "line, the load retried (consumer/self_check.py)")
     self_check_base: str | None = opt(None, "the base model directory for the self-check's forward pass (none: the path "
                                       "vLLM reports serving, which must then be a local directory)")
-    self_check_tolerance: float = opt(1e-5, "the largest per-token |log-probability difference| the self-check accepts "
-                                      "(vLLM CPU server, fp32 base: honest differences measured below 1e-6, docs/results/"
-                                      "audit.json). A GPU or bf16 deployment measures and sets its own")
+    self_check_tolerance: float = opt(1e-4, "the largest per-token |log-probability difference| the self-check accepts "
+                                      "(vLLM CPU server, fp32 base: honest differences measured up to 7e-7 on the random "
+                                      "tiny base and 1.02e-5 on the pretrained student base). A GPU or bf16 deployment "
+                                      "measures and sets its own")
     retry_serve_s: float = opt(2.0, "first wait before retrying a load vLLM could not take (doubles up to 60 s)")
     trust: str | None = opt(None, "the trainer's Ed25519 public key (PEM); only records it signed are applied (none: verify "
                             "nothing)")

@@ -13,8 +13,9 @@ the tolerance the rollout fails and is dropped; a site whose failed audits reach
 one loud line naming it and the evidence, every rollout it sends after that dropped (and its samples waiting in
 groups), until an operator clears it (`Auditor.clear`) or it passes a probe: while quarantined, every rollout it
 sends is audited, and `release_after` passed in a row, their sampling test well inside its limit, release it (a
-site whose operator fixed its engine comes back on its own; one that fails again starts its probe over). The run
-goes on with the other sites.
+site whose operator fixed its engine comes back on its own; one that fails again starts its probe over). The probe is
+off by default (release_after = 0): each probe audit is a forward pass, and a quarantined site answers as fast as its
+engine goes. The run goes on with the other sites.
 
 What it proves and what it does not (docs/design.md, "What each site served"): a passed audit proves the reported
 log-probabilities are those of the claimed version for the tokens sent, within the tolerance. It does not prove the
@@ -59,8 +60,9 @@ class AuditConfig:
 
     share: float = opt(0.1, "share of rollouts audited (0 to 1), drawn per rollout with a key only the trainer holds: each "
                        "audit is one forward pass of prompt + completion under the version the rollout claims")
-    tolerance: float = opt(1e-5, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
-                           "server, fp32 base and adapters: honest differences measured below 1e-6, `hilo bench audit`, "
+    tolerance: float = opt(1e-4, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
+                           "server, fp32 base and adapters: honest differences measured up to 1.1e-6 on the random tiny base "
+                           "and 1.02e-5 on the pretrained student base, whose logits are sharper; `hilo bench audit`, "
                            "docs/results/audit.json; a GPU or bf16 deployment measures and sets its own)")
     quarantine_after: int = opt(2, "failed audits after which a site is quarantined (its rollouts dropped)")
     served_dtype: str = opt("float32", "the dtype the sites export adapters in (their --export-dtype): the audit rounds each "
@@ -69,9 +71,10 @@ class AuditConfig:
                                   "(honest sampling: z is close to N(0, 1)); catches sampling from another policy while "
                                   "reporting the right log-probabilities, statistically")
     sampling_min_tokens: int = opt(200, "audited tokens of a site before its sampling z is judged")
-    release_after: int = opt(16, "a quarantined site's probe: every rollout it sends is audited (and still dropped), and "
-                             "this many passed in a row, with its sampling z over them at most half the limit, release it; "
-                             "0: only an operator releases a site (Auditor.clear)")
+    release_after: int = opt(0, "a quarantined site's probe: every rollout it sends is audited (and still dropped), and "
+                             "this many passed in a row (16 is a good start), with its sampling z over them at most half the "
+                             "limit, release it. Each probe audit is a forward pass, and a quarantined site answers as fast as "
+                             "its engine goes; 0 (the default): no probe, only an operator releases a site (Auditor.clear)")
 
     def __post_init__(self):
         if not 0 <= self.share <= 1:

@@ -67,21 +67,23 @@ def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
     ("previous", ("--no-self-check",), "3e-3"),  # serves v-1 while claiming v (a stale adapter under the same name)
     # one block scaled by 1 + 1e-3: it moves log-probabilities in proportion to the adapter's own effect, which on the
     # random tiny model at lr 3e-3 stays about 3e-6 (below the honest noise); at 3e-2 it is 4e-5 to 4e-4
-    ("perturb", ("--no-self-check",), "3e-2"),
+    ("perturb", ("--no-self-check",), "3e-2"),  # at the tiny base's own tolerance (below)
     ("logprobs", (), "3e-3"),                    # well-signed rollouts, made-up log-probabilities
 ])
 def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, tmp_path, lie, extra, lr):
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run(f"audit{lie}"), 6
-    trainer, sites = _liar_then_honest(log, run, tmp_path, url, steps, ("--audit-share", "1", "--lr", lr, *RL), lie, *extra)
+    # the tiny random base's tolerance, 1e-5 (honest differences stay under 1.3e-6 on it; the default, 1e-4, fits the
+    # pretrained student base too): a perturbed block moves log-probabilities by 3e-5 to 9e-5 at lr 3e-2
+    trainer, sites = _liar_then_honest(log, run, tmp_path, url, steps,
+                                       ("--audit-share", "1", "--audit-tolerance", "1e-5", "--lr", lr, *RL), lie, *extra)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
         digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
     res = json.loads(out)
     liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
-    # quarantined at its second failed audit, and its probe (every rollout it sent after that, audited) never passed
-    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] >= 2, liar
+    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] == 2, liar  # at its 2nd failure
     assert honest["failed"] == 0 and not honest["quarantined"], honest
     assert res["dropped"].get("quarantined", 0) + res["dropped"].get("audit-failed", 0) > 0, res["dropped"]
     said = [line for line in err.splitlines() if "QUARANTINED site liar" in line]
