@@ -102,7 +102,7 @@ def table(res: dict) -> str:
     if decades:
         out += ["", "Honest per-token |log-probability difference| (vLLM CPU, fp32 adapters), every audited token: "
                 + ", ".join(f"{k}: {decades[k]}" for k in sorted(decades, key=decade_order))
-                + f". Worst {res['honest_worst']:.2e}; the default tolerance {res['tolerance']:g} is {res['margin']:g}x it."]
+                + f". Worst {res['honest_worst']:.2e}; this run's tolerance, {res['tolerance']:g}, is {res['margin']:g}x it."]
     return "\n".join(out)
 
 
