@@ -235,14 +235,14 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
         except BaseException:
             inner.close(flush=False)
             raise
-        return RankProducer(ranks, model, config, manifest, weights, inner)
+        return RankProducer(ranks, model, config, inner.manifest, weights, inner)  # the run's (its digest version)
     frame = _unpack(ranks.share(None, "opening the run"))
     if frame["error"] is not None:
         _raise_as(frame["error"])
     where = f"rank {ranks.rank}: the start state of the publishing rank {ranks.publish_rank}"
     replica = PolicyReplica.from_checkpoint(decode_record(frame["checkpoint"], where), where)
     _remember(replica, [(int(v), bytes(d)) for v, d in frame["recent"]])
-    producer = RankProducer(ranks, model, config, manifest, weights, None, replica)
+    producer = RankProducer(ranks, model, config, replica.manifest, weights, None, replica)
     producer.write_back()
     return producer
 

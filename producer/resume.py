@@ -9,6 +9,7 @@ this one catches up. The decision:
   else the newest checkpoint; then every update to the log head is applied, as a site applies them.
 A checkpoint whose updates expired is replaced by a fresh one, so late sites can always bootstrap.
 """
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -145,7 +146,8 @@ class TrainerStart:
     def check_layout(self, replica):
         """The model and config must be the run's: same adapter layout, same optimizer."""
         run, manifest = self.run_id, self.manifest
-        if replica.manifest.manifest_id != manifest.manifest_id:
+        # The digest definition is the run's, fixed at its genesis, whichever one this build gives new runs.
+        if replica.manifest.manifest_id != dataclasses.replace(manifest, digest_version=replica.manifest.digest_version).manifest_id:
             raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
                            f"(model: {manifest.base_model}, rank {manifest.rank}, {len(manifest.blocks)} blocks; "
                            f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")

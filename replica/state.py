@@ -1,10 +1,7 @@
 """ReplicaState: fp32 LoRA params + optimizer state + version, and its xxh3-128 digest."""
-import struct
 from dataclasses import dataclass
 
-import torch
-import xxhash
-
+from hilo.replica.digest import state_digest
 from hilo.schemas.arrays import from_bytes, to_bytes
 from hilo.schemas.errors import DivergenceError
 from hilo.schemas.records import Checkpoint, Manifest
@@ -22,20 +19,8 @@ class ReplicaState:
     scalars: dict           # name -> float (kept as float64; e.g. running beta powers)
 
     def digest(self) -> bytes:
-        """xxh3-128 over version, manifest id, optimizer, params, slots and scalars, in canonical order."""
-        h = xxhash.xxh3_128()
-        h.update(struct.pack("<Q", self.version))
-        h.update(self.manifest.manifest_id)
-        h.update(self.optimizer.encode())
-        for t in self.params:
-            h.update(_raw(t))
-        for name, tensors in self.slots.items():
-            h.update(name.encode())
-            for t in tensors:
-                h.update(_raw(t))
-        for name in sorted(self.scalars):
-            h.update(name.encode() + struct.pack("<d", self.scalars[name]))
-        return h.digest()
+        """xxh3-128 over version, manifest id, optimizer, params, slots and scalars, in canonical order (replica/digest.py)."""
+        return state_digest(self.manifest, self.optimizer, self.version, self.params, self.slots, self.scalars)
 
     def to_checkpoint(self, run: str, genesis: bytes, digest: bytes | None = None, nonce: bytes = b"") -> Checkpoint:
         """Serialise the full state (bootstrap record / local snapshot) of history `genesis`; `digest` if already known;
@@ -61,7 +46,3 @@ class ReplicaState:
                                   f"record says {ckpt.digest.hex()}")
         return state
 
-
-def _raw(t: torch.Tensor) -> memoryview:
-    # Zero-copy view of the fp32 bytes (little-endian hosts only, which is every supported host).
-    return memoryview(t.contiguous().numpy()).cast("B")

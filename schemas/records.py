@@ -27,6 +27,10 @@ ZERO_DIGEST = bytes(DIGEST_BYTES)
 # AVX2 host and an AVX-512 host computed different bits. 2: that sqrt correctly rounded, the same on every IEEE-754
 # machine. A message without the field is version 1 (every log written before it), and reads as it always did.
 MATH_VERSION = 2
+# How the state digest is computed (Manifest.digest_version; SPEC.md, "State digest"). 1: one xxh3-128 stream over
+# every tensor's bytes, which runs on one core. 2: the stream takes each tensor's own xxh3-128 instead, so tensors
+# hash in parallel. A manifest without the field is version 1 (every run started before it).
+DIGEST_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Manifest:
     alpha: float
     target_modules: tuple
     blocks: tuple  # of BlockSpec, sorted by (module, kind)
+    digest_version: int = DIGEST_VERSION  # how this run's state digests are computed (replica/digest.py)
 
     def __post_init__(self):
         keys = [(b.module, b.kind) for b in self.blocks]
@@ -69,7 +74,7 @@ class Manifest:
             "base_model": self.base_model, "rank": self.rank, "alpha": float(self.alpha),
             "target_modules": list(self.target_modules),
             "blocks": [{"module": b.module, "kind": b.kind, "shape": list(b.shape), "dtype": "float32"} for b in self.blocks],
-        }
+        } | ({"digest_version": self.digest_version} if self.digest_version != 1 else {})  # version 1: the bytes it always had
 
     @functools.cached_property
     def manifest_id(self) -> bytes:
@@ -112,9 +117,10 @@ class Manifest:
                 axis = "first" if kind == "A" else "second"
                 raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} on its {axis} axis")
             blocks.append(BlockSpec(module, kind, tuple(shape)))
+        digest_version = _known(d, "digest_version", what, DIGEST_VERSION, "state digest version")
         try:
             return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank, F.get_float(d, "alpha", what),
-                            tuple(tm), tuple(blocks))
+                            tuple(tm), tuple(blocks), digest_version)
         except MalformedMessage as e:  # Manifest's own invariant (sorted, unique blocks), named by the record here
             raise MalformedMessage(f"{what}: {str(e).removeprefix('manifest: ')}") from None
 
@@ -159,18 +165,18 @@ class UpdateMessage:
             hparams=F.get_scalar_map(body, "hparams", what, limits.max_params),
             blocks=F.get_list(body, "blocks", what, limits.max_blocks),
             meta=F.get_scalar_map(body, "meta", what, limits.max_params) if "meta" in body else {},
-            math=_math(body, what),
+            math=_known(body, "math", what, MATH_VERSION, "arithmetic version"),
         )
 
 
-def _math(body: dict, what: str) -> int:
-    """An update's arithmetic version: 1 where the field is absent (written before it existed)."""
-    if "math" not in body:
+def _known(body: dict, field: str, what: str, newest: int, called: str) -> int:
+    """A definition version field: 1 where it is absent (written before it existed); newer than this build: refused."""
+    if field not in body:
         return 1
-    v = F.get_int(body, "math", what, 1)
-    if v > MATH_VERSION:
-        raise UnsupportedVersion(f"{what}: arithmetic version {v}; this build knows 1 to {MATH_VERSION}: upgrade this "
-                                 f"reader to follow the run")
+    v = F.get_int(body, field, what, 1)
+    if v > newest:
+        raise UnsupportedVersion(f"{what}: {called} {v}; this build knows 1 to {newest}: upgrade this reader to follow "
+                                 f"the run")
     return v
 
 

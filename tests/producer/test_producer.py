@@ -1,5 +1,7 @@
 """HiLoProducer's own guarantees: propose, then commit; a publish with an unknown outcome never forks or
 skips a version; config errors name the field."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -7,7 +9,10 @@ from hilo.consumer.config import SiteConfig
 from hilo.log import open_log
 from hilo.log.base import Transaction
 from hilo.producer.config import ProducerConfig
+from hilo.producer.lora_params import lora_weights
+from hilo.producer import producer as producer_module
 from hilo.producer.producer import HiLoProducer
+from hilo.replica.state import ReplicaState
 from hilo.schemas.errors import HiloError, LogError
 from tests.conftest import new_run, producer_config, publish_random, small_model
 from tests.helpers import site_of, with_log
@@ -186,6 +191,32 @@ def test_a_restarted_trainer_continues_the_same_trajectory_from_its_snapshot(tmp
     uninterrupted = _run(tmp_path, "a", [6], codec)
     assert _run(tmp_path, "b", [3, 3], codec) == uninterrupted
     assert _run(tmp_path, "c", [3, 3], codec, state=False) != uninterrupted  # without it the trajectory differs
+
+
+@pytest.mark.parametrize("state", [True, False], ids=["snapshot", "checkpoint"])
+def test_a_run_started_with_digest_version_1_is_continued_by_this_build(tmp_path, monkeypatch, state):
+    """A run whose manifest has no digest_version (started before version 2) keeps its digests: this build's trainer,
+    whose model gives version 2 to new runs, resumes it (from its snapshot or the log), publishes under the run's
+    manifest, and a site that follows the whole log reaches the trainer's digest."""
+    url = f"file://{tmp_path}/log"
+    cfg = producer_config(run="old", log=url, checkpoint_every=100, state_dir=str(tmp_path / "t") if state else None)
+    manifest = lora_weights(small_model())[0]
+    with monkeypatch.context() as older_build:  # the trainer of an older build: its manifests had no digest_version
+        older_build.setattr(producer_module, "lora_weights", lambda model, adapter: (
+            dataclasses.replace(lora_weights(model, adapter)[0], digest_version=1), lora_weights(model, adapter)[1]))
+        first = HiLoProducer.open(small_model(), cfg)
+    assert first.replica.manifest.digest_version == 1
+    for v in (1, 2):
+        _step(first, _grads(v))
+    first.close()
+    second = HiLoProducer.open(small_model(), cfg)  # its own manifest says version 2
+    assert second.version == 2 and second.replica.manifest.digest_version == 1
+    for v in (3, 4):
+        _step(second, _grads(v))
+    second.close()
+    assert _site_digest(url, "old", tmp_path, 4) == second.replica.digest
+    new = ReplicaState(manifest, *[getattr(second.replica.state, f) for f in ("optimizer", "version", "params", "slots", "scalars")])
+    assert new.digest() != second.replica.digest  # the run's definition, not this build's new-run one
 
 
 FENCED = {"file": r"run {run}: this trainer \(token 1\) was fenced by a newer trainer \(pid \d+ on .*, token 2\) that took "
