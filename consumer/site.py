@@ -112,6 +112,8 @@ class Site:
         self.last_applied_at = self.clock()
         observe_applied(self.metrics, event, self.last_applied_at, self.link)
         self.snapshots.applied(self.follower, self.last_applied_at)
+        if self.history:
+            self.history.notes(self.snapshots.drain())
         self.commit()
         logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, event.version, event.digest.hex()[:12],
                      event.last_offset)

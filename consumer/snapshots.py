@@ -74,6 +74,7 @@ class Snapshots:
         self.deferred = False         # a due snapshot is waiting for the writer
         self.skipped = 0              # due snapshots that waited for the writer
         self.failures = 0             # background writes that failed
+        self.notes = []               # what snapshots cost, for the site's history: drained by `drain` (list.append is atomic)
 
     def due(self) -> bool:
         """Either bound reached since the last snapshot was taken."""
@@ -106,7 +107,9 @@ class Snapshots:
             return
         t0 = time.perf_counter()
         copy, position = self.copy.take(follower.replica), follower.position(saved_at=now)  # between versions
-        self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot_copy")
+        copy_s = time.perf_counter() - t0
+        self.metrics.observe("stage_seconds", copy_s, stage="snapshot_copy")
+        self.notes.append({"snapshot": copy.version, "copy_s": round(copy_s, 4)})
         self.since, self.last_at, self.deferred = 0, self.clock(), False
         self.writer = threading.Thread(target=self._write, args=(copy, position), name=f"snapshot-v{copy.version}", daemon=True)
         self.writer.start()
@@ -126,7 +129,14 @@ class Snapshots:
                          f"{type(e).__name__}: {e}")
             return
         self.saved = (copy.version, position.next_offset)
-        self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot")
+        write_s = time.perf_counter() - t0
+        self.metrics.observe("stage_seconds", write_s, stage="snapshot")
+        self.notes.append({"snapshot_written": copy.version, "write_s": round(write_s, 4), "bytes": self.store.size()})
+
+    def drain(self) -> list:
+        """The notes since the last drain (taken: the loop's copy seconds; written: the writer's seconds and bytes)."""
+        out, self.notes = self.notes, []
+        return out
 
     def _reap(self) -> None:
         """Join a finished writer; raise its failure, once. The site stops on it (Site.run), as it did when the write

@@ -8,8 +8,8 @@ mutates nothing; `commit` adopts them after the log has acknowledged the message
 import time
 from dataclasses import dataclass
 
-import torch
 
+from hilo.replica import kernels
 from hilo.replica.codecs import Encoder
 from hilo.replica.codecs.base import Encoding
 from hilo.replica.optimizers import get_optimizer
@@ -54,7 +54,9 @@ class UpdateBuilder:
         h = self.optimizer.defaults() | (hparams or {})
         h = self.optimizer.check_hparams({k: float(v) for k, v in h.items()}, "UpdateBuilder.propose")
         t0 = time.perf_counter()
-        enc = self.encoder.encode([g.detach().to("cpu", torch.float32) for g in grads])
+        # encoded where the gradients are (a GPU's stay there); only the payload and its decode meet the CPU replica
+        fused = kernels.encoder_check(self.encoder.name) if self.replica.apply_mode != "reference" else None
+        enc = self.encoder.encode([g.detach() for g in grads], fused)
         t1 = time.perf_counter()
         r = self.replica
         msg = UpdateMessage(r.run, r.version + 1, r.digest, ZERO_DIGEST, r.manifest.manifest_id, self.encoder.name,

@@ -45,6 +45,13 @@ class HistoryWriter:
         self.record(applied.version, applied.digest, applied.last_offset, w=applied.written_at, b=applied.record_bytes,
                     a=round(work, 5))
 
+    def notes(self, lines: list) -> None:
+        """Lines that are not versions (no "v": checkers pass them by), stamped with the session and wall time: what
+        the site's snapshots cost, for benchmarks."""
+        for fields in lines:
+            self._f.write(json.dumps({"s": self.session} | fields | {"t": round(time.time(), 4)}) + "\n")
+        self._f.flush()
+
     def skip(self, offset: int, reason: str) -> None:
         """A record skipped as not a valid message of the run (no version: the replica did not move)."""
         self._f.write(json.dumps({"s": self.session, "skip": offset, "reason": reason}) + "\n")

@@ -133,6 +133,10 @@ class SnapshotStore:
         for stale in self.dir.glob("snapshot.*-*"):  # this save's old copy, and leftovers of crashed saves
             shutil.rmtree(stale, ignore_errors=True)
 
+    def size(self) -> int:
+        """Bytes of the snapshot in place (every file of it)."""
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file()) if self.path.exists() else 0
+
     def load_extra(self, name: str) -> bytes | None:
         """An `extra` file saved with the snapshot that `load` returned (None if that snapshot has none)."""
         f = getattr(self, "loaded_from", self.path) / name

@@ -67,6 +67,12 @@ def replay(a):
     return main(a.json, a.shape, a.behind, a.optimizers, a.out, a.apply)
 
 
+def pace(a):
+    """A site following a run that gains a version every second, at a real adapter's shape."""
+    from hilo.ops.bench.pace import PaceConfig, main
+    return main(config_from_args(PaceConfig, a), a.json, a.out)
+
+
 def scrape(a):
     """/metrics latency and lag consistency while a site catches up."""
     from hilo.ops.bench.scrape import main
@@ -232,6 +238,15 @@ def register(sub):
     pr.add_argument("--out", metavar="DIR", help="folder for probe-TASK-SYNC.json")
     pr.add_argument("--json", action="store_true", help="print the results object")
     pr.set_defaults(fn=probe)
+    from hilo.ops.bench.pace import PaceConfig
+    pc = bsub.add_parser("pace", help="one `hilo consume` process following a run that gains a version every second: versions "
+                         "behind, freshness p50/p99, the snapshots' stall", description="The versions are encoded beforehand "
+                         "(their encode time reported on its own), then appended on schedule to a fresh log that one apply-only "
+                         "site follows at the default snapshot cadence (ops/bench/pace.py).")
+    config_options(pc, PaceConfig, ("shape", "optimizer", "versions", "interval_s", "log", "ready_s"), flags={"interval_s": "--interval"})
+    pc.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/pace-TIME)")
+    pc.add_argument("--json", action="store_true", help="print the results object")
+    pc.set_defaults(fn=pace)
     from hilo.ops.bench.fanout import FanoutConfig
     fo = bsub.add_parser("fanout", help="1, 4, 16 apply-only sites on one cluster, and 16 split over a mirror: freshness "
                          "(publish to applied) and egress per version", description="Per layout, a fresh run of the tiny "

@@ -55,15 +55,21 @@ class Encoder:
         """(per-block payload maps, {attribute: next value}) for the error-corrected `grads`; mutates nothing."""
         raise NotImplementedError
 
-    def encode(self, grads: list) -> Encoding:
-        """Compress `grads` with error feedback; the residual update is proposed in the result, not applied."""
+    def encode(self, grads: list, fused=None) -> Encoding:
+        """Compress `grads` with error feedback; the residual update is proposed in the result, not applied. The work
+        runs where the gradients are (a GPU trainer's stay there, with the residual); the payload and `decoded` are
+        on the CPU. `fused`: kernels.encoder_check's decode + residual in one pass, for CPU gradients (same bits)."""
         grads = [g.detach().to(torch.float32) for g in grads]
-        corrected = [torch.add(g, e) for g, e in zip(grads, self.residual)] if self.lossy else grads
+        device = grads[0].device if grads else torch.device("cpu")
+        corrected = [torch.add(g, e.to(device)) for g, e in zip(grads, self.residual)] if self.lossy else grads
         blocks, state = self.compress(corrected)
-        params = self.params()
-        decoded = self.decoder(self.manifest, params, blocks, f"{self.name} encoder self-check", DEFAULT_LIMITS)
+        params, what = self.params(), f"{self.name} encoder self-check"
+        if self.lossy and fused is not None and device.type == "cpu":
+            decoded, residual = fused(self.name, self.manifest, params, blocks, corrected, what, DEFAULT_LIMITS)
+            return Encoding(blocks, params, decoded, state | {"residual": residual})
+        decoded = self.decoder(self.manifest, params, blocks, what, DEFAULT_LIMITS)  # on the CPU: what every replica decodes
         if self.lossy:
-            state = state | {"residual": [torch.sub(c, d) for c, d in zip(corrected, decoded)]}
+            state = state | {"residual": [torch.sub(c, d.to(device)) for c, d in zip(corrected, decoded)]}
         return Encoding(blocks, params, decoded, state)
 
     def commit(self, encoding: Encoding) -> None:

@@ -50,7 +50,8 @@ def refit_scales(gram: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     double-count their overlap."""
     if not len(rhs):
         return torch.zeros(0)
-    return torch.linalg.lstsq(gram, rhs.unsqueeze(1), driver="gelsd").solution.squeeze(1).float()
+    # on the CPU whatever the encoder's device (k x k at most 64 x 64): CUDA's lstsq has only the full-rank driver
+    return torch.linalg.lstsq(gram.cpu(), rhs.cpu().unsqueeze(1), driver="gelsd").solution.squeeze(1).float()
 
 
 class FactorPrefixes:
@@ -66,16 +67,20 @@ class FactorPrefixes:
     def __init__(self, i: int, g: torch.Tensor, factors, rank: int, bits: int = 16):
         self.i, self.g, self.factors, self.rank, self.bits = i, g, factors, rank, bits
         self.K = 0
+        self.made = {}  # k -> payload, from the current rounding (the budget fit asks for the same k again and again)
 
     def payload(self, k: int) -> dict:
         """The block's payload map with its first k directions."""
         if k > self.K or not self.K:
             self._round(min(self.rank, max(4, 2 * k)))
-        rows = slice(0, k * self.row_u), slice(0, k * self.row_v)
-        if self.bits == 4:
-            s = refit_scales(self.gram[:k, :k], self.rhs[:k])
-            return {"i": self.i, "k": k, "bits": 4, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": to_bytes(s, "float32")}
-        return {"i": self.i, "k": k, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": self.s[: 4 * k]}
+        if k not in self.made:
+            rows = slice(0, k * self.row_u), slice(0, k * self.row_v)
+            if self.bits == 4:
+                s = refit_scales(self.gram[:k, :k], self.rhs[:k])
+                self.made[k] = {"i": self.i, "k": k, "bits": 4, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": to_bytes(s, "float32")}
+            else:
+                self.made[k] = {"i": self.i, "k": k, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": self.s[: 4 * k]}
+        return self.made[k]
 
     def _round(self, K: int):
         U, V = self.factors(K)
@@ -97,7 +102,7 @@ class FactorPrefixes:
             s = torch.where(norms > 0, proj / norms.clamp_min(1e-30), torch.zeros_like(proj))
             self.u, self.v, self.s = to_bytes(u, "float16"), to_bytes(v, "float16"), to_bytes(s, "float32")
             self.row_u, self.row_v = 2 * m, 2 * n
-        self.K = K
+        self.K, self.made = K, {}
 
 
 def factor_payload(i: int, g: torch.Tensor, U: torch.Tensor, V: torch.Tensor, bits: int = 16) -> dict:

@@ -58,7 +58,7 @@ class SparEncoder(Encoder):
         worth, owner = [], []
         for b, (sigma, _, _) in enumerate(svds):
             worth.append(sigma.double().pow(2) / cost[b])
-            owner.append(torch.full((len(sigma),), b))
+            owner.append(torch.full((len(sigma),), b, device=sigma.device))
         flat = torch.cat(worth)
         order = torch.argsort(flat, descending=True, stable=True)
         owner = [b for b, w in zip(torch.cat(owner)[order].tolist(), flat[order].tolist()) if w > 0]

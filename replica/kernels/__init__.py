@@ -55,6 +55,15 @@ def say_once(optimizer: str, reason: str) -> None:
         (logger.info if optimizer in WHY_NOT else logger.warning)("apply: %s runs on the reference path: %s", optimizer, reason)
 
 
+def encoder_check(codec: str):
+    """The fused decode + residual of an encoder of `codec` (kernels/apply.self_check), or None where its decode is not
+    fused or the kernels did not load: the encoder's reference decode runs then, with the same bits."""
+    if codec not in DECODES or codec == "dense" or modules() is None:
+        return None
+    from .apply import self_check
+    return self_check
+
+
 def pick(mode: str, optimizer: str):
     """The kernel module that runs `optimizer`'s step under apply mode `mode` (MODES), or None for the reference path;
     ConfigError in kernel-only mode where there is none."""

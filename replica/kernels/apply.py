@@ -20,7 +20,7 @@ from ..codecs.base import block_entries, block_what
 from ..codecs.lowrank import block_payload
 from ..optimizers.base import Buffers
 from ..state import ReplicaState
-from . import fused
+from . import fused, residual
 from .lowrank import widen4
 
 LOWRANK = ("powersgd", "spar", "spar4")  # the codecs whose payload is lowrank.py's format
@@ -180,6 +180,24 @@ def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: t
             fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])
         flags |= second
     return flags
+
+
+def self_check(codec: str, manifest: Manifest, params: dict, blocks: list, corrected: list, what: str, limits) -> tuple:
+    """An encoder's self-check (Encoder.encode) in one fused pass: (decoded, residual), new CPU tensors per block, where
+    decoded is what every replica decodes from `blocks` and residual = corrected - decoded, both with the reference's
+    bits. For a codec whose decode is fused (kernels.DECODES, not dense: a lossless codec keeps no residual)."""
+    src, _, lr, u, s, v = gradient_sources(codec, manifest, params, blocks, what, limits)
+    nb = len(manifest.blocks)
+    decoded, left = [torch.empty(b.shape) for b in manifest.blocks], [torch.empty(b.shape) for b in manifest.blocks]
+    addr_in, addr_out = np.zeros((4, nb), np.int64), np.zeros((3, nb), np.int64)
+    for b in range(nb):
+        addr_in[0, b] = _address(corrected[b], manifest, b, "corrected gradient", what)
+        addr_out[0, b], addr_out[1, b] = decoded[b].data_ptr(), left[b].data_ptr()
+    items, cols, _, _ = layout(manifest)
+    with _one_at_a_time:
+        fused.run(residual.CODE, residual.coefficients(None), items, cols, src, np.zeros(nb, np.int64), lr, u, s, v, addr_in,
+                  addr_out, np.zeros(len(items), np.int64))
+    return decoded, left
 
 
 def compute(opt, module, state, msg, what: str, hparams: dict, out: Buffers, limits, decoded=None):

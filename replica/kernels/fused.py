@@ -14,7 +14,7 @@ stride) into the flat fp32 u, s, v.
 import numpy as np
 from numba import carray, prange
 
-from . import adamw, add, lion, sgd
+from . import adamw, add, lion, residual, sgd
 from ._jit import f32_ptr, kernel
 from .lowrank import lowrank_row
 
@@ -50,6 +50,8 @@ def run(opt, sc, items, cols, src, g_addr, lr, u, s, v, addr_in, addr_out, flags
                                  carray(f32_ptr(addr_out[1, b] + off), span), carray(f32_ptr(addr_out[2, b] + off), span), sc)
         elif opt == sgd.CODE:
             bad = sgd.row(g, p, carray(f32_ptr(addr_in[1, b] + off), span), p_out, carray(f32_ptr(addr_out[1, b] + off), span), sc)
+        elif opt == residual.CODE:  # the encoder's self-check: p is the corrected gradient, p_out the decoded one
+            bad = residual.row(g, p, p_out, carray(f32_ptr(addr_out[1, b] + off), span))
         elif opt == lion.CODE:
             bad = lion.row(g, p, carray(f32_ptr(addr_in[1, b] + off), span), p_out, carray(f32_ptr(addr_out[1, b] + off), span), sc)
         else:

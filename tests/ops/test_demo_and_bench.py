@@ -64,3 +64,16 @@ def test_bench_ranks_times_both_jobs_and_they_end_at_one_digest(capsys, tmp_path
     assert [r["ranks"] for r in res["rows"]] == [1, 2]
     assert res["same_digest"]  # a lone trainer and a 2-rank job, fed the same gradients, publish the same run
     assert len(res["rows"][1]["apply_s_other_ranks"]) == 1 and res["overhead_x"] > 0
+
+
+def test_bench_pace_follows_a_run_on_schedule_to_the_trainers_digest_and_times_its_snapshots(capsys, tmp_path):
+    """The CI-sized pace bench: a `hilo consume` process follows 14 tiny versions, one per 0.2 s; it ends at the
+    trainer's digest (the bench raises otherwise), its v10 snapshot is in the history, and the lag is counted."""
+    from hilo.ops.cli import main
+    assert main(["bench", "pace", "--shape", "tiny", "--versions", "14", "--interval", "0.2", "--out", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["versions"] == 14 and res["log"] == "file" and res["encode_median_s"] > 0
+    assert 1 <= res["behind_median"] <= res["behind_max"] <= 14  # the version just appended is behind by definition
+    assert 0 < res["freshness_p50_s"] <= res["freshness_p99_s"] <= res["freshness_max_s"]
+    assert res["snapshots"] >= 1 and res["snapshot_stall_max_s"] > 0 and res["snapshot_bytes"] > 0
+    assert json.loads((tmp_path / "pace.json").read_text()) == res

@@ -190,3 +190,27 @@ def test_kernels_that_do_not_load_leave_the_reference_path_said_once(manifest, m
         "apply: sgd runs on the reference path: the kernels did not load (ImportError: No module named 'numba')") == 1
     with pytest.raises(ConfigError, match="kernel-only"):
         follow(manifest, "sgd", data, "kernel-only")
+
+
+@pytest.mark.parametrize("codec", [c for c in CODECS if c in kernels.DECODES and c != "dense"])
+@pytest.mark.parametrize("shapes", ["tiny", "odd"])
+def test_the_encoders_fused_self_check_gives_the_reference_bits(manifest, codec, shapes):
+    """The encoder's decode + residual in one pass (kernels.encoder_check) against the reference decode and subtraction:
+    the same decoded gradients, residuals and messages at every version; a trainer on either path publishes the same
+    run (same message bytes, same digests)."""
+    manifest = odd_manifest() if shapes == "odd" else manifest
+    runs = {}
+    for mode in ("kernel", "reference"):
+        trainer = genesis(manifest, "adamw")
+        trainer.apply_mode = mode
+        builder, grads, seen = UpdateBuilder(trainer, make_encoder(codec, manifest, Budget(0.25))), GradientStream(manifest, seed=5), []
+        for _ in range(STEPS):
+            proposal = builder.propose(grads.next(), {"lr": LR["adamw"]})
+            builder.commit(proposal)
+            seen.append((proposal.message.to_bytes(), proposal.encoding.decoded, builder.encoder.residual, trainer.digest))
+        runs[mode] = seen
+    assert kernels.encoder_check(codec) is not None
+    for (m1, d1, r1, g1), (m2, d2, r2, g2) in zip(runs["kernel"], runs["reference"]):
+        assert m1 == m2 and g1 == g2
+        assert all(torch.equal(a, b) for a, b in zip(d1, d2)) and all(torch.equal(a, b) for a, b in zip(r1, r2))
+    assert any(r.abs().sum() > 0 for r in runs["kernel"][-1][2])  # something was held back: the residual is compared
