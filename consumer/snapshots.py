@@ -38,15 +38,24 @@ class StateCopy:
     def __init__(self):
         self.key, self.params, self.slots = None, [], {}
 
+    def reserve(self, state: ReplicaState) -> None:
+        """Allocate the buffers for states shaped like `state` and touch every page, so the first copy in the apply loop
+        pays no page faults (at 1.7B/AdamW they made it 0.36 s against 0.13-0.15). Reads `state`'s shapes only, so it
+        runs on a thread of its own while the loop goes on (Snapshots.applied starts it at a site's first version)."""
+        key = (state.manifest.manifest_id, state.optimizer, tuple(state.slots))
+        if key != self.key:  # the first snapshot, or another adapter or optimizer
+            new = lambda t: torch.from_numpy(np.zeros(tuple(t.shape), np.float32))  # noqa: E731  (np.zeros: one thread)
+            self.params = [new(t) for t in state.params]
+            self.slots = {k: [new(t) for t in ts] for k, ts in state.slots.items()}
+            for t in self.params + [t for ts in self.slots.values() for t in ts]:
+                t.numpy().fill(0.0)  # np.zeros maps untouched pages: touch them here, not in the loop's copy
+            self.key = key
+
     def take(self, replica: PolicyReplica) -> PolicyReplica:
         """A replica holding a copy of `replica`'s state (in this set's buffers), digest, history and recent digests.
         Between versions only; the copy's buffers are overwritten by the next `take`."""
         s = replica.state
-        key = (s.manifest.manifest_id, s.optimizer, tuple(s.slots))
-        if key != self.key:  # the first snapshot, or another adapter or optimizer
-            self.key = key
-            self.params = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in s.params]
-            self.slots = {k: [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ts] for k, ts in s.slots.items()}
+        self.reserve(s)
         # numpy's copy, one thread: torch's copy_ splits each block over its intra-op threads, which on a site's few
         # shared cores made the copy 4-6x slower (0.74 s against 0.13-0.2 s at 1.7B/AdamW on 2 busy cores)
         for dst, src in zip(self.params + [t for ts in self.slots.values() for t in ts],
@@ -75,6 +84,7 @@ class Snapshots:
         self.skipped = 0              # due snapshots that waited for the writer
         self.failures = 0             # background writes that failed
         self.notes = []               # what snapshots cost, for the site's history: drained by `drain` (list.append is atomic)
+        self.reserver = None          # the thread allocating the copy's buffers at the first version (StateCopy.reserve)
 
     def due(self) -> bool:
         """Either bound reached since the last snapshot was taken."""
@@ -97,6 +107,10 @@ class Snapshots:
         self._reap()
         self.touched = True
         self.since += 1
+        if self.reserver is None:  # the first version: the copy's buffers, allocated and touched off the loop
+            self.reserver = threading.Thread(target=self.copy.reserve, args=(follower.replica.state,), name="snapshot-reserve",
+                                             daemon=True)
+            self.reserver.start()
         if not self.due():
             return
         if self.busy:
@@ -105,6 +119,7 @@ class Snapshots:
                 self.metrics.inc("snapshots_deferred")
                 logger.info("snapshot of v%d deferred: the previous one is still being written", follower.replica.version)
             return
+        self.reserver.join()  # long done by the first due snapshot, unless it is due at the first version
         t0 = time.perf_counter()
         copy, position = self.copy.take(follower.replica), follower.position(saved_at=now)  # between versions
         copy_s = time.perf_counter() - t0
@@ -152,6 +167,8 @@ class Snapshots:
 
     def wait(self) -> None:
         """Until the snapshot being written (if any) is written or has failed."""
+        if self.reserver is not None:
+            self.reserver.join()
         if self.writer is not None:
             self.writer.join()
             self.writer = None

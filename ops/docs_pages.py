@@ -166,7 +166,8 @@ def headline_table(root: pathlib.Path) -> str:
     serve = {s["shape"]: s["median"]["total_s"] for s in _load(root, f"{RESULTS}/serve.json")["shapes"]}
     faults = _load(root, f"{RESULTS}/faults.json")
     replay = _load(root, f"{RESULTS}/replay.json")
-    adamw = next(r for r in replay["rows"] if r["optimizer"] == "adamw" and r.get("apply", "kernel") == "kernel")  # what a site runs
+    adamw = next(r for r in replay["rows"] if r["shape"] == "qwen3-1.7b" and r["optimizer"] == "adamw"
+                 and r.get("apply", "kernel") == "kernel")  # what a site runs
     ranks = {r["ranks"]: r for r in _load(root, f"{RESULTS}/ranks.json")["rows"]}
     rows = {  # what -> measured
         f"one version of a Qwen3-1.7B rank-64 adapter ({spar4['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 codec":
@@ -185,7 +186,7 @@ def headline_table(root: pathlib.Path) -> str:
             (f"{sum(faults['trainer_kills'].values())} trainers and {sum(faults['site_kills'].values())} sites killed: "
              f"{len(faults['anomalies'])} gaps, duplicates, forks or lost versions; {faults['divergent_digests']} "
              "divergent digests"),
-        f"a site {replay['behind']} versions behind catching up (Qwen3-1.7B r64, AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
+        f"a site {adamw['versions']} versions behind catching up (Qwen3-1.7B r64, AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
         "a 2-rank trainer's step against a lone one's (torchrun, Qwen3-1.7B r64, one core per rank)":
             (f"{ranks[2]['period_s']:.2f} s against {ranks[1]['period_s']:.2f} s "
              f"({ranks[2]['period_s'] / ranks[1]['period_s']:.2f}x): the other rank applies the broadcast message after the step"),
@@ -240,6 +241,7 @@ REGIONS = {
     "wan": _bench("wan", "markdown", f"{RESULTS}/wan.json"),
     "scrape": Region(scrape_table, (f"{RESULTS}/scrape.json",)),
     "snapshot": _bench("snapshot", "table", f"{RESULTS}/snapshot.json"),
+    "pace": _bench("pace", "table", f"{RESULTS}/pace.json"),
     "ranks": _bench("ranks", "table", f"{RESULTS}/ranks.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
 }
@@ -285,7 +287,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "audit", "replay", "snapshot", "wan", "ranks", "scrape", "startup")
+              "fanout", "rl", "audit", "replay", "snapshot", "pace", "wan", "ranks", "scrape", "startup")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

@@ -186,6 +186,8 @@ def summarize(cfg: PaceConfig, appended: dict, history: list, digest: bytes) -> 
             "freshness_max_s": round(max(fresh), 4), "apply_median_s": round(statistics.median(applies), 4),
             "apply_max_s": round(max(applies), 4), "loop_wait_max_s": round(max(waits), 4),
             "snapshots": len(taken), "snapshot_stall_max_s": round(max((e["copy_s"] for e in taken), default=0.0), 4),
+            "snapshot_stall_median_s": round(statistics.median(e["copy_s"] for e in taken), 4) if taken else None,
+            "snapshot_stall_s": [e["copy_s"] for e in taken],
             "snapshot_write_median_s": round(statistics.median(e["write_s"] for e in written), 3) if written else None,
             "snapshot_bytes": written[-1]["bytes"] if written else None}
 

@@ -15,6 +15,7 @@ Beside them, the machine's triad bandwidth (a = b + s*c in torch, the best of a 
 over its floor: the bytes the step must move at that bandwidth (FLOOR_BYTES: fp32 reads and writes per parameter,
 the gradient counted as one read, as docs/results/replay.json's targets count them).
 """
+import json
 import pathlib
 import shutil
 import statistics
@@ -61,11 +62,12 @@ def _say(*a):
 
 
 def publish(log, run: str, shape: str, optimizer: str, versions: int) -> tuple:
-    """Append `versions` messages of a trainer replica to `log`; (the trainer's final digest, bytes per message, encode s)."""
+    """Append `versions` messages of a trainer replica to `log`; (the trainer's final digest, bytes per message, median
+    encode + apply s, median encode s)."""
     manifest = qwen3_manifest(shape)
     trainer = PolicyReplica.genesis(run, manifest, initial_params(manifest), optimizer)
     builder = UpdateBuilder(trainer, make_encoder("spar4", manifest, Budget(0.016)))
-    stream, topic, log_bytes, sizes, encode = GradientStream(manifest, seed=0), updates_topic(run), 0, [], []
+    stream, topic, log_bytes, sizes, encode, alone = GradientStream(manifest, seed=0), updates_topic(run), 0, [], [], []
     for v in range(versions):
         proposal = builder.propose(stream.next(), {"lr": DEFAULT_LR[optimizer]} if optimizer in DEFAULT_LR else {})
         builder.commit(proposal)
@@ -75,9 +77,10 @@ def publish(log, run: str, shape: str, optimizer: str, versions: int) -> tuple:
                                 {H.DIGEST: proposal.message.digest.hex(), H.LOG_BYTES: str(log_bytes)}))
         sizes.append(len(data))
         encode.append(proposal.timing["encode"] + proposal.timing["apply"])
+        alone.append(proposal.timing["encode"])
         if (v + 1) % 20 == 0:
             _say(f"bench replay: {shape}/{optimizer}: published {v + 1}/{versions}")
-    return trainer.digest, statistics.mean(sizes), statistics.median(encode)
+    return trainer.digest, statistics.mean(sizes), statistics.median(encode), statistics.median(alone)
 
 
 def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tuple = APPLY, triad: float | None = None) -> list:
@@ -85,7 +88,7 @@ def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tupl
     run = f"replay-{optimizer}"
     log = open_log(f"file://{work}/log")
     log.create_topics(run)
-    digest, msg_bytes, encode_s = publish(log, run, shape, optimizer, behind)
+    digest, msg_bytes, encode_s, encoder_s = publish(log, run, shape, optimizer, behind)
     manifest = qwen3_manifest(shape)
     rows = []
     for mode in apply:
@@ -107,14 +110,15 @@ def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tupl
                                    f"digest {site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
         replay_s, stages = replays[True]
         row = {"shape": shape, "optimizer": optimizer, "apply": mode, "versions": behind, "message_bytes": round(msg_bytes),
-               "trainer_encode_apply_s": round(encode_s, 3), "replay_s": round(replay_s, 2),
+               "trainer_encode_apply_s": round(encode_s, 3), "trainer_encode_s": round(encoder_s, 3), "replay_s": round(replay_s, 2),
                "versions_per_s": round(behind / replay_s, 2),
                "stage_s_per_version": {k: round(v / behind, 4) for k, v in stages.items()},
                "versions_per_s_new_buffers": round(behind / replays[False][0], 2),
                "stage_s_per_version_new_buffers": {k: round(v / behind, 4) for k, v in replays[False][1].items()}}
         if triad:
             floor = FLOOR_BYTES[optimizer] * manifest.numel / (triad * 1e9)
-            row |= {"floor_s": round(floor, 4), "apply_over_floor": round(stages["apply"] / behind / floor, 2)}
+            row |= {"triad_gbps": round(triad, 2), "floor_s": round(floor, 4),
+                    "apply_over_floor": round(stages["apply"] / behind / floor, 2)}
         rows.append(row)
     store = SnapshotStore(work / "state")
     t1 = time.perf_counter()
@@ -151,26 +155,40 @@ def run_bench(shape: str, behind: int, optimizers: list, apply: tuple = APPLY) -
 
 def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
-    out = ["| optimizer (site) | apply path | versions/s replayed | new buffers per version: versions/s | per version: fetch / "
-           "decode / apply s | apply over its floor | snapshot MB | save s | load s |", "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    out = ["| shape | optimizer (site) | apply path | versions/s replayed | new buffers per version: versions/s | per version: fetch / "
+           "decode / apply s | apply over its floor | snapshot MB | save s | load s |", "|---|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in res["rows"]:
         st = r["stage_s_per_version"]
         name = "add (delta mode)" if r["optimizer"] == "add" else r["optimizer"]
         over = f"{r['apply_over_floor']:.1f}x" if "apply_over_floor" in r else "-"
-        out.append(f"| {name} | {r.get('apply', 'reference')} | {r['versions_per_s']:.2f} | {r['versions_per_s_new_buffers']:.2f} | "
+        out.append(f"| {r['shape']} | {name} | {r.get('apply', 'reference')} | {r['versions_per_s']:.2f} | "
+                   f"{r['versions_per_s_new_buffers']:.2f} | "
                    f"{st.get('fetch', 0):.3f} / {st.get('decode', 0):.3f} / {st.get('apply', 0):.3f} | {over} | "
                    f"{r['snapshot_bytes'] / 1e6:,.0f} | {r['snapshot_save_s']:.2f} | {r['snapshot_load_s']:.2f} |")
-    if "triad_gbps" in res:
-        floors = ", ".join(f"{k} {v} B" for k, v in res["floor_bytes_per_param"].items())
-        out.append(f"\nTriad bandwidth of the machine that ran it: {res['triad_gbps']:.1f} GB/s before the rows, "
-                   f"{res['triad_gbps_after']:.1f} GB/s after (floor: {floors} per parameter at the first).")
+    for run in res.get("runs", [res]):
+        if "triad_gbps" in run:
+            floors = ", ".join(f"{k} {v} B" for k, v in run["floor_bytes_per_param"].items())
+            out.append(f"\n{run['shape']} ({run['behind']} versions behind): triad bandwidth of the machine that ran it "
+                       f"{run['triad_gbps']:.1f} GB/s before the rows, {run['triad_gbps_after']:.1f} GB/s after (floor: "
+                       f"{floors} per parameter at the first).")
     return "\n".join(out)
+
+
+def merged(res: dict, out_dir: pathlib.Path) -> dict:
+    """This run's results with the other shapes' rows and runs already in OUT_DIR/replay.json (a run of a shape replaces
+    that shape's): one file holds every shape measured."""
+    old = out_dir / "replay.json"
+    prior = json.loads(old.read_text()) if old.exists() else {"rows": []}
+    runs = [r for r in prior.get("runs", [prior] if "triad_gbps" in prior else []) if r["shape"] != res["shape"]]
+    this = {k: v for k, v in res.items() if k != "rows"}
+    return this | {"rows": [r for r in prior["rows"] if r["shape"] != res["shape"]] + res["rows"],
+                   "runs": runs + [this]}
 
 
 def main(as_json: bool, shape: str, behind: int, optimizers: list, out: str | None, apply: tuple = APPLY) -> int:
     """Run it; print the table or JSON."""
     out_dir = results_dir("replay", out)
-    res = run_bench(shape, behind, optimizers, tuple(apply))
+    res = merged(run_bench(shape, behind, optimizers, tuple(apply)), out_dir)
     if not save(res, out_dir, "replay", as_json):
         print(table(res))
     return 0

@@ -49,7 +49,7 @@ def run_bench(shape: str, versions: int, every_ms: float, work: pathlib.Path) ->
     log = open_log(f"file://{work}/log")
     log.create_topics(RUN)
     _genesis(log, shape)
-    digest, _, _ = publish(log, RUN, shape, "adamw", versions)
+    digest = publish(log, RUN, shape, "adamw", versions)[0]
     site = Site.open(SiteConfig(log=f"file://{work}/log", run=RUN, site="s", state_dir=str(work / "s"),
                                 export_adapters=False, until_version=versions, wait_checkpoint_s=10))
     server = MetricsServer(MetricsConfig(0, "127.0.0.1"), site.metrics.registry)

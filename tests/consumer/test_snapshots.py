@@ -134,6 +134,30 @@ def test_a_site_keeps_applying_while_a_snapshot_is_written(trainer, tmp_path):
         site.close()
 
 
+def test_the_copys_buffers_are_made_off_the_loop_at_the_first_version_and_reused_by_every_snapshot(trainer, tmp_path):
+    """The first snapshot's copy used to allocate the state's second buffer set inside the loop (page faults: 0.36 s
+    against 0.15 at 1.7B). Now the first applied version starts a thread that allocates and touches it; every copy
+    writes into those same buffers, and the snapshots hold the versions they were taken at."""
+    _, _, publish, heads = trainer
+    publish(6)
+    site = site_of(trainer, tmp_path, snapshot_every=3)
+    try:
+        apply_until(site, 1)
+        snaps = site.snapshots
+        assert snaps.reserver is not None and snaps.reserver.name == "snapshot-reserve"
+        snaps.reserver.join()
+        made = [t.data_ptr() for t in snaps.copy.params]
+        assert snaps.copy.key is not None and len(made) == len(site.follower.replica.state.params)
+        apply_until(site, 3)
+        snaps.wait()
+        assert saved(tmp_path)[:3] == (3, *heads[3])
+        apply_until(site, 6)
+        snaps.wait()
+        assert saved(tmp_path)[:3] == (6, *heads[6]) and [t.data_ptr() for t in snaps.copy.params] == made
+    finally:
+        site.close()
+
+
 def test_a_snapshot_due_while_one_is_written_waits_for_it_and_is_taken_after(trainer, tmp_path):
     _, _, publish, heads = trainer
     publish(9)
