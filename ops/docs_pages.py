@@ -169,6 +169,7 @@ def headline_table(root: pathlib.Path) -> str:
     adamw = next(r for r in replay["rows"] if r["shape"] == "qwen3-1.7b" and r["optimizer"] == "adamw"
                  and r.get("apply", "kernel") == "kernel")  # what a site runs
     ranks = {r["ranks"]: r for r in _load(root, f"{RESULTS}/ranks.json")["rows"]}
+    pace = _load(root, f"{RESULTS}/pace.json")
     rows = {  # what -> measured
         f"one version of a Qwen3-1.7B rank-64 adapter ({spar4['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 codec":
             (f"{spar4['bytes'] / 1e6:.2f} MB ({100 * spar4['fraction_of_adapter']:.2f}%); encode "
@@ -187,6 +188,10 @@ def headline_table(root: pathlib.Path) -> str:
              f"{len(faults['anomalies'])} gaps, duplicates, forks or lost versions; {faults['divergent_digests']} "
              "divergent digests"),
         f"a site {adamw['versions']} versions behind catching up (Qwen3-1.7B r64, AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
+        f"a site following a run that gains a Qwen3-1.7B r64 AdamW version every {pace['interval_s']:g} s "
+        f"({pace['versions']} versions)":
+            (f"at most {pace['behind_max']} version(s) behind; freshness p50 {pace['freshness_p50_s']:.2f} s, p99 "
+             f"{pace['freshness_p99_s']:.2f} s; trainer's encode {pace['encode_median_s']:.2f} s per version"),
         "a 2-rank trainer's step against a lone one's (torchrun, Qwen3-1.7B r64, one core per rank)":
             (f"{ranks[2]['period_s']:.2f} s against {ranks[1]['period_s']:.2f} s "
              f"({ranks[2]['period_s'] / ranks[1]['period_s']:.2f}x): the other rank applies the broadcast message after the step"),
@@ -218,7 +223,7 @@ def metrics_table(root: pathlib.Path) -> str:
 REGIONS = {
     "headline": Region(headline_table, (f"{RESULTS}/codecs-compressed-budget.json", QUALITY, f"{RESULTS}/wan.json",
                                         f"{RESULTS}/serve.json", f"{RESULTS}/faults.json", f"{RESULTS}/replay.json",
-                                        f"{RESULTS}/ranks.json")),
+                                        f"{RESULTS}/ranks.json", f"{RESULTS}/pace.json")),
     "metrics": Region(metrics_table),
     "acls": Region(acls_table),
     "codecs": _codecs(f"{RESULTS}/codecs.json"),

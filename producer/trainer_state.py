@@ -33,7 +33,8 @@ def restore(store, snapshot_version: int, replica, encoder, sync, run: str) -> b
                        sync.lost_on_restart)
         return False
     where = f"{store.dir}/snapshot"
-    objs = {n: torch.load(io.BytesIO(d), weights_only=True) for n, d in data.items()}
+    # on the CPU whatever device saved it (a GPU trainer's residual): the encoder moves it to its gradients' device
+    objs = {n: torch.load(io.BytesIO(d), weights_only=True, map_location="cpu") for n, d in data.items()}
     encoder.load_state_dict(objs.pop("encoder.pt"), f"{where}/encoder.pt")
     sync.load_state_files(objs, where)
     logger.info("run %s: trainer state (%s) restored from the snapshot (v%d)", run, ", ".join(names), replica.version)

@@ -6,8 +6,8 @@
    version, on the device and, for the same gradients, on the CPU. A CPU site replica applies every message and must
    reach the trainer's digest at every version.
 2. The trainer itself: the tiny Qwen3 + LoRA (ops/tiny_trainer.py) trains on the device through HiLoProducer into an
-   embedded file log; a CPU site follows the log to the trainer's digest, and the model's LoRA weights on the device
-   equal the replica's.
+   embedded file log, restarted halfway from its state dir (the residual it saved from the device comes back); a CPU
+   site follows the log to the trainer's digest, and the model's LoRA weights on the device equal the replica's.
 Prints one JSON object (also written to --out/gpu-check.json); exits 1 if any digest differs.
 """
 import argparse
@@ -61,6 +61,11 @@ def encode_where_the_gradients_are(shape: str, device: torch.device, versions: i
     return out
 
 
+def builder_residual_device(producer) -> str:
+    """Where the trainer's error-feedback residual lives (its gradients' device, once it has encoded)."""
+    return producer.builder.encoder.residual[0].device.type
+
+
 def train_on_the_device(device: torch.device, steps: int) -> dict:
     """Part 2: HiLoProducer on a model on `device`, a CPU site following its file log."""
     from hilo.consumer.config import SiteConfig
@@ -71,22 +76,26 @@ def train_on_the_device(device: torch.device, steps: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="hilo-gpu-check-") as work:
         url = f"file://{work}/log"
-        model = build_model(seed=0).to(device)
-        producer = HiLoProducer.open(model, ProducerConfig(run="gpu-train", log=url, codec="spar4", budget=Budget(0.016),
-                                                           optimizer="adamw"))
-        try:
-            t0 = time.perf_counter()
-            loss = train(producer, steps)
-            train_s = time.perf_counter() - t0
-            on_device = [p.detach().to("cpu", torch.float32) for p in producer.params]
-            weights_equal = all(torch.equal(a, b) for a, b in zip(on_device, producer.replica.state.params))
-            digest = producer.replica.digest
-        finally:
-            producer.close()
+        cfg = ProducerConfig(run="gpu-train", log=url, codec="spar4", budget=Budget(0.016), optimizer="adamw",
+                             state_dir=f"{work}/trainer")
+        t0, loss = time.perf_counter(), float("nan")
+        for part in (steps // 2, steps - steps // 2):  # a restart between the halves
+            model = build_model(seed=0).to(device)
+            producer = HiLoProducer.open(model, cfg)
+            try:
+                loss = train(producer, part)
+                on_device = [p.detach().to("cpu", torch.float32) for p in producer.params]
+                weights_equal = all(torch.equal(a, b) for a, b in zip(on_device, producer.replica.state.params))
+                residual_on = builder_residual_device(producer)
+                digest = producer.replica.digest
+            finally:
+                producer.close()
+        train_s = time.perf_counter() - t0
         site = Site.open(SiteConfig(log=url, run="gpu-train", site="cpu-site", state_dir=f"{work}/site",
                                     until_version=steps, export_adapters=False))
         site.run(progress=False)
         return {"steps": steps, "loss": round(loss, 4), "train_s": round(train_s, 2), "params_on": str(model.device),
+                "residual_on": residual_on,
                 "weights_equal_replica": weights_equal, "site_digest_equal": site.follower.replica.digest == digest}
 
 
@@ -109,7 +118,8 @@ def main(argv=None) -> int:
     res["train"] = train_on_the_device(device, a.steps)
     enc, tr = res["encode"], res["train"]
     res["ok"] = (all(enc[k]["site_matched_versions"] == a.versions for k in ("device", "cpu") if k in enc)
-                 and tr["weights_equal_replica"] and tr["site_digest_equal"])
+                 and tr["weights_equal_replica"] and tr["site_digest_equal"]
+                 and enc["device"]["residual_on"] == tr["residual_on"] == device.type)  # the residual stayed where the grads are
     text = json.dumps(res, indent=2)
     if a.out:
         pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)

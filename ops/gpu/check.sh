@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ops/gpu/check.sh [OUT]: the GPU trainer path in one command, on a GPU machine with no network (ops/gpu/check.py says
+# ops/gpu/check.sh [OUT [ARGS]]: the GPU trainer path in one command, on a GPU machine with no network (ops/gpu/check.py says
 # what it checks and prints). Needs only torch, peft, transformers, msgpack and xxhash there: whatever else hilo imports
 # comes from ops/gpu/wheelhouse/ (ops/gpu/wheels.sh fills it beforehand), unpacked beside the project, nothing installed.
 # Bounded to 8 minutes. Exit 0: every digest matched; the JSON is in OUT/gpu-check.json.
@@ -23,7 +23,7 @@ modules = {"zstandard": "zstandard", "cryptography": "cryptography", "cffi": "cf
            "tenacity": "tenacity", "prometheus_client": "prometheus_client", "jproperties": "jproperties",
            "pythonjsonlogger": "python_json_logger", "crc32c": "crc32c", "kafka": "kafka_python", "requests": "requests",
            "urllib3": "urllib3", "certifi": "certifi", "charset_normalizer": "charset_normalizer", "idna": "idna",
-           "tqdm": "tqdm"}
+           "tqdm": "tqdm", "six": "six"}
 tags, wheels = set(sys_tags()), list(house.glob("*.whl")) if house.is_dir() else []
 for module, dist in modules.items():
     if importlib.util.find_spec(module) is not None:
@@ -35,4 +35,4 @@ for module, dist in modules.items():
     zipfile.ZipFile(max(fits)).extractall(deps)
     print(f"check.sh: {dist} from {max(fits).name}", file=sys.stderr)
 PY
-PYTHONPATH="$work:$work/deps" timeout 470 "$py" "$here/check.py" --out "$out"
+PYTHONPATH="$work:$work/deps" timeout 470 "$py" "$here/check.py" --out "$out" "${@:2}"  # ARGS: check.py's (--help)

@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 # what hilo imports beyond those five and their own requirements (found with `python -X importtime ops/gpu/check.py`)
 pkgs="zstandard cryptography cffi pycparser tenacity prometheus-client jproperties python-json-logger crc32c kafka-python
-      requests urllib3 certifi charset-normalizer idna tqdm"
+      six requests urllib3 certifi charset-normalizer idna tqdm"
 mkdir -p "$here/wheelhouse"
 for v in ${1:-3.10 3.11 3.12}; do
   echo "wheels.sh: wheels for Python $v" >&2

@@ -1,5 +1,6 @@
 """The two things a newcomer runs first: the demo, and a benchmark's JSON."""
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -77,3 +78,16 @@ def test_bench_pace_follows_a_run_on_schedule_to_the_trainers_digest_and_times_i
     assert 0 < res["freshness_p50_s"] <= res["freshness_p99_s"] <= res["freshness_max_s"]
     assert res["snapshots"] >= 1 and res["snapshot_stall_max_s"] > 0 and res["snapshot_bytes"] > 0
     assert json.loads((tmp_path / "pace.json").read_text()) == res
+
+
+def test_the_gpu_check_script_passes_on_the_cpu(tmp_path, capsys):
+    """ops/gpu/check.py, the device script's body, as written, on this machine's CPU (no GPU here): encode where the
+    gradients are, a CPU site at every version's digest, and the tiny model trained through HiLoProducer."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_check", pathlib.Path(__file__).resolve().parents[2] / "ops/gpu/check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.main(["--device", "cpu", "--shape", "tiny", "--versions", "3", "--steps", "3", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert res["ok"] and res["encode"]["device"]["site_matched_versions"] == 3 and res["encode"]["device"]["residual_on"] == "cpu"
+    assert res["train"]["weights_equal_replica"] and res["train"]["site_digest_equal"]
