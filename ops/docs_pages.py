@@ -168,6 +168,8 @@ def headline_table(root: pathlib.Path) -> str:
     replay = _load(root, f"{RESULTS}/replay.json")
     adamw = next(r for r in replay["rows"] if r["shape"] == "qwen3-1.7b" and r["optimizer"] == "adamw"
                  and r.get("apply", "kernel") == "kernel")  # what a site runs
+    torch_path = next(r for r in replay["rows"] if r["shape"] == "qwen3-1.7b" and r["optimizer"] == "adamw"
+                      and r.get("apply") == "reference")
     ranks = {r["ranks"]: r for r in _load(root, f"{RESULTS}/ranks.json")["rows"]}
     pace = _load(root, f"{RESULTS}/pace.json")
     rows = {  # what -> measured
@@ -188,6 +190,10 @@ def headline_table(root: pathlib.Path) -> str:
              f"{len(faults['anomalies'])} gaps, duplicates, forks or lost versions; {faults['divergent_digests']} "
              "divergent digests"),
         f"a site {adamw['versions']} versions behind catching up (Qwen3-1.7B r64, AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
+        "one Qwen3-1.7B r64 AdamW version applied by a site (decode, step, NaN/Inf check, digest)":
+            (f"{adamw['stage_s_per_version']['apply']:.3f} s on the fused kernel, {torch_path['stage_s_per_version']['apply']:.3f} s on "
+             f"the torch path it must equal ({adamw['apply_over_floor']:.1f}x the memory-bandwidth floor at "
+             f"{next(r for r in replay['runs'] if r['shape'] == 'qwen3-1.7b')['triad_gbps']:.0f} GB/s)"),
         f"a site following a run that gains a Qwen3-1.7B r64 AdamW version every {pace['interval_s']:g} s "
         f"({pace['versions']} versions)":
             (f"at most {pace['behind_max']} version(s) behind; freshness p50 {pace['freshness_p50_s']:.2f} s, p99 "

@@ -11,9 +11,9 @@ from hilo.schemas.records import BlockSpec, Manifest
 
 QWEN3 = {
     # name: (hidden, intermediate, layers, q_out (= heads * head_dim), kv_out)
-    "qwen3-8b": (4096, 12288, 36, 4096, 1024),
     "qwen3-1.7b": (2048, 6144, 28, 2048, 1024),
     "qwen3-0.6b": (1024, 3072, 28, 2048, 1024),
+    "qwen3-8b": (4096, 12288, 36, 4096, 1024),
     "tiny": (64, 128, 2, 64, 32),
 }
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
