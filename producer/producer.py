@@ -114,9 +114,7 @@ class HiLoProducer:
             store, started, token = _start(log, config, manifest, weights.values(), signer, checkpoints)
             ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),
                                    HistoryWriter(config.history) if config.history else None, store)
-            # the run's manifest from here on: a run started by an older build keeps its digest version
-            producer = cls(model, config, log, signer, metrics, checkpoints, started, token, ledger,
-                           (started.replica.manifest, weights))
+            producer = cls(model, config, log, signer, metrics, checkpoints, started, token, ledger, (started.replica.manifest, weights))
         except BaseException:
             if log_backend is None:
                 log.close()

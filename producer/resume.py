@@ -146,7 +146,8 @@ class TrainerStart:
     def check_layout(self, replica):
         """The model and config must be the run's: same adapter layout, same optimizer."""
         run, manifest = self.run_id, self.manifest
-        # The digest definition is the run's, fixed at its genesis, whichever one this build gives new runs.
+        # The digest definition is the run's, fixed at its genesis, whichever one this build gives new runs (the trainer
+        # goes on under the run's manifest: HiLoProducer.open hands on started.replica.manifest).
         if replica.manifest.manifest_id != dataclasses.replace(manifest, digest_version=replica.manifest.digest_version).manifest_id:
             raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
                            f"(model: {manifest.base_model}, rank {manifest.rank}, {len(manifest.blocks)} blocks; "
