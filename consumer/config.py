@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 from hilo.log.target import LogTarget
 from hilo.replay.bad_records import OnBadRecord
+from hilo.replica.forward import LOGPROB_TOLERANCE
 from hilo.replica.kernels import MODES as APPLY_MODES
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
@@ -38,7 +39,7 @@ class SiteConfig:
                            "line, the load retried (consumer/self_check.py)")
     self_check_base: str | None = opt(None, "the base model directory for the self-check's forward pass (none: the path "
                                       "vLLM reports serving, which must then be a local directory)")
-    self_check_tolerance: float = opt(1e-4, "the largest per-token |log-probability difference| the self-check accepts "
+    self_check_tolerance: float = opt(LOGPROB_TOLERANCE, "the largest per-token |log-probability difference| the self-check accepts "
                                       "(vLLM CPU server, fp32 base: honest differences measured up to 7e-7 on the random "
                                       "tiny base and 1.02e-5 on the pretrained student base). A GPU or bf16 deployment "
                                       "measures and sets its own")

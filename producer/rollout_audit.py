@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hilo.replica.forward import completion_scores, lora_names
+from hilo.replica.forward import LOGPROB_TOLERANCE, completion_scores, lora_names
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
 
@@ -60,7 +60,7 @@ class AuditConfig:
 
     share: float = opt(0.1, "share of rollouts audited (0 to 1), drawn per rollout with a key only the trainer holds: each "
                        "audit is one forward pass of prompt + completion under the version the rollout claims")
-    tolerance: float = opt(1e-4, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
+    tolerance: float = opt(LOGPROB_TOLERANCE, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
                            "server, fp32 base and adapters: honest differences measured up to 1.1e-6 on the random tiny base "
                            "and 1.02e-5 on the pretrained student base, whose logits are sharper; `hilo bench audit`, "
                            "docs/results/audit.json; a GPU or bf16 deployment measures and sets its own)")

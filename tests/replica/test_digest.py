@@ -10,7 +10,6 @@ import msgpack
 import pytest
 import torch
 
-from hilo.replica import digest as digest_module
 from hilo.replica.state import ReplicaState
 from hilo.replica.synthetic import initial_params, qwen3_manifest
 from hilo.schemas.errors import UnsupportedVersion
@@ -87,4 +86,3 @@ def test_version_2_is_the_same_on_one_thread_or_many_in_separate_processes(cpus)
             cmd = ["taskset", "-c", ",".join(map(str, cpus))] + cmd
         got.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     assert got == [here, here]
-    assert digest_module.PARALLEL_FROM_BYTES > 0
