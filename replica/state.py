@@ -1,5 +1,5 @@
 """ReplicaState: fp32 LoRA params + optimizer state + version, and its xxh3-128 digest."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hilo.replica.digest import state_digest
 from hilo.schemas.arrays import from_bytes, to_bytes
@@ -17,10 +17,14 @@ class ReplicaState:
     params: list            # [Tensor (shape of block)]
     slots: dict             # slot name -> [Tensor per block]; insertion order is the digest order
     scalars: dict           # name -> float (kept as float64; e.g. running beta powers)
+    # digest version 3's piece hashes, as the fused kernel computed them while writing these tensors: the first
+    # digest() takes them and drops them, so any later digest (a second opinion, a snapshot's) reads the memory again
+    known: list | None = field(default=None, repr=False, compare=False)
 
     def digest(self) -> bytes:
         """xxh3-128 over version, manifest id, optimizer, params, slots and scalars, in canonical order (replica/digest.py)."""
-        return state_digest(self.manifest, self.optimizer, self.version, self.params, self.slots, self.scalars)
+        known, self.known = self.known, None
+        return state_digest(self.manifest, self.optimizer, self.version, self.params, self.slots, self.scalars, known)
 
     def to_checkpoint(self, run: str, genesis: bytes, digest: bytes | None = None, nonce: bytes = b"") -> Checkpoint:
         """Serialise the full state (bootstrap record / local snapshot) of history `genesis`; `digest` if already known;

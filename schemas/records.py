@@ -29,8 +29,9 @@ ZERO_DIGEST = bytes(DIGEST_BYTES)
 MATH_VERSION = 2
 # How the state digest is computed (Manifest.digest_version; SPEC.md, "State digest"). 1: one xxh3-128 stream over
 # every tensor's bytes, which runs on one core. 2: the stream takes each tensor's own xxh3-128 instead, so tensors
-# hash in parallel. A manifest without the field is version 1 (every run started before it).
-DIGEST_VERSION = 2
+# hash in parallel. 3: it takes each piece's XXH3-64 (whole rows, up to 16K elements), which the apply kernel hashes
+# as it writes them. A manifest without the field is version 1 (every run started before it).
+DIGEST_VERSION = 3
 
 
 @dataclass(frozen=True)

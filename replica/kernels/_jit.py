@@ -1,4 +1,4 @@
-"""The one way every kernel here is compiled, and the pointer cast numba lacks.
+"""The one way every kernel here is compiled, and the pointer casts numba lacks.
 
 Compile options, and why each one keeps the bits of the torch path (replica/optimizers/base.py, "the rules"):
 - fastmath off: no reassociation, no reciprocal instead of division, no `contract` flag, so LLVM never fuses a
@@ -25,11 +25,18 @@ def helper(fn):
     return njit(**JIT)(fn)
 
 
-@intrinsic
-def f32_ptr(typingctx, addr):
-    """float32* from an integer address (a torch tensor's data_ptr()): one kernel call takes every block's buffers."""
-    sig = types.CPointer(types.float32)(types.int64)
+def _pointer(elem):
+    """An intrinsic: elem* from an integer address."""
+    @intrinsic
+    def cast(typingctx, addr):
+        sig = types.CPointer(elem)(types.int64)
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return sig, codegen
+    return cast
+
+
+f32_ptr = _pointer(types.float32)  # a torch tensor's data_ptr(): one kernel call takes every block's buffers
+u32_ptr = _pointer(types.uint32)   # the same bytes as words, for the digest's hash (kernels/xxh3.py)
+u64_ptr = _pointer(types.uint64)

@@ -14,6 +14,7 @@ from hilo.schemas.errors import UnfitState
 from hilo.schemas.records import MATH_VERSION, Manifest
 
 from .. import finite
+from ..digest import piece_rows
 from ..codecs import decode as decode_gradient
 from ..codecs import dense
 from ..codecs.base import block_entries, block_what
@@ -24,7 +25,6 @@ from . import fused, residual
 from .lowrank import widen4
 
 LOWRANK = ("powersgd", "spar", "spar4")  # the codecs whose payload is lowrank.py's format
-ITEM_ELEMENTS = 1 << 14  # elements per work item: its decoded gradient stays in L1/L2; thousands of items balance the threads
 # AdamW's two passes run over groups of consecutive blocks of about this many elements: few enough kernel calls (each
 # wakes the threads: 0.1-1 ms on a busy 2-core machine), small enough that a group's new moments are still in cache
 GROUP_ELEMENTS = 1 << 21
@@ -37,7 +37,8 @@ _one_at_a_time = threading.Lock()
 
 def layout(manifest: Manifest) -> tuple:
     """(items (N, 4): block, first row, end row, block rows; cols per block; groups: [(first block, end block, first item,
-    end item)] of consecutive blocks up to GROUP_ELEMENTS; each block's offset in its group) for `manifest`, cached."""
+    end item)] of consecutive blocks up to GROUP_ELEMENTS; each block's offset in its group; each block's first item,
+    and the item count last) for `manifest`, cached."""
     hit = _layouts.get(manifest.manifest_id)
     if hit is None:
         items, cols, groups, at = [], [], [], np.zeros(len(manifest.blocks), np.int64)
@@ -49,10 +50,14 @@ def layout(manifest: Manifest) -> tuple:
                 groups.append([b, b, len(items), len(items)])
                 size = 0
             at[b], size = size, size + spec.numel
-            per = max(1, ITEM_ELEMENTS // max(n, 1))
+            # an item is a piece of digest version 3 (up to 16K elements): its decoded gradient and outputs stay in L1/L2
+            # while the kernel hashes them, and thousands of items balance the threads
+            per = piece_rows(n)
             items += [(b, r, min(m, r + per), m) for r in range(0, m, per)]
             groups[-1][1], groups[-1][3] = b + 1, len(items)
-        hit = (np.array(items, np.int64).reshape(-1, 4), np.array(cols, np.int64), [tuple(g) for g in groups], at)
+        items = np.array(items, np.int64).reshape(-1, 4)
+        edges = np.searchsorted(items[:, 0], np.arange(len(manifest.blocks) + 1))
+        hit = (items, np.array(cols, np.int64), [tuple(g) for g in groups], at, edges)
         _layouts[manifest.manifest_id] = hit
     return hit
 
@@ -60,6 +65,9 @@ def layout(manifest: Manifest) -> tuple:
 def _address(t, manifest: Manifest, b: int, kind: str, what: str) -> int:
     """t's data address, after checking the kernel can take it (fp32, C-contiguous, CPU, the manifest's shape)."""
     spec = manifest.blocks[b]
+    # the common case in one line (a torch tensor: 4-byte aligned by its dtype); anything else gets the full look below
+    if type(t) is torch.Tensor and t.dtype is torch.float32 and t.shape == spec.shape and t.is_contiguous() and t.is_cpu:
+        return t.data_ptr()
     if isinstance(t, np.ndarray):
         dtype, contiguous, cpu, shape, addr = t.dtype == np.float32, t.flags.c_contiguous, True, t.shape, t.ctypes.data
     else:
@@ -116,8 +124,9 @@ def _widen(raw: np.ndarray, bits: int) -> np.ndarray:
 
 def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, what: str, sources: tuple | None = None,
          grads: list | None = None, math_version: int = MATH_VERSION) -> tuple:
-    """(new params, {slot: new tensors}, new scalars, bits per block): the fused step. `sources` from gradient_sources, or
-    `grads`: decoded fp32 gradients (any codec, or the trainer's own decode); `math_version`: the message's."""
+    """(new params, {slot: new tensors}, new scalars, bits per block, piece hashes): the fused step. `sources` from
+    gradient_sources, or `grads`: decoded fp32 gradients (any codec, or the trainer's own decode); `math_version`: the
+    message's. Piece hashes: digest version 3's, per new tensor (params, then slots), or None before version 3."""
     nb = len(manifest.blocks)
     if sources is None:
         none = np.zeros(1, np.float32)
@@ -150,34 +159,48 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
         for j, n in enumerate(names):
             new_s[n].append(out.slot(n, b, state.slots[n][b]))
             addr_out[j + 1, b] = _address(new_s[n][-1], manifest, b, f"new optimizer state '{n}'", what)
+    hashes = np.zeros((len(layout(manifest)[0]), 3), np.uint64) if manifest.digest_version >= 3 else None
     with _one_at_a_time:
-        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out), math_version)
+        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out), math_version, hashes,
+                     1 + len(names))
     bits = np.zeros(nb, np.int64)
     np.bitwise_or.at(bits, layout(manifest)[0][:, 0], flags)
-    return new_p, new_s, scalars, bits
+    return new_p, new_s, scalars, bits, _per_tensor(manifest, hashes, 1 + len(names))
 
 
-def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: tuple, math_version: int) -> np.ndarray:
-    """The kernel call(s) over checked addresses; the NaN/Inf bits per work item."""
+def _per_tensor(manifest: Manifest, hashes: np.ndarray | None, outputs: int) -> list | None:
+    """The kernel's piece hashes (item, output) as one array per tensor in the digest's order: params, then each slot."""
+    if hashes is None:
+        return None
+    edges = layout(manifest)[4]
+    return [hashes[edges[b]:edges[b + 1], j] for j in range(outputs) for b in range(len(manifest.blocks))]
+
+
+def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: tuple, math_version: int,
+         hashes: np.ndarray | None, outputs: int) -> np.ndarray:
+    """The kernel call(s) over checked addresses; the NaN/Inf bits per work item. Each call hashes the outputs it writes
+    into `hashes` (None: none), `outputs` of them: params, then the slots."""
     src, g_addr, lr, u, s, v, addr_in, addr_out = addresses
-    items, cols, groups, at = layout(manifest)
+    items, cols, groups, at, _ = layout(manifest)
     flags = np.zeros(len(items), np.int64)
     args = (cols, src, g_addr, lr, u, s, v, addr_in, addr_out)
+    every = (1 << outputs) - 1 if hashes is not None else 0  # bit j: hash output j (0 params, 1.. the slots)
+    hashes = hashes if hashes is not None else np.zeros((len(items), 3), np.uint64)
     if not getattr(module, "SQRT_BETWEEN", False):
-        fused.run(module.CODE, sc, items, *args, flags)
+        fused.run(module.CODE, sc, items, *args, flags, every, hashes)
     elif math_version >= 2:  # AdamW with a correctly rounded sqrt: the hardware's, inside the one pass
-        fused.run(module.ONE_PASS_CODE, sc, items, *args, flags)
+        fused.run(module.ONE_PASS_CODE, sc, items, *args, flags, every, hashes)
     else:  # group by group, so the new moments are still in cache for torch's sqrt and the second pass (adamw.py says why)
         root = out.scratch(torch.empty(max(int(at[e - 1]) + manifest.blocks[e - 1].numel for _, e, _, _ in groups)))
         addr_in[3, :] = root.data_ptr() + 4 * at
         second = np.zeros(len(items), np.int64)
         for b0, b1, lo, hi in groups:
-            fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi])
+            fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi], every & ~1, hashes[lo:hi])  # writes the moments
             for b in range(b0, b1):  # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
                 flat, dst = new_s["exp_avg_sq"][b].view(-1), root[at[b]:at[b] + manifest.blocks[b].numel]
                 for c in range(0, len(flat), SQRT_PIECE):
                     torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
-            fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi])
+            fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi], every & 1, hashes[lo:hi])  # the params
         flags |= second
     return flags
 
@@ -193,10 +216,10 @@ def self_check(codec: str, manifest: Manifest, params: dict, blocks: list, corre
     for b in range(nb):
         addr_in[0, b] = _address(corrected[b], manifest, b, "corrected gradient", what)
         addr_out[0, b], addr_out[1, b] = decoded[b].data_ptr(), left[b].data_ptr()
-    items, cols, _, _ = layout(manifest)
+    items, cols = layout(manifest)[:2]
     with _one_at_a_time:
         fused.run(residual.CODE, residual.coefficients(None), items, cols, src, np.zeros(nb, np.int64), lr, u, s, v, addr_in,
-                  addr_out, np.zeros(len(items), np.int64))
+                  addr_out, np.zeros(len(items), np.int64), 0, np.zeros((len(items), 3), np.uint64))
     return decoded, left
 
 
@@ -208,6 +231,6 @@ def compute(opt, module, state, msg, what: str, hparams: dict, out: Buffers, lim
         sources = gradient_sources(msg.codec, state.manifest, msg.codec_params, msg.blocks, what, limits)
         if sources is None:  # a codec whose decode is not fused: its reference decode, then the fused step
             decoded = decode_gradient(msg.codec, state.manifest, msg.codec_params, msg.blocks, what, limits)
-    params, slots, scalars, bits = step(opt, module, state.manifest, state, hparams, out, what, sources, decoded, msg.math)
+    params, slots, scalars, bits, known = step(opt, module, state.manifest, state, hparams, out, what, sources, decoded, msg.math)
     finite.check_flags(bits, opt.slots, state.manifest, msg, what)
-    return ReplicaState(state.manifest, state.optimizer, msg.version, params, slots, scalars)
+    return ReplicaState(state.manifest, state.optimizer, msg.version, params, slots, scalars, known)

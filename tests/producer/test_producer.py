@@ -193,24 +193,26 @@ def test_a_restarted_trainer_continues_the_same_trajectory_from_its_snapshot(tmp
     assert _run(tmp_path, "c", [3, 3], codec, state=False) != uninterrupted  # without it the trajectory differs
 
 
+@pytest.mark.parametrize("old", [1, 2])
 @pytest.mark.parametrize("state", [True, False], ids=["snapshot", "checkpoint"])
-def test_a_run_started_with_digest_version_1_is_continued_by_this_build(tmp_path, monkeypatch, state):
-    """A run whose manifest has no digest_version (started before version 2) keeps its digests: this build's trainer,
-    whose model gives version 2 to new runs, resumes it (from its snapshot or the log), publishes under the run's
-    manifest, and a site that follows the whole log reaches the trainer's digest."""
+def test_a_run_started_with_an_older_digest_version_is_continued_by_this_build(tmp_path, monkeypatch, state, old):
+    """A run whose manifest says an older digest version (1: no digest_version field, started before version 2; or 2)
+    keeps its digests: this build's trainer, whose model gives the newest version to new runs, resumes it (from its
+    snapshot or the log), publishes under the run's manifest, and a site that follows the whole log reaches the
+    trainer's digest."""
     url = f"file://{tmp_path}/log"
     cfg = producer_config(run="old", log=url, checkpoint_every=100, state_dir=str(tmp_path / "t") if state else None)
     manifest = lora_weights(small_model())[0]
-    with monkeypatch.context() as older_build:  # the trainer of an older build: its manifests had no digest_version
+    with monkeypatch.context() as older_build:  # the trainer of an older build: its manifests had that digest_version
         older_build.setattr(producer_module, "lora_weights", lambda model, adapter: (
-            dataclasses.replace(lora_weights(model, adapter)[0], digest_version=1), lora_weights(model, adapter)[1]))
+            dataclasses.replace(lora_weights(model, adapter)[0], digest_version=old), lora_weights(model, adapter)[1]))
         first = HiLoProducer.open(small_model(), cfg)
-    assert first.replica.manifest.digest_version == 1
+    assert first.replica.manifest.digest_version == old
     for v in (1, 2):
         _step(first, _grads(v))
     first.close()
-    second = HiLoProducer.open(small_model(), cfg)  # its own manifest says version 2
-    assert second.version == 2 and second.replica.manifest.digest_version == 1
+    second = HiLoProducer.open(small_model(), cfg)  # its own manifest says the newest version
+    assert second.version == 2 and second.replica.manifest.digest_version == old
     for v in (3, 4):
         _step(second, _grads(v))
     second.close()

@@ -26,8 +26,9 @@ FUSED = tuple(o for o in OPTIMIZERS if o in kernels.STEPS) + (ADD,)  # every opt
 
 
 def odd_manifest() -> Manifest:
-    """Blocks no real adapter has: a row, a column, primes, a square, one wider than an item (ITEM_ELEMENTS)."""
-    shapes = {"a": (7, 13), "b": (1, 29), "c": (13, 1), "d": (5, 5), "e": (3, 40_000)}
+    """Blocks no real adapter has: a row, a column, primes, a square, one wider than an item (a digest piece); an odd
+    column count over several items (items that start mid-word), a column whose last item is 4 bytes."""
+    shapes = {"a": (7, 13), "b": (1, 29), "c": (13, 1), "d": (5, 5), "e": (3, 40_000), "f": (2000, 17), "g": (16385, 1)}
     blocks = tuple(BlockSpec(f"odd.{name}", "A", shape) for name, shape in sorted(shapes.items()))
     return Manifest("odd-shapes", 4, 8.0, ("x",), blocks)
 
