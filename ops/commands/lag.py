@@ -1,6 +1,8 @@
 """`hilo lag`: one row per site of a run (reads group positions and the log head only); --watch refreshes it."""
 import json
+import signal
 import sys
+import threading
 import time
 
 from . import COMMANDS
@@ -23,8 +25,12 @@ def watch(a, rows_of, format_rows, out=sys.stdout):
     log = open_from(a)
     existing_run(log, a.run)
     tty = out.isatty()
+    # Ctrl-C sets a flag the loop checks, instead of raising wherever the process happens to be: a KeyboardInterrupt
+    # that lands in a finalizer or a callback is printed and swallowed, and the loop then ran on forever
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set()) if threading.current_thread() is threading.main_thread() else None
     try:
-        while True:
+        while not stop.is_set():
             rows, now = rows_of(log, a.run), time.time()
             if a.json:
                 out.write(json.dumps({"time": round(now, 3), "sites": rows}) + "\n")
@@ -33,9 +39,13 @@ def watch(a, rows_of, format_rows, out=sys.stdout):
                 out.write((CLEAR if tty else "") + f"{a.run} at {stamp} (every {a.watch:g}s, Ctrl-C to stop)\n"
                           + format_rows(rows) + "\n" + ("" if tty else "\n"))
             out.flush()
-            time.sleep(a.watch)
-    except KeyboardInterrupt:
-        return 0
+            stop.wait(a.watch)
+    except KeyboardInterrupt:  # where no handler could be set (not the main thread)
+        pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return 0
 
 
 def register(sub):
