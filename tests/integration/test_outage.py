@@ -21,10 +21,12 @@ from hilo.log.tail import records
 from tests.conftest import new_run
 from tests.helpers import hilo, wait_until
 
-# One worker, with every test of the vLLM server (test_hilo_rl... is one): the broker on port 19292 is this module's
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+# One worker for the module (its broker is on port 19292), except the `hilo rl` test, which runs on the worker of every
+# test of the vLLM server, with a broker of its own on 19294: the two sets run at once without sharing a port
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("outage")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 19292
+RL_PORT = 19294  # each broker takes its port and the next (the controller)
 OUTAGE_S = float(os.environ.get("HILO_OUTAGE_S", "45"))
 STEPS = 24
 
@@ -53,13 +55,24 @@ def applied(base: str) -> int:
     return int(float(m.group(1))) if m else -1
 
 
+def _own_broker(tmp_path_factory, port: int):
+    """(URL, env for ops/kafka scripts) of a single broker of its own on `port`; stopped and wiped afterwards."""
+    env = dict(os.environ, HILO_KAFKA_PORT=str(port), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka-outage")))
+    subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
+    yield f"kafka://127.0.0.1:{port}", env
+    subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+
+
 @pytest.fixture
 def broker(tmp_path_factory):
-    """(URL, env for ops/kafka scripts) of a single broker of its own; stopped and wiped afterwards."""
-    env = dict(os.environ, HILO_KAFKA_PORT=str(PORT), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka-outage")))
-    subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
-    yield f"kafka://127.0.0.1:{PORT}", env
-    subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+    """The module's broker (this module's worker)."""
+    yield from _own_broker(tmp_path_factory, PORT)
+
+
+@pytest.fixture
+def rl_broker(tmp_path_factory):
+    """The `hilo rl` test's broker (the vLLM tests' worker)."""
+    yield from _own_broker(tmp_path_factory, RL_PORT)
 
 
 def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker, tmp_path):
@@ -187,13 +200,14 @@ def test_a_prompt_group_member_that_must_rewind_in_an_outage_reads_its_prompts_a
 
 
 @pytest.mark.vllm
-def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(broker, vllm, tmp_path):
+@pytest.mark.xdist_group("vllm")
+def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(rl_broker, vllm, tmp_path):
     """`hilo rl` (the trainer and two generating sites, real processes, a real vLLM) with its broker stopped for the
     outage mid-run: it finishes, every site at the trainer's digest, and every prompt answered exactly once
     (check_return_path, from the log alone)."""
     import json
     from hilo.replay.history import check_return_path
-    url, env = broker
+    url, env = rl_broker
     vllm_url, _ = vllm
     run = new_run("rl-outage")
     p = hilo("rl", "--vllm", vllm_url, "--log", url, "--run", run, "--steps", "4", "--sites", "2", "--batch-prompts", "2",
