@@ -14,10 +14,11 @@ stride) into the flat fp32 u, s, v.
 import numpy as np
 from numba import carray, prange
 
+from ..digest import LONG_PIECE_BYTES
 from . import adamw, add, lion, residual, sgd
 from ._jit import f32_ptr, helper, kernel, u32_ptr, u64_ptr
 from .lowrank import lowrank_row
-from .xxh3 import BLOCK_WORDS, INIT, LONG_FROM_BYTES, absorb, blocks, finish, piece_hash
+from .xxh3 import BLOCK_WORDS, INIT, absorb, blocks, finish, piece_hash
 
 ZERO_GRAD, DENSE, LOWRANK = 0, 1, 2   # where a block's gradient comes from
 FLOAT = 4                              # bytes per element
@@ -38,7 +39,7 @@ def run(opt, sc, items, cols, src, g_addr, lr, u, s, v, addr_in, addr_out, flags
         outs = (carray(f32_ptr(addr_out[0, b] + off), span), carray(f32_ptr(addr_out[1, b] + off), span),
                 carray(f32_ptr(addr_out[2, b] + off), span))
         g = _gradient(opt, b, r0, r1, n, span, off, src, g_addr, lr, u, s, v)
-        hashed = hash_out if span * FLOAT >= LONG_FROM_BYTES else 0
+        hashed = hash_out if span * FLOAT >= LONG_PIECE_BYTES else 0
         if hashed and (off + addr_out[0, b]) % 8 == 0 and (off + addr_out[1, b]) % 8 == 0 and (off + addr_out[2, b]) % 8 == 0:
             acc = np.empty((3, 8), np.uint64)
             for j in range(3):

@@ -14,7 +14,6 @@ from numba import carray
 
 from ._jit import helper, u32_ptr, u64_ptr
 
-LONG_FROM_BYTES = 241  # XXH3's inputs of 240 bytes or less take other paths: the caller hashes those with xxhash
 _SECRET = bytes.fromhex(  # XXH3_kSecret, the default secret (192 bytes)
     "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671fcb79e64eccc0e578825ad07dccff7221b8084674f743248e"
     "e03590e6813a264c3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8a8fa763fe39c343ff9dcbbc7c70b4f1d"
