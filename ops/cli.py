@@ -24,6 +24,31 @@ EPILOG = """examples:
 """
 
 
+def version_line() -> str:
+    """The installed version and the formats it speaks: what an operator pastes into a bug report."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hilo.schemas.framing import SCHEMA_VERSION
+    from hilo.schemas.records import DIGEST_VERSION, MATH_VERSION  # imports torch: only when --version is asked
+    try:
+        installed = version("hilo-sync")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown (not installed)"
+    return (f"hilo-sync {installed} (wire format {SCHEMA_VERSION}, arithmetic {MATH_VERSION}, state digest {DIGEST_VERSION}; "
+            f"Python {sys.version.split()[0]})")
+
+
+class _Version(argparse.Action):
+    """--version, computed when asked (argparse's own action takes the string up front, and that import is torch)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def _chosen(argv) -> str | None:
     """The command named on the command line (the first word that is not an option), if any."""
     args = iter(argv)
@@ -42,6 +67,8 @@ def parser(argv=None) -> argparse.ArgumentParser:
                                  description="hilo-sync: keep LoRA policy replicas bit-identical by shipping "
                                              "compressed gradients over a log (Kafka, or an embedded file log).",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action=_Version,
+                    help="print the version, the wire-format, arithmetic and digest versions it speaks, and exit")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
     ap.add_argument("--log-format", default="text", choices=["text", "json"],
                     help="json: one JSON object a line (timestamp, level, logger, message) for log shippers (default: %(default)s)")

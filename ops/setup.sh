@@ -13,7 +13,7 @@ fi
 if [ ! -f "$stamp" ]; then
   echo "setup: installing dependencies (torch, peft, transformers, kafka-python, ...); the first time takes a few minutes" >&2
   "$HILO_VENV/bin/python" -m pip install -q --upgrade pip >&2
-  out=$("$HILO_VENV/bin/python" -m pip install -q -e "$ROOT[test,plots]" 2>&1) || { echo "$out" >&2; exit 1; }
+  out=$("$HILO_VENV/bin/python" -m pip install -q -e "$ROOT[test]" 2>&1) || { echo "$out" >&2; exit 1; }
   rm -f "$HILO_VENV"/.hilo-deps-*; touch "$stamp"
 else
   # Point the editable install at this checkout (a fresh clone lives elsewhere); no dependency changes.

@@ -12,6 +12,11 @@ ops/setup.sh
 HILO_VENV=${HILO_VENV:-${HILO_CACHE:-$HOME/.cache/hilo-sync}/venv}
 # Lint first (pyproject.toml [tool.ruff]): a style or undefined-name error fails in seconds, before any service starts.
 "$HILO_VENV/bin/ruff" check "$ROOT"
+# Nothing in the package needs a Python newer than requires-python's lowest (the tests run on the venv's own Python).
+lowest=$("$HILO_VENV/bin/python" -c 'import re, tomllib; print(re.search(r"3\.\d+", tomllib.load(open("pyproject.toml", "rb"))["project"]["requires-python"])[0])')
+"$HILO_VENV/bin/vermin" -q --no-tips --violations --eval-annotations -t="$lowest-" schemas replica log replay producer consumer ops
+# A venv for the lowest and the highest Python the package claims (cached): tests/ops/test_install.py installs the wheel there.
+ops/pythons.sh >/dev/null
 started=0 vllm_started=0
 trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; true' EXIT
 if ! ops/kafka/wait.sh --timeout 1 >/dev/null 2>&1; then

@@ -9,14 +9,18 @@ with the chain) and a divergence (a digest this replica does not reproduce) stil
 OnBadRecord: SKIP ("skip", the default) or STOP ("stop": fail-stop, the first bad record stops the follower).
 """
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 
 from hilo.schemas.errors import ConfigError, ForeignRecord, LimitExceeded, MalformedMessage, NonFinite, OtherRun, UnsupportedVersion
 from hilo.schemas.signing import BadSignature, OtherKey, Unsigned
 
 
-class OnBadRecord(StrEnum):
+class OnBadRecord(str, Enum):
     """What a follower does with a record that cannot be a valid message of its run (str-valued: "skip" == SKIP)."""
+
+    # enum.StrEnum's behaviour, spelled out: it is Python 3.11+, and the package supports 3.10
+    __str__ = str.__str__
+    __format__ = str.__format__
 
     SKIP = "skip"
     STOP = "stop"

@@ -14,7 +14,7 @@ from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
 # Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
-pytest_plugins = ["tests.leakcheck", "tests.xdist_groups"]  # and the xdist groups that group (tests/xdist_groups.py)
+pytest_plugins = ["tests.leakcheck", "tests.xdist_groups", "tests.heavy"]  # xdist groups that group; heavy tests one at a time
 
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
