@@ -17,13 +17,14 @@ high = max((c.rsplit(" :: ", 1)[1] for c in p["classifiers"] if re.fullmatch(r"P
            key=lambda v: int(v.split(".")[1]))
 print(hashlib.sha256(repr(p["dependencies"]).encode()).hexdigest()[:16], low, high)' "$ROOT/pyproject.toml")
 interpreter() {  # the python for version $1 (3.10), or nothing
-  local root
+  local root found
   root=${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}
-  ls -d "$root/versions/$1".*/bin/python 2>/dev/null | sort -V | tail -1 || true
-  command -v "python$1" 2>/dev/null || true
+  found=$(ls -d "$root/versions/$1".*/bin/python 2>/dev/null | sort -V | tail -1 || true)
+  [ -n "$found" ] || found=$(command -v "python$1" 2>/dev/null || true)
+  echo "$found"
 }
 for v in $versions; do
-  py=$(interpreter "$v" | head -1)
+  py=$(interpreter "$v")
   [ -n "$py" ] || { echo "pythons: no Python $v here (pyenv install $v, or put python$v on PATH): the package claims it" >&2; exit 1; }
   venv=$HILO_CACHE/py$v-venv
   stamp="$venv/.hilo-deps-$deps"
