@@ -18,7 +18,7 @@ class Check:
     """One entry of the registry."""
 
     name: str
-    needs: tuple      # DoctorConfig fields that must be given
+    needs: tuple      # DoctorConfig fields that must be given ("kafka": --log names a Kafka cluster)
     after: tuple      # checks that must have passed (not FAIL or SKIP)
     run: Callable     # Session -> [Result]
     about: str        # one line for the docs
@@ -32,7 +32,7 @@ CHECKS = (
     Check("topics", ("log", "run"), ("log",), log_checks.topics,
           "one line per topic of the run: partitions (1 where order matters), delete policy, room for a chunk, "
           "replication against min.insync.replicas, retention"),
-    Check("acls", ("log", "run"), ("log",), acl_check.acls,
+    Check("acls", ("run", "kafka"), ("log",), acl_check.acls,
           "the principal holds its role's ACLs (`--role`): topics and cluster as the broker reports them, groups and "
           "transactional ids from its listed ACLs (WARN where it may not list them)"),
     Check("vllm", ("vllm",), (), vllm_checks.version, "the server answers and is vLLM; WARN on a release the plugin does "
@@ -52,16 +52,21 @@ CHECKS = (
 NAMES = tuple(c.name for c in CHECKS)
 
 
+def _given(config: DoctorConfig, need: str) -> bool:
+    return (config.log or "").startswith("kafka://") if need == "kafka" else getattr(config, need) is not None
+
+
 def run_checks(config: DoctorConfig, skip=()):
     """Yield each check's Results in the registry's order, as they come (a slow check shows the ones before it)."""
     session, verdicts = Session(config), {}
     try:
         for check in CHECKS:
-            if check.name in skip or any(getattr(config, n) is None for n in check.needs):
+            if check.name in skip or not all(_given(config, n) for n in check.needs):
                 continue
             blocked = next((a for a in check.after if verdicts.get(a) in (Status.FAIL, Status.SKIP)), None)
             if blocked is not None:
-                results = [Result(check.name, Status.SKIP, f"not checked: {blocked} failed")]
+                why = "failed" if verdicts[blocked] is Status.FAIL else "was not checked"
+                results = [Result(check.name, Status.SKIP, f"not checked: {blocked} {why}")]
             else:
                 try:
                     results = check.run(session)

@@ -22,8 +22,6 @@ IMPLY_DESCRIBE = (Op.READ, Op.WRITE, Op.DELETE, Op.ALTER)  # Kafka's authorizer:
 
 def acls(s) -> list:
     """Topics and cluster from the broker's authorized operations; groups and transactional ids from the listed ACLs."""
-    if not s.kafka:
-        return []  # the embedded log has file permissions, no ACLs
     c, admin = s.config, s.log().admin_side
     settings = client_config(c.kafka_config)
     who = f"User:{settings.sasl_username}" if settings.sasl_username else None if settings.ssl_certfile else "User:ANONYMOUS"
