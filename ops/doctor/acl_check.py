@@ -1,10 +1,11 @@
 """Whether the principal of --kafka-config holds what its role needs for a run (the table of ops/acls.py, what
 `hilo acls grant` gives).
 
-On topics and the cluster the broker says itself which operations this principal may do (the authorized
-operations of Kafka's metadata answers), so those are known for any principal. Consumer groups and transactional
-ids have no such answer before they exist: there the principal's ACLs are listed, which needs DESCRIBE on the
-cluster; a principal without it gets a WARN that says so.
+On topics the broker says itself which operations this principal may do (the authorized operations of Kafka's
+metadata answers), so those are known for any principal; on the cluster it says so only to a principal that may
+DESCRIBE it. Consumer groups and transactional ids have no such answer before they exist: there (and on the
+cluster, for the others) the principal's ACLs are listed, which also needs DESCRIBE on the cluster; a principal
+without it gets a WARN that says what could not be told.
 """
 from kafka.admin import ACLFilter, ACLOperation as Op, ACLPermissionType, ACLResourcePatternType as Pattern
 from kafka.admin import ResourcePatternFilter, ResourceType as Res
@@ -18,45 +19,58 @@ from hilo.schemas.errors import HiloError, NoSuchTopic
 from .base import fail, ok, warn
 
 IMPLY_DESCRIBE = (Op.READ, Op.WRITE, Op.DELETE, Op.ALTER)  # Kafka's authorizer: each of these allows DESCRIBE too
+SUPER = {"CLUSTER_ACTION", "ALTER"}  # on the cluster: what brokers and super users may do, and hardly anyone else
 
 
 def acls(s) -> list:
-    """Topics and cluster from the broker's authorized operations; groups and transactional ids from the listed ACLs."""
+    """Topics (and the cluster) from the broker's authorized operations; the rest from the principal's listed ACLs."""
     c, admin = s.config, s.log().admin_side
     settings = client_config(c.kafka_config)
     who = f"User:{settings.sasl_username}" if settings.sasl_username else None if settings.ssl_certfile else "User:ANONYMOUS"
-    needed = acls_for(c.run, c.role, who or "User:?")
-    missing, listed = [], []
-    allowed = {}  # resource name (None: the cluster) -> the operations the broker says this principal may do
-    for acl in needed:
-        rp = acl.resource_pattern
-        if rp.resource_type in (Res.TOPIC, Res.CLUSTER):
-            name = rp.resource_name if rp.resource_type == Res.TOPIC else None
-            if name is not None and not _exists(admin, name, c.run):
-                continue
-            if name not in allowed:
-                allowed[name] = admin.authorized(name)
-            if acl.operation.name not in allowed[name]:
-                missing.append(acl)
-        else:
-            listed.append(acl)
+    missing, listed = _refused(admin, acls_for(c.run, c.role, who or "User:?"), c.run)
     grant = (f"an admin grants them: hilo acls grant --log {c.log} --run {c.run} --trainer USER --site USER --kafka-config "
              f"ADMIN.properties")
     held = _held(admin, who)
     if held is None and not missing:  # no authorizer: nothing is refused
         return [ok("acls", "the cluster runs no authorizer: every principal may do everything (across sites it needs one: "
                            "docs/operations.md, \"Deploying across sites\")")]
-    if isinstance(held, str) and not missing:
-        return [warn("acls", f"{who or 'this principal'} ({c.role}) may do what it needs on the run's topics and the cluster; "
-                             f"its consumer groups and transactional ids: cannot tell ({held})",
-                     f"an admin lists them: hilo acls show --log {c.log} --run {c.run} --kafka-config ADMIN.properties")]
+    if not missing and SUPER <= admin.authorized(None):
+        return [ok("acls", f"{who or 'this principal'} may do everything on the cluster (a super user)")]
     if isinstance(held, list):
         missing += [a for a in listed if not any(_covers(h, a) for h in held)]
     if missing:
-        shown = "; ".join(f"{a.operation.name} on {_what(a)}" for a in missing[:6]) + (f" and {len(missing) - 6} more"
-                                                                                        if len(missing) > 6 else "")
-        return [fail("acls", f"{who or 'this principal'} ({c.role}) lacks {shown} (unless it is a super user)", grant)]
+        lacks = {}
+        for a in missing:
+            lacks.setdefault(_what(a), []).append(a.operation.name)
+        return [fail("acls", f"{who or 'this principal'} ({c.role}) lacks " + "; ".join(f"{what}: {', '.join(ops)}"
+                                                                                        for what, ops in lacks.items()), grant)]
+    if isinstance(held, str):
+        return [warn("acls", f"{who or 'this principal'} ({c.role}) may do what it needs on the run's topics; "
+                             f"{' and '.join(sorted({_kind(a) for a in listed}))}: cannot tell ({held})",
+                     f"an admin lists them: hilo acls show --log {c.log} --run {c.run} --kafka-config ADMIN.properties")]
     return [ok("acls", f"{who} holds the {c.role}'s ACLs on the run's topics, groups and transactional ids")]
+
+
+def _refused(admin, needed: list, run: str) -> tuple:
+    """(the needed topic and cluster ACLs the broker says this principal lacks, the group and transactional id ones:
+    those it cannot say)."""
+    missing, listed = [], []
+    allowed = {}  # resource name (None: the cluster) -> the operations the broker says this principal may do
+    for acl in needed:
+        rp = acl.resource_pattern
+        if rp.resource_type not in (Res.TOPIC, Res.CLUSTER):
+            listed.append(acl)
+            continue
+        name = rp.resource_name if rp.resource_type == Res.TOPIC else None
+        if name is not None and not _exists(admin, name, run):
+            continue
+        if name not in allowed:
+            allowed[name] = admin.authorized(name)
+        if name is None and not allowed[name]:  # the broker names the cluster's operations only to who may DESCRIBE it
+            listed.append(acl)
+        elif acl.operation.name not in allowed[name]:
+            missing.append(acl)
+    return missing, listed
 
 
 def _exists(admin, topic: str, run: str) -> bool:
@@ -106,6 +120,11 @@ def _covers(held, need) -> bool:
     if hp.pattern_type == Pattern.PREFIXED:
         return rp.resource_name.startswith(hp.resource_name)
     return hp.resource_name == "*" or (rp.pattern_type == Pattern.LITERAL and hp.resource_name == rp.resource_name)
+
+
+def _kind(acl) -> str:
+    return {Res.CLUSTER: "the cluster", Res.GROUP: "its consumer groups"}.get(acl.resource_pattern.resource_type,
+                                                                             "its transactional ids")
 
 
 def _what(acl) -> str:
