@@ -33,8 +33,8 @@ CHECKS = (
           "one line per topic of the run: partitions (1 where order matters), delete policy, room for a chunk, "
           "replication against min.insync.replicas, retention"),
     Check("acls", ("run", "kafka"), ("log",), acl_check.acls,
-          "the principal holds its role's ACLs (`--role`): topics and cluster as the broker reports them, groups and "
-          "transactional ids from its listed ACLs (WARN where it may not list them)"),
+          "the principal holds its role's ACLs (`--role`): on topics as the broker reports them; on the cluster, groups and "
+          "transactional ids from what the broker tells it or its listed ACLs (WARN where it may not see them)"),
     Check("vllm", ("vllm",), (), vllm_checks.version, "the server answers and is vLLM; WARN on a release the plugin does "
                                                       "not patch"),
     Check("vllm-lora", ("vllm",), ("vllm",), vllm_checks.lora, "runtime LoRA loading is on (asked without loading anything)"),
@@ -46,8 +46,8 @@ CHECKS = (
           "the fused apply kernel compiles (or loads from numba's cache; how long it took) and one update's state equals "
           "the torch path's"),
     Check("cpu", (), (), machine_checks.cpu, "the instruction sets the kernels are compiled for (avx512f, avx2, fma, sse4_2)"),
-    Check("disk", (), (), machine_checks.disk, "free space in the state dir and the file log's directory (WARN under "
-                                               "`--min-free-gb`)"),
+    Check("disk", (), (), machine_checks.disk, "free space in `--state-dir` and a file:// `--log`'s directory, where given "
+                                               "(WARN under `--min-free-gb`)"),
 )
 NAMES = tuple(c.name for c in CHECKS)
 
