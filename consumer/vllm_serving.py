@@ -18,6 +18,8 @@ from hilo.schemas.errors import HiloError
 
 logger = logging.getLogger(__name__)
 PLUGIN_MARKER = "(hilo-sync: in-place flag cleared)"  # what ops/vllm/plugin appends to a successful in-place load
+SUPPORTED = "0.32"  # the vLLM release the plugin patches (ops/vllm/env.sh installs 0.32.0)
+NO_RUNTIME_LORA = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"
 
 
 class VllmError(HiloError):
@@ -72,20 +74,50 @@ class VllmServer:
 
     def load(self, adapter_dir, version: int) -> None:
         """Make requests naming `lora_name` use the adapter in `adapter_dir` (policy version `version`)."""
-        r = self._call("POST", "/v1/load_lora_adapter",
-                       json={"lora_name": self.lora_name, "lora_path": str(adapter_dir), "load_inplace": True})
-        if r.status_code == 404 and "lora" not in r.text.lower():
-            raise VllmError(f"vLLM at {self.url} has no runtime LoRA loading (POST /v1/load_lora_adapter: HTTP 404); "
-                            f"start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora")
-        if r.status_code != 200:
-            raise VllmError(f"vLLM at {self.url} refused v{version}'s adapter {adapter_dir}: {_reason(r)}")
-        plugin = PLUGIN_MARKER in r.text
+        plugin = self._load(adapter_dir, f"v{version}'s adapter")
         if self.plugin is None and not plugin:
             logger.warning("vLLM at %s (%s) runs without the hilo-sync plugin (ops/vllm/plugin): it re-reads the adapter "
                            "directory on every request; the site keeps the served directory, so this is slow, not wrong",
                            self.url, self.version)
         self.plugin = plugin
         logger.info("vLLM at %s now serves v%d as %r", self.url, version, self.lora_name)
+
+    def _load(self, adapter_dir, what: str) -> bool:
+        """POST /v1/load_lora_adapter in place under `lora_name`; whether the hilo-sync plugin answered."""
+        r = self._call("POST", "/v1/load_lora_adapter",
+                       json={"lora_name": self.lora_name, "lora_path": str(adapter_dir), "load_inplace": True})
+        if r.status_code == 404 and "lora" not in r.text.lower():
+            raise VllmError(f"vLLM at {self.url} has no runtime LoRA loading (POST /v1/load_lora_adapter: HTTP 404); "
+                            f"{NO_RUNTIME_LORA}")
+        if r.status_code != 200:
+            raise VllmError(f"vLLM at {self.url} refused {what} {adapter_dir}: {_reason(r)}")
+        return PLUGIN_MARKER in r.text
+
+    def runtime_lora(self) -> bool:
+        """Whether the server loads adapters at runtime, asked without loading one: a load naming nothing is refused by
+        vLLM's handler (HTTP 400) where the endpoint exists, and is an unknown route (404) where runtime LoRA updating
+        is off."""
+        r = self._call("POST", "/v1/load_lora_adapter", json={"lora_name": "", "lora_path": ""})
+        if r.status_code in (400, 404):
+            return r.status_code == 400
+        raise VllmError(f"vLLM at {self.url}: a load naming no adapter answered {_reason(r)}; expected HTTP 400 or 404")
+
+    def adapters(self) -> dict:
+        """{name: path} of the adapters the server holds (GET /v1/models: the models with a parent)."""
+        r = self._call("GET", "/v1/models")
+        try:
+            return {m["id"]: m["root"] for m in r.json()["data"] if m.get("parent") is not None}
+        except (ValueError, KeyError, TypeError):
+            raise VllmError(f"vLLM at {self.url}: GET /v1/models answered HTTP {r.status_code} without a model list") from None
+
+    def probe_plugin(self, adapter_dir) -> bool:
+        """Whether the hilo-sync plugin is active: loads `adapter_dir` in place under `lora_name`, then unloads that name
+        (the engine may keep the weights in one of its LoRA slots until another adapter needs it). VllmError if vLLM
+        refuses the adapter."""
+        try:
+            return self._load(adapter_dir, "the adapter")
+        finally:
+            self._call("POST", "/v1/unload_lora_adapter", json={"lora_name": self.lora_name})
 
     def next_token_logprobs(self, prefixes, top: int = 5) -> list:
         """For each token-id prefix: {token id: log-probability} of the `top` most likely next tokens (and the greedy

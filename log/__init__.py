@@ -9,14 +9,15 @@ from .base import Log, checkpoints_topic, prompts_topic, rollouts_topic, site_gr
 from .kafka_config import check_kafka_config
 
 
-def open_log(url: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, kafka_config=None) -> Log:
+def open_log(url: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, kafka_config=None, connect_timeout_ms: int = 10_000) -> Log:
     """The backend for `url`; Kafka is imported only when asked for. `chunk_bytes`: largest record value written;
-    `kafka_config`: a Kafka client .properties file (or KafkaClientConfig) with TLS/SASL settings."""
+    `kafka_config`: a Kafka client .properties file (or KafkaClientConfig) with TLS/SASL settings; `connect_timeout_ms`:
+    how long Kafka's first connection may take."""
     if url.startswith("file://"):
         check_kafka_config(url, kafka_config)
         from .filelog import FileLog
         return FileLog(url[len("file://"):])
     if url.startswith("kafka://"):
         from .kafka.backend import KafkaLog
-        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes, config=kafka_config)
+        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes, config=kafka_config, connect_timeout_ms=connect_timeout_ms)
     raise ConfigError(f"--log {url!r}: expected file://DIR or kafka://HOST:PORT")

@@ -220,6 +220,16 @@ def acls_table(root: pathlib.Path) -> str:
     return "\n".join(rows)
 
 
+def doctor_table(root: pathlib.Path) -> str:
+    """`hilo doctor`'s checks (the registry CHECKS in ops/doctor/__init__.py): what each needs and what it checks."""
+    from hilo.ops.doctor import CHECKS
+    rows = ["| check | runs with | checks |", "| --- | --- | --- |"]
+    for c in CHECKS:
+        given = ", ".join("a kafka:// `--log`" if n == "kafka" else f"`--{n.replace('_', '-')}`" for n in c.needs) or "always"
+        rows.append(f"| `{c.name}` | {given} | {c.about} |")
+    return "\n".join(rows)
+
+
 def metrics_table(root: pathlib.Path) -> str:
     """Every exported metric (schemas/metrics.py is the one list of names)."""
     from hilo.schemas.metrics import markdown_table
@@ -232,6 +242,7 @@ REGIONS = {
                                         f"{RESULTS}/ranks.json", f"{RESULTS}/pace.json")),
     "metrics": Region(metrics_table),
     "acls": Region(acls_table),
+    "doctor": Region(doctor_table),
     "codecs": _codecs(f"{RESULTS}/codecs.json"),
     "codecs-compressed-budget": _codecs(f"{RESULTS}/codecs-compressed-budget.json"),
     "signing": Region(signing_table, (f"{RESULTS}/codecs-compressed-budget.json",)),
@@ -304,7 +315,7 @@ BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary"
 # returns the whole text.
 PAGES = {
     "README.md": regions("README.md", "headline"),
-    "docs/operations.md": regions("docs/operations.md", "acls", "metrics"),
+    "docs/operations.md": regions("docs/operations.md", "doctor", "acls", "metrics"),
     "docs/benchmarks.md": regions("docs/benchmarks.md", *BENCHMARKS),
     "docs/cli.md": cli_reference.markdown,
 }

@@ -145,6 +145,24 @@ class Admin:
             raise LogError(f"{self.url}: topic {topic!r} takes records of at most {room} bytes (max.message.bytes), chunk_bytes "
                            f"{self.chunk_bytes} needs {self.record_bytes}; lower chunk_bytes or raise the topic's max.message.bytes")
 
+    def topic_settings(self, topic) -> dict:
+        """What an operator checks of a topic besides check_topic: its replication factor (the smallest over its
+        partitions) and its min.insync.replicas, retention.ms and retention.bytes as the broker reports them."""
+        desc, cfg = self._describe(topic), self.configs(ConfigResourceType.TOPIC, topic)
+        return {"replication": min(len(p["replica_nodes"]) for p in desc["partitions"]),
+                **{k: int(cfg[k]["value"]) for k in ("min.insync.replicas", "retention.ms", "retention.bytes")}}
+
+    def authorized(self, topic=None) -> set:
+        """The operations this principal may do on `topic` (or, without one, on the cluster), as the broker computes
+        them from its ACLs: implied ones included (READ gives DESCRIBE), every one where no authorizer runs."""
+        if topic is None:
+            return set(retrying("describe cluster", self.client.describe_cluster).get("authorized_operations") or ())
+        return set(retrying(f"describe topic {topic}", self.client.describe_topics, [topic])[0].get("authorized_operations") or ())
+
+    def cluster(self) -> dict:
+        """The cluster's id, controller and brokers."""
+        return retrying("describe cluster", self.client.describe_cluster)
+
     def retention(self, topic) -> dict:
         """The topic's retention.ms and retention.bytes as the broker reports them."""
         cfg = self.configs(ConfigResourceType.TOPIC, topic)

@@ -22,6 +22,7 @@ import torch
 from hilo.consumer.config import SiteConfig
 from hilo.consumer.vllm_serving import VllmError
 from hilo.log import open_log
+from hilo.ops.cli import main
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random
@@ -277,7 +278,7 @@ def test_an_adapter_for_another_architecture_is_refused_at_start(vllm, tmp_path)
     producer.close()
 
 
-def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_path):
+def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_path, capsys):
     _, base = vllm
     env = dict(os.environ, HILO_VLLM_PORT="8012", HILO_VLLM_DIR=str(tmp_path / "vllm-run"))
     subprocess.run([str(ROOT / "ops/vllm/start.sh"), base, "--max-lora-rank", "16", "--no-lora-updating"], env=env, check=True,
@@ -288,6 +289,12 @@ def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_pa
         with pytest.raises(VllmError, match=r"has no runtime LoRA loading .*start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
             make_site(url, run, tmp_path, "http://127.0.0.1:8012")
         producer.close()
+        # `hilo doctor` says so before any site starts: one FAIL line naming the fix
+        assert main(["doctor", "--vllm", "http://127.0.0.1:8012", "--skip", "kernels,cpu,disk"]) == 1
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith("OK    vllm ") and lines[2].startswith("SKIP  vllm-plugin")
+        assert re.match(r"FAIL  vllm-lora +vLLM at http://127.0.0.1:8012 has no runtime LoRA loading .*; fix: restart it with "
+                        r"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora", lines[1])
     finally:
         subprocess.run([str(ROOT / "ops/vllm/stop.sh")], env=env, check=True, timeout=120)
 
