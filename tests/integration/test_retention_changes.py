@@ -5,6 +5,7 @@ retention every second (ops/kafka/start.sh), so what a limit deletes is gone wit
 """
 import logging
 import os
+import threading
 import time
 
 import pytest
@@ -16,9 +17,9 @@ from hilo.ops.describe import describe_run
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import Expired, PastVersion
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
-from tests.helpers import hilo, open_site, reaped, with_log
+from tests.helpers import hilo, open_site, reaped, wait_until, with_log
 
-RETENTION_MS = 8_000  # short, so 5 periods fit in 40 s; a joining site still has half of it to read what it needs
+RETENTION_MS = 12_000  # short, so 5 periods fit in a minute; a joining site still has half of it to read what it needs
 
 
 def _alter(log, topic: str, configs: dict) -> None:
@@ -26,26 +27,54 @@ def _alter(log, topic: str, configs: dict) -> None:
     log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={k: str(v) for k, v in configs.items()})])
 
 
-def _join(run: str, producer, tmp_path, name: str) -> None:
-    """A new site (a state dir of its own) joins now and reaches the trainer's version and digest."""
-    s = open_site(KAFKA_URL, run, tmp_path, name, until_version=producer.version, export_adapters=False, prefetch=False)
-    assert s.run(progress=False) == producer.version
-    assert s.follower.replica.digest == producer.replica.digest, name
+class _Training:
+    """A trainer stepping in a thread of its own, as a training loop does whatever else happens: {version: digest}."""
+
+    def __init__(self, run: str):
+        self.run, self.stop, self.error = run, threading.Event(), None
+        self.producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
+        self.digests = {0: self.producer.replica.digest}
+        self.thread = threading.Thread(target=self._loop, name=f"train-{run}")
+        self.thread.start()
+
+    def _loop(self):
+        p = self.producer
+        try:
+            while not self.stop.wait(0.3):  # a training step's compute: what lets records age
+                publish_random(p, 1, seed=p.version)
+                self.digests[p.version] = p.replica.digest
+        except BaseException as e:  # noqa: BLE001  (re-raised by close, in the test)
+            self.error = e
+
+    def joinable_gauge(self) -> float:
+        """What the trainer's /metrics say now."""
+        return self.producer.metrics.registry.get_sample_value("hilo_trainer_joinable", {"run": self.run})
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.producer.close()
+        if self.error is not None:
+            raise self.error
 
 
-def _joinable_gauge(producer) -> float:
-    return producer.metrics.registry.get_sample_value("hilo_trainer_joinable", {"run": producer.config.run})
+def _join(t: _Training, tmp_path, name: str) -> None:
+    """A new site (a state dir of its own) joins now and reaches the trainer's newest version and its digest."""
+    version = max(t.digests)
+    s = open_site(KAFKA_URL, t.run, tmp_path, name, until_version=version, export_adapters=False, prefetch=False)
+    assert s.run(progress=False) == version
+    assert s.follower.replica.digest == t.digests[version], name
 
 
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_a_run_stays_joinable_when_retention_is_lowered_or_set_on_the_checkpoints_topic(tmp_path, logs, caplog):
-    """Two runs, driven together (one window of wall time for both). `lowered`: topics kept forever until, three
+    """Two runs, trained together (one window of wall time for both). `lowered`: topics kept forever until, a few
     versions in, an operator lowers both topics' retention.ms to R. `ckpts`: R on RUN.checkpoints alone, set before
     the trainer starts. Both trainers checkpoint only every 10**6 versions: only the retention guard keeps them
-    joinable. The trainer logs each change; from 2R after the change, for 3R, a new site joins after every step and
-    reaches the trainer's digest, and `topics describe` and /metrics say it can join. (Was: the guard read RUN.updates'
-    limits once, at start: both runs' only checkpoint expired, nothing was logged, new sites were refused.)"""
+    joinable. The trainer logs each change; from 2R after the change, for 3R, new sites join one after another and
+    reach the trainer's digest, and `topics describe` and /metrics say a site can join. (Was: the guard read
+    RUN.updates' limits once, at start: both runs' only checkpoint expired, nothing was logged, new sites were refused.)"""
     caplog.set_level(logging.INFO, "hilo.producer")
     log = logs(KAFKA_URL)
     lowered, ckpts = new_run("lowered"), new_run("ckptret")
@@ -54,30 +83,32 @@ def test_a_run_stays_joinable_when_retention_is_lowered_or_set_on_the_checkpoint
         for topic in (updates_topic(run), checkpoints_topic(run)):
             _alter(log, topic, {"segment.ms": 200})
     _alter(log, checkpoints_topic(ckpts), {"retention.ms": RETENTION_MS})
-    windows = {ckpts: time.monotonic() + 2 * RETENTION_MS / 1e3}
-    cfg = {"log": KAFKA_URL, "checkpoint_every": 10**6}
-    producers = {run: HiLoProducer.open(small_model(), producer_config(run=run, **cfg)) for run in (lowered, ckpts)}
+    period = RETENTION_MS / 1e3
+    windows = {ckpts: time.monotonic() + 2 * period}
+    trainers = []
     try:
-        for p in producers.values():
-            publish_random(p, 3)
+        trainers += [_Training(lowered), _Training(ckpts)]
+        wait_until(lambda: max(trainers[0].digests) >= 3, 60, "three versions of the first run")
         for topic in (updates_topic(lowered), checkpoints_topic(lowered)):
             _alter(log, topic, {"retention.ms": RETENTION_MS})
-        windows[lowered] = time.monotonic() + 2 * RETENTION_MS / 1e3
-        end, joins = windows[lowered] + 3 * RETENTION_MS / 1e3, {run: 0 for run in producers}
+        windows[lowered] = time.monotonic() + 2 * period
+        joins, end = {run: 0 for run in windows}, windows[lowered] + 3 * period
+
+        def open_windows():
+            return [t for t in trainers if windows[t.run] <= time.monotonic() < windows[t.run] + 3 * period]
         while time.monotonic() < end:
-            for run, p in producers.items():
-                publish_random(p, 1, seed=p.version)
-                if windows[run] <= time.monotonic() < windows[run] + 3 * RETENTION_MS / 1e3:
-                    _join(run, p, tmp_path, f"{run}-{joins[run]}")
-                    joins[run] += 1
-                    assert _joinable_gauge(p) == 1
-                    assert describe_run(log, run)[1]["joinable"]["now"], run
-            time.sleep(0.3)  # a training step's compute: what lets records age
+            wait_until(lambda: open_windows() or time.monotonic() >= end, end - time.monotonic() + 1, "a window to join in")
+            for t in open_windows():
+                _join(t, tmp_path, f"{t.run}-{joins[t.run]}")
+                joins[t.run] += 1
+                assert t.joinable_gauge() == 1, t.run
+                said = describe_run(log, t.run)[1]["joinable"]
+                assert said["now"] and said["until"] > time.time(), (t.run, said)
         assert min(joins.values()) >= 5, joins
         assert log.begin_offset(checkpoints_topic(lowered)) > 0 and log.begin_offset(checkpoints_topic(ckpts)) > 0  # expired
     finally:
-        for p in producers.values():
-            p.close()
+        for t in trainers:
+            t.close()
     said = [r.getMessage() for r in caplog.records if "the retention guard follows it" in r.getMessage()]
     for topic in (updates_topic(lowered), checkpoints_topic(lowered)):
         assert sum(f"{topic} retention.ms unlimited -> {RETENTION_MS}" in m for m in said) == 1, said
