@@ -13,6 +13,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 
 from hilo.log import checkpoints_topic, updates_topic
 from hilo.log.tail import head
+from hilo.ops.cli import main
 from hilo.ops.describe import describe_run
 from hilo.producer.producer import HiLoProducer
 from hilo.schemas.errors import Expired, PastVersion
@@ -116,7 +117,7 @@ def test_a_run_stays_joinable_when_retention_is_lowered_or_set_on_the_checkpoint
 
 
 @pytest.mark.kafka
-def test_retention_bytes_below_one_checkpoint_is_one_line_at_start_and_in_describe(tmp_path, logs, caplog):
+def test_retention_bytes_below_one_checkpoint_is_one_line_at_start_and_in_describe(tmp_path, logs, caplog, capsys):
     """retention.bytes on RUN.checkpoints below one checkpoint: Kafka can keep no checkpoint whole. The trainer says so
     in one line at start (not again with each checkpoint), and `hilo topics describe` in one line (was: silent)."""
     caplog.set_level(logging.INFO, "hilo.producer")
@@ -128,10 +129,9 @@ def test_retention_bytes_below_one_checkpoint_is_one_line_at_start_and_in_descri
     producer.close()
     said = [r.getMessage() for r in caplog.records if "below one checkpoint" in r.getMessage()]
     assert len(said) == 1 and f"{checkpoints_topic(run)} retention.bytes 1000 is below one checkpoint (" in said[0], said
-    p = hilo("topics", "describe", "--log", KAFKA_URL, "--run", run)
-    with reaped(p):
-        out, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err
+    capsys.readouterr()
+    assert main(["topics", "describe", "--log", KAFKA_URL, "--run", run]) == 0
+    out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("new sites:")] == \
         [line for line in out.splitlines() if "new sites: cannot join: retention.bytes 1000 is below one checkpoint" in line]
 
