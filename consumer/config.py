@@ -48,7 +48,11 @@ class SiteConfig:
                             "nothing)")
     from_offset: int | None = opt(None, "start reading RUN.updates here (already-applied versions are checked and skipped)")
     from_version: int | None = opt(None, "ignore the snapshot; bootstrap from the newest checkpoint <= V and replay")
-    until_version: int | None = opt(None, "exit 0 once this version is applied (none: follow forever)")
+    until_version: int | None = opt(None, "end at exactly this version: exit 0 once it is applied (none: follow forever). "
+                                    "A site without a snapshot bootstraps from the newest checkpoint <= N whose updates "
+                                    "to N are retained; where the log can no longer give N, one line naming the oldest "
+                                    "version it can, exit 1; a snapshot already past N, one line, exit 3 (the state dir "
+                                    "is left as it is in both)")
     idle_exit_s: float | None = opt(None, "exit 0 after this long with nothing new (none: follow forever)")
     wait_checkpoint_s: float = opt(600.0, "how long to wait for the producer's first checkpoint")
     kafka_config: str | None = opt(None, "Kafka client .properties file (TLS, SASL; `--kafka-config`) for a kafka:// log (none: "

@@ -8,6 +8,7 @@ is replaced atomically every K versions and on exit, so a crash at any instant r
 replays the rest; replay is deterministic, so it reaches the same digests.
 """
 import logging
+import pathlib
 import sys
 import time
 
@@ -66,6 +67,7 @@ class Site:
         `metrics`: the registry to record into (one a metrics endpoint already serves); default: a new one."""
         log = log_backend or open_log(cfg.log, kafka_config=cfg.kafka_config)
         verifier = Verifier.load(cfg.trust) if cfg.trust else None
+        made = not pathlib.Path(cfg.state_dir).exists()  # a start refused leaves no state dir it made (nothing in it)
         site = cls(cfg, log, SnapshotStore(cfg.state_dir), None, verifier, clock, metrics,
                    HistoryWriter(cfg.history) if cfg.history else None)
         try:
@@ -77,6 +79,8 @@ class Site:
                 site.commit()
         except BaseException:
             site.close()
+            if made and not any(pathlib.Path(cfg.state_dir).iterdir()):
+                pathlib.Path(cfg.state_dir).rmdir()
             raise
         return site
 

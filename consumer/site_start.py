@@ -1,7 +1,8 @@
 """Where a site starts: wait for the run, check its snapshot against the log, bootstrap, and the follower.
 
 Bootstrap order: --from-version (newest checkpoint <= V), else the local snapshot, else the newest checkpoint on
-RUN.checkpoints (waiting for the producer if there is none yet). A snapshot must belong to the history the log holds
+RUN.checkpoints (waiting for the producer if there is none yet). With --until-version N no checkpoint past N is used,
+one whose replay to N expired is refused, and so is a snapshot already past N. A snapshot must belong to the history the log holds
 and must not be ahead of it; a snapshot whose next versions expired is replaced by the newest checkpoint of the same
 history, never an older one.
 """
@@ -16,7 +17,7 @@ from hilo.replay.follower import Follower
 from hilo.replay.start import Source, choose_start
 from hilo.replica import kernels
 from hilo.schemas import headers as H
-from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
+from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic, PastVersion
 from hilo.schemas.position import Position
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,11 @@ class SiteStart:
                                   f"{cfg.run!r}: give each run its own state dir")
             if local is not None:
                 self.same_history(*local)
+                self.not_past(local[0])
         else:
             local = held
-        start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version if held is None else None)
+        start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version if held is None else None,
+                             cfg.until_version)
         replica, pos = start.replica, start.position
         self.metrics.set("bootstrap_info", 1, source=start.source.name.lower())
         if start.source is Source.CHECKPOINT_OVER_EXPIRED:
@@ -79,6 +82,14 @@ class SiteStart:
         reader = Prefetcher(open_log(cfg.log, kafka_config=cfg.kafka_config), updates_topic(cfg.run)) if cfg.prefetch else None
         # a snapshot was checked when its versions were applied; what follows is checked now, by the follower
         return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader, trust=self.verifier)
+
+    def not_past(self, replica) -> None:
+        """With --until-version N, a snapshot already past N is refused (PastVersion): a site never moves backwards."""
+        until = self.cfg.until_version
+        if until is not None and replica.version > until:
+            raise PastVersion(f"site {self.cfg.site}: its snapshot in {self.cfg.state_dir} is at v{replica.version}, past "
+                              f"--until-version {until}, and a site never moves backwards: left as it is (a new --state-dir "
+                              f"rebuilds v{until} from the log)")
 
     def same_history(self, replica, pos: Position):
         """A local snapshot must belong to the history the log holds: same genesis, and a log at least as far."""

@@ -94,15 +94,21 @@ def _assemble(log, topic: str, run: str, start: int, last: int) -> Message | Non
 def head(log, topic: str, run: str) -> H.RecordHeaders | None:
     """Headers of the newest complete message (parsed), reading one record when the log ends on a last chunk. They
     say what the tail claims, not what a follower would accept (`newest` reads that)."""
+    found = head_at(log, topic, run)
+    return None if found is None else found[0]
+
+
+def head_at(log, topic: str, run: str) -> tuple | None:
+    """(headers, log timestamp of its last chunk: None on the file log) of the newest complete message, as `head`."""
     end, begin = log.end_offset(topic), log.begin_offset(topic)
     if end <= begin:
         return None
     rec = _last_record(log, topic, end, begin)
     if rec is not None:
         if rec.parsed.of_run(run) and rec.parsed.last_chunk:
-            return rec.parsed
+            return rec.parsed, rec.timestamp
     msg = last_message(log, topic, run)
-    return None if msg is None else msg.parsed
+    return None if msg is None else (msg.parsed, msg.written_at)
 
 
 NEWEST_WINDOW = 16   # accepted messages `newest` compares at most: a replayed old version at the tail is not the head

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         return a.fn(a)
     except HiloError as e:
         print(f"hilo {a.command}: error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_code", 1)  # 1; 3 for a state already past --until-version (PastVersion)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -1,5 +1,14 @@
-"""`hilo topics describe`: each topic of a run: retained offsets and versions, retention, what a late site can use."""
+"""`hilo topics describe`: each topic of a run: retained offsets and versions, retention, what a late site can use.
+
+A new site joins from the newest checkpoint and replays the updates after it, so it can join while both are
+retained: until the earlier of the checkpoint's expiry (its log timestamp + RUN.checkpoints' retention.ms) and the
+first update after it's (its timestamp + RUN.updates' retention.ms). Kafka keeps a record at least that long.
+"""
+import time
+
 from hilo.log import checkpoints_topic, updates_topic
+from hilo.log.tail import head_at
+from hilo.producer.retention_guard import limit_of
 
 
 def _version_at(log, topic, offset):
@@ -7,22 +16,60 @@ def _version_at(log, topic, offset):
     return recs[0].parsed.version if recs and recs[0].offset == offset else None
 
 
+def joinable(log, run: str, rows: list) -> dict:
+    """Whether a new site can join now and until when (unix time; None: nothing can expire), from the newest checkpoint
+    and the first update after it; `unkeepable` when RUN.checkpoints' retention.bytes is below one checkpoint."""
+    upd, ckpt = rows
+    found = head_at(log, checkpoints_topic(run), run)
+    if found is None or found[0].updates_offset is None:
+        return {"now": False, "until": None, "checkpoint_version": None, "why": "no whole checkpoint is retained"}
+    h, written = found
+    out = {"checkpoint_version": h.version, "checkpoint_bytes": h.size}
+    ms, limit = limit_of(ckpt["retention.ms"]), limit_of(ckpt["retention.bytes"])
+    until = [written + ms / 1e3] if ms and written is not None else []
+    if limit is not None and h.size is not None and limit < h.size:
+        out["unkeepable"] = f"retention.bytes {limit} is below one checkpoint ({h.size} bytes): no checkpoint can be kept"
+    first = h.updates_offset
+    if first < upd["begin_offset"]:
+        return out | {"now": False, "until": None, "why": f"the updates after checkpoint v{h.version} (from offset {first}) expired"}
+    recs = log.read(updates_topic(run), first, timeout_s=5.0, max_bytes=1) if first < upd["end_offset"] else []
+    ms = limit_of(upd["retention.ms"])
+    if recs and recs[0].timestamp is not None and ms:
+        until.append(recs[0].timestamp + ms / 1e3)
+    end = min(until, default=None)
+    return out | {"now": "unkeepable" not in out and (end is None or time.time() < end), "until": end}
+
+
 def describe_run(log, run: str) -> list:
-    """One dict per topic: name, begin/end offsets, oldest/newest retained version, retention settings."""
+    """One dict per topic: name, begin/end offsets, oldest/newest retained version, retention settings; the checkpoints
+    row also says whether a new site can join ("joinable")."""
     rows = []
     for topic in (updates_topic(run), checkpoints_topic(run)):
         begin, end = log.begin_offset(topic), log.end_offset(topic)
         rows.append({"topic": topic, "begin_offset": begin, "end_offset": end, "records": end - begin,
                      "oldest_version": _version_at(log, topic, begin) if end > begin else None,
                      "newest_version": _version_at(log, topic, end - 1) if end > begin else None, **log.retention(topic)})
+    rows[1]["joinable"] = joinable(log, run, rows)
     return rows
 
 
+def _joinable_line(j: dict) -> str:
+    """Whether a new site can join, in one line."""
+    if "unkeepable" in j:
+        return f"new sites: cannot join: {j['unkeepable']}"
+    if not j["now"]:
+        return f"new sites: cannot join now: {j.get('why', 'the newest checkpoint or the first update after it expired')}"
+    when = "no expiry (retention unlimited)" if j["until"] is None else \
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(j["until"])) + f" (in {j['until'] - time.time():.0f}s)"
+    return f"new sites: can join now, from checkpoint v{j['checkpoint_version']}, until {when} without a newer checkpoint"
+
+
 def format_rows(rows: list) -> str:
-    """One block per topic."""
+    """One block per topic, then whether a new site can join."""
     out = []
     for r in rows:
         out.append(f"{r['topic']}: offsets {r['begin_offset']}..{r['end_offset']} ({r['records']} records), versions "
                    f"{r['oldest_version']}..{r['newest_version']}, retention.ms {r['retention.ms']}, "
                    f"retention.bytes {r['retention.bytes']}")
+    out += [_joinable_line(r["joinable"]) for r in rows if "joinable" in r]
     return "\n".join(out)

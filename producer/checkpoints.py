@@ -1,9 +1,9 @@
 """The trainer's checkpoints: when a version carries one, its records, keeping the newest K, and key rotation.
 
 A checkpoint is how a late site joins: it bootstraps from the newest one and replays the updates after it. One is
-due every `checkpoint_every` versions, after one failed (retried with the next version), and whenever the updates
-after the newest one could expire before the next (producer/retention_guard.py). Older ones only make a bootstrap's
-replay longer, so the topic keeps the newest `keep_checkpoints` this trainer published.
+due every `checkpoint_every` versions, after one failed (retried with the next version), and whenever the newest one
+or the updates after it could expire before the next (producer/retention_guard.py, which follows both topics' limits).
+Older ones only make a bootstrap's replay longer, so the topic keeps the newest `keep_checkpoints` this trainer published.
 """
 import logging
 
@@ -25,9 +25,12 @@ class Checkpoints:
         self.log, self.run, self.every, self.keep, self.chunk_bytes = log, run, every, keep, chunk_bytes
         self.signer, self.metrics = signer, metrics
         self.topic, self.updates = checkpoints_topic(run), updates_topic(run)
-        self.retention = RetentionGuard.of(log, self.updates)  # checkpoints before the updates they need expire
+        self.retention = RetentionGuard(log, run)  # checkpoints before it, or the updates it needs, expire
+        metrics.set_function("joinable", self.retention.joinable)
+        metrics.set_function("joinable_until_timestamp_seconds", self.retention.joinable_until)
         self.retry_due = False   # a checkpoint publish failed; retried with the next version
         self.starts = []         # first offsets of the checkpoints this process published (for trimming)
+        self.last_bytes = None   # bytes of the newest checkpoint record made
 
     def due(self, version: int) -> bool:
         """Whether `version` carries a checkpoint (its cadence, one failed before, or retention)."""
@@ -35,7 +38,7 @@ class Checkpoints:
             return True
         why = self.retention.due()
         if why:
-            logger.info("run %s: checkpoint with v%d, before the updates after the newest one can expire: %s", self.run,
+            logger.info("run %s: checkpoint with v%d, before the newest one or the updates after it can expire: %s", self.run,
                         version, why)
         return why is not None
 
@@ -54,7 +57,7 @@ class Checkpoints:
         """After `version` is on the log: whether its checkpoint is too (then the trainer snapshot is saved). One that
         was `wanted` and is not (a non-transactional log, a publish settled as committed) is retried next version."""
         if published.checkpoint_offsets is not None:
-            self.published(published.checkpoint_offsets[0])
+            self.published(published.checkpoint_offsets[0], self.last_bytes)
             return True
         self.updated(published.nbytes)
         if wanted:
@@ -64,13 +67,15 @@ class Checkpoints:
     def records(self, ckpt, updates_offset: int, log_bytes: int) -> list:
         """The chunk records of checkpoint `ckpt`, whose replay starts at `updates_offset` of the updates topic."""
         data = ckpt.to_bytes(self.signer)
+        self.last_bytes = len(data)
         extra = {H.DIGEST: ckpt.digest.hex(), H.UPDATES_OFFSET: str(updates_offset), H.LOG_BYTES: str(log_bytes),
                  H.GENESIS: ckpt.genesis.hex()}
         return split(data, self.run, "checkpoint", ckpt.version, self.chunk_bytes, extra)
 
     def publish(self, replica, updates_offset: int, log_bytes: int) -> None:
         """Append a checkpoint of `replica` on its own (a start, a key rotation); raises what the log raised."""
-        self.published(self.log.append(self.topic, self.records(replica.checkpoint(), updates_offset, log_bytes))[0])
+        records = self.records(replica.checkpoint(), updates_offset, log_bytes)
+        self.published(self.log.append(self.topic, records)[0], self.last_bytes)
 
     def try_publish(self, replica, updates_offset: int, log_bytes: int) -> None:
         """`publish`, where a failure only delays it: retried with the next version."""
@@ -90,10 +95,10 @@ class Checkpoints:
         """An update without a checkpoint is on the log."""
         self.retention.on_update(nbytes)
 
-    def published(self, first_offset: int) -> None:
-        """A checkpoint is on the log at `first_offset`: keep only the newest `keep`."""
+    def published(self, first_offset: int, nbytes: int | None = None) -> None:
+        """A checkpoint (of `nbytes`) is on the log at `first_offset`: keep only the newest `keep`."""
         self.metrics.inc("checkpoints_published")
-        self.retention.on_checkpoint()
+        self.retention.on_checkpoint(nbytes)
         self.retry_due = False
         self.starts.append(first_offset)
         if len(self.starts) > self.keep:  # bounded storage: older checkpoints only make bootstrap replay longer

@@ -90,3 +90,9 @@ class ConfigError(HiloError, ValueError):
 
 class TrainerError(HiloError):
     """The training loop handed the trainer something it cannot publish (no gradients, NaN/Inf, a foreign layout)."""
+
+
+class PastVersion(HiloError):
+    """A reader told to end at a version its state is already past (it never moves backwards); `hilo` exits 3."""
+
+    exit_code = 3

@@ -104,6 +104,12 @@ TABLE = (
     _trainer("last_published_timestamp_seconds", "gauge", "Unix time of the newest publish."),
     _trainer("versions_published", "counter", "Versions published since the process started."),
     _trainer("checkpoints_published", "counter", "Checkpoints published since the process started."),
+    _trainer("joinable", "gauge", "1 while a new site can join now (the newest checkpoint and the first update after it "
+             "are retained), 0 when it cannot, -1 when unknown (a restarted trainer before its first checkpoint); from what "
+             "the trainer wrote and both topics' retention, read again as it changes (computed at scrape)."),
+    _trainer("joinable_until_timestamp_seconds", "gauge", "Unix time until which a new site can join without a newer "
+             "checkpoint: the earlier expiry of the newest checkpoint and of the first update after it (+Inf: nothing "
+             "can expire; NaN: unknown)."),
     _trainer("stage_seconds", "histogram", "Time per version and stage: encode (compress + self-check decode), "
              "sign (frame and sign), transaction (append and commit on the log, retries included).", ("stage",),
              STAGE_BUCKETS),

@@ -159,6 +159,11 @@ def test_topics_describe_shows_retained_versions(tmp_path, capsys):
     assert (rows[f"{run}.updates"]["oldest_version"], rows[f"{run}.updates"]["newest_version"]) == (1, 3)
     assert (rows[f"{run}.checkpoints"]["oldest_version"], rows[f"{run}.checkpoints"]["newest_version"]) == (0, 2)
     assert rows[f"{run}.updates"]["retention.ms"].startswith("-1")
+    assert rows[f"{run}.checkpoints"]["joinable"] | {"checkpoint_bytes": 0} == {"now": True, "until": None, "checkpoint_version": 2,
+                                                                                "checkpoint_bytes": 0}
+    assert main(["topics", "describe", "--log", url, "--run", run]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == ("new sites: can join now, from checkpoint v2, until no expiry (retention "
+                                                        "unlimited) without a newer checkpoint")
 
 
 @pytest.mark.parametrize("args, error", [

@@ -186,6 +186,8 @@ def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
         assert value(m, "hilo_trainer_adapter_fraction") == pytest.approx(producer.last_step["bytes"] / producer.manifest.adapter_bytes())
         assert 0 < value(m, "hilo_trainer_residual_ratio") < 1
         assert value(m, "hilo_trainer_fenced") == 0
+        # the file log keeps everything: a new site can join now, and for good
+        assert value(m, "hilo_trainer_joinable") == 1 and value(m, "hilo_trainer_joinable_until_timestamp_seconds") == float("inf")
         newer = HiLoProducer.open(small_model(), producer_config(run=run, log=url_log))  # fences the first
         with pytest.raises(FencedError):
             publish_random(producer, 1, seed=1)
