@@ -8,6 +8,7 @@ ones. `close` gives the last position a bounded time to land.
 import logging
 import threading
 
+from hilo.log import threads
 from hilo.log.retry import Backoff
 from hilo.schemas.errors import HiloError
 
@@ -24,8 +25,7 @@ class GroupCommitter:
         self.committed = None    # the last (offset, metadata) that landed
         self._pending, self._stop = None, False
         self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"hilo-commit-{site}")
-        self._thread.start()
+        self._thread = threads.start(self._loop, f"hilo-commit-{site}")
 
     def submit(self, offset: int, metadata: str) -> None:
         """Commit this position as soon as possible (replacing any older one not yet committed)."""
