@@ -5,7 +5,6 @@ Offsets are record numbers. Appends hold an exclusive flock and fsync before ret
 by a crash is cut off by the next writer, and readers stop at it. Group positions are small JSON files
 replaced atomically. Not a distributed system: several processes on one machine may share it, nothing more.
 """
-import contextlib
 import fcntl
 import json
 import os
@@ -19,6 +18,7 @@ import msgpack
 from hilo.schemas.chunks import Record
 from hilo.schemas.errors import ConfigError, LogError, LogUnavailable, NoSuchTopic
 
+from . import atomic_file
 from .base import Batch, Log, check_run, checkpoints_topic, prompts_topic, rollouts_topic, updates_topic
 from .file_fence import WriterTokens
 
@@ -128,8 +128,7 @@ class FileLog(Log):
             try:
                 written = os.write(f.fileno(), blob)
             except OSError as e:  # not one byte taken (a disk exactly full): waited out as a short write is
-                raise LogUnavailable(f"{self.url}: {topic}: writing {len(blob)} bytes: {(e.strerror or str(e)).lower()}; "
-                                     f"nothing appended") from None
+                raise LogUnavailable(f"{self.url}: {topic}: writing {len(blob)} bytes: {atomic_file.why(e)}; nothing appended") from None
             if written != len(blob):
                 f.truncate(pos)
                 raise LogError(f"{self.url}: {topic}: short write of {len(blob)} bytes (disk full?); nothing appended")
@@ -193,18 +192,10 @@ class FileLog(Log):
         failed commit, as a coordinator's refusal is on Kafka: LogUnavailable, the old position in place, no temp file."""
         self.check_topic(topic)
         path = self._dir(topic) / "groups" / f"{group}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
         try:
-            with open(tmp, "w") as f:
-                json.dump({"offset": offset, "metadata": metadata}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic_file.replace(path, json.dumps({"offset": offset, "metadata": metadata}))
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise LogUnavailable(f"{self.url}: committing group {group!r} at {topic}@{offset}: {e.filename or path.parent}: "
-                                 f"{(e.strerror or type(e).__name__).lower()}") from None
+            raise LogUnavailable(f"{self.url}: committing group {group!r} at {topic}@{offset}: {atomic_file.why(e)}") from None
 
     def committed(self, group, topic):
         """(offset, metadata) or None."""
