@@ -9,7 +9,8 @@ import pathlib
 
 
 def replace(path: pathlib.Path, text: str) -> None:
-    """Write `text` to PATH.tmpPID, fsync it and rename it over `path`; on OSError remove the temp file and re-raise."""
+    """Write `text` to PATH.tmpPID, fsync it and rename it over `path`; on OSError remove the temp file and re-raise
+    (naming the file)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
         with open(tmp, "w") as f:
@@ -17,9 +18,10 @@ def replace(path: pathlib.Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError:
+    except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+        e.filename = e.filename or str(tmp)  # a failed write or fsync names no file
         raise
 
 
