@@ -32,9 +32,11 @@ FREEZE_S = float(os.environ.get("HILO_FREEZE_S", "25"))  # the issue froze it 60
 def cluster(tmp_path_factory):
     """(bootstrap URL, env for ops/kafka scripts) of a fresh 3-node cluster of this module; stopped and wiped after."""
     env = dict(os.environ, HILO_KAFKA_PORT=str(PORT), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp("kafka-frozen")))
-    subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
-    yield f"kafka://127.0.0.1:{PORT},127.0.0.1:{PORT + 2},127.0.0.1:{PORT + 4}", env
-    subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
+    try:  # a node that failed to start leaves the others running: stopped too
+        subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
+        yield f"kafka://127.0.0.1:{PORT},127.0.0.1:{PORT + 2},127.0.0.1:{PORT + 4}", env
+    finally:
+        subprocess.run([str(ROOT / "ops/kafka/stop.sh"), "--wipe"], env=env, check=False, timeout=300)
 
 
 def committed_version(url: str, run: str, site: str):
