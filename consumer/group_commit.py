@@ -8,11 +8,12 @@ ones. `close` gives the last position a bounded time to land.
 import logging
 import threading
 
+from hilo.log import threads
 from hilo.log.retry import Backoff
 from hilo.schemas.errors import HiloError
 
 logger = logging.getLogger(__name__)
-BACKOFF_S = (0.5, 30.0)  # first and longest wait between failed commits
+BACKOFF_S = (0.5, 10.0)  # first and longest wait between failed commits: a position is true within ~20 s of a fault's end
 
 
 class GroupCommitter:
@@ -24,8 +25,7 @@ class GroupCommitter:
         self.committed = None    # the last (offset, metadata) that landed
         self._pending, self._stop = None, False
         self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"hilo-commit-{site}")
-        self._thread.start()
+        self._thread = threads.start(self._loop, f"hilo-commit-{site}")
 
     def submit(self, offset: int, metadata: str) -> None:
         """Commit this position as soon as possible (replacing any older one not yet committed)."""

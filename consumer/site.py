@@ -185,9 +185,11 @@ class Site:
             raise
         finally:
             bar.close()
-            self.snapshot()  # always safe: the replica holds only whole, digest-checked versions
-            self.commit()
-            self.close()
+            try:
+                self.snapshot()  # always safe: the replica holds only whole, digest-checked versions
+            finally:  # a disk that refuses it still leaves the position committed and every client closed
+                self.commit()
+                self.close()
         return self.follower.replica.version
 
     def _rebootstrap(self, error: Expired) -> None:
@@ -207,6 +209,7 @@ class Site:
     def _follow_once(self, start_head: int, bar) -> int:
         """One read: apply what it brought, serve the newest, refresh the head, answer prompts; versions applied."""
         cfg, f, n = self.cfg, self.follower, 0
+        self.snapshots.check()  # a background snapshot that failed stops the site now, not at its next version
         for event in f.updates(timeout_s=0.05 if self.generator else 1.0):
             self.on_event(event)
             if isinstance(event, Skipped):

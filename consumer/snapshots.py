@@ -14,15 +14,15 @@ synchronous msgpack + zstd save (docs/results/snapshot.json); the copy costs a t
 """
 import collections
 import logging
-import threading
 import time
 
 import numpy as np
 import torch
 
+from hilo.log import threads
 from hilo.replica.replica import PolicyReplica
 from hilo.replica.state import ReplicaState
-from hilo.schemas.errors import DivergenceError, HiloError
+from hilo.schemas.errors import DivergenceError, HiloError, StateNotWritten
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class Snapshots:
         self.failures = 0             # background writes that failed
         self.notes = []               # what snapshots cost, for the site's history: drained by `drain` (list.append is atomic)
         self.reserver = None          # the thread allocating the copy's buffers at the first version (StateCopy.reserve)
+        self.refused = None           # the StateNotWritten the site stops on: no snapshot is tried after it
 
     def due(self) -> bool:
         """Either bound reached since the last snapshot was taken."""
@@ -104,13 +105,11 @@ class Snapshots:
         how much a site replays after a crash: any whole snapshot plus deterministic replay reaches the same digests,
         so a later one is as correct and the one in flight (or the old one, until it lands) covers the crash meanwhile.
         """
-        self._reap()
+        self.check()
         self.touched = True
         self.since += 1
         if self.reserver is None:  # the first version: the copy's buffers, allocated and touched off the loop
-            self.reserver = threading.Thread(target=self.copy.reserve, args=(follower.replica.state,), name="snapshot-reserve",
-                                             daemon=True)
-            self.reserver.start()
+            self.reserver = threads.start(self.copy.reserve, "snapshot-reserve", follower.replica.state)
         if not self.due():
             return
         if self.busy:
@@ -126,8 +125,7 @@ class Snapshots:
         self.metrics.observe("stage_seconds", copy_s, stage="snapshot_copy")
         self.notes.append({"snapshot": copy.version, "copy_s": round(copy_s, 4)})
         self.since, self.last_at, self.deferred = 0, self.clock(), False
-        self.writer = threading.Thread(target=self._write, args=(copy, position), name=f"snapshot-v{copy.version}", daemon=True)
-        self.writer.start()
+        self.writer = threads.start(self._write, f"snapshot-v{copy.version}", copy, position)
 
     def _write(self, copy: PolicyReplica, position) -> None:
         """The writer thread: check the copy is the version it says, write it; a failure is kept for `applied`."""
@@ -140,8 +138,9 @@ class Snapshots:
         except Exception as e:
             self.failure, self.failures = (copy.version, e), self.failures + 1
             self.metrics.inc("snapshot_failures")
-            logger.error("snapshot of v%d failed in the background: %s; the previous snapshot is whole", copy.version,
-                         f"{type(e).__name__}: {e}")
+            if not isinstance(e, StateNotWritten):  # that one is said by the site stopping on it (`check`), in one line
+                logger.error("snapshot of v%d failed in the background: %s; the previous snapshot is whole", copy.version,
+                             f"{type(e).__name__}: {e}")
             return
         self.saved = (copy.version, position.next_offset)
         write_s = time.perf_counter() - t0
@@ -153,15 +152,19 @@ class Snapshots:
         out, self.notes = self.notes, []
         return out
 
-    def _reap(self) -> None:
-        """Join a finished writer; raise its failure, once. The site stops on it (Site.run), as it did when the write
-        was synchronous: a write that failed (disk full, permissions, I/O) will fail again, and a site going on would
-        leave its snapshot ever further behind, unbounding the replay a crash costs, with nothing but a log line to say so."""
+    def check(self) -> None:
+        """Join a finished writer; raise its failure, once (the site checks between reads too, so an idle site stops as
+        soon). The site stops on it (Site.run), as it did when the write was synchronous: a write that failed (disk full,
+        permissions, I/O) will fail again, and a site going on would leave its snapshot ever further behind, unbounding
+        the replay a crash costs, with nothing but a log line to say so (docs/operations.md: out of space)."""
         if self.writer is not None and not self.writer.is_alive():
             self.writer.join()
             self.writer = None
         if self.failure is not None:
             (version, error), self.failure = self.failure, None
+            if isinstance(error, StateNotWritten):
+                self.refused = error
+                raise error
             raise SnapshotFailed(f"snapshot of v{version} to {self.store.path}: {type(error).__name__}: {error}; the "
                                  f"previous snapshot is whole (a restart replays from it)") from error
 
@@ -175,11 +178,18 @@ class Snapshots:
 
     def save(self, follower, now: float) -> None:
         """Save `follower`'s replica and position now (wall time `now`), atomically, after the write in flight. Its
-        outcome supersedes a failed background write's (already logged): it raises itself if it fails."""
+        outcome supersedes a failed background write's: it raises itself if it fails. Nothing is tried once the disk
+        refused a snapshot (the site is stopping on that)."""
         self.wait()
         self.failure = None
+        if self.refused is not None:
+            return
         t0 = time.perf_counter()
-        self.store.save(follower.replica, follower.position(saved_at=now))
+        try:
+            self.store.save(follower.replica, follower.position(saved_at=now))
+        except StateNotWritten as e:
+            self.refused = e
+            raise
         self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot")
         self.saved = (follower.replica.version, follower.next_offset)
         self.since, self.last_at, self.deferred = 0, self.clock(), False

@@ -9,8 +9,9 @@ import os
 import socket
 import time
 
-from hilo.schemas.errors import FencedError
+from hilo.schemas.errors import FencedError, LogError
 
+from . import atomic_file
 from .base import updates_topic
 
 
@@ -29,9 +30,11 @@ class WriterTokens:
         old = json.loads(path.read_text()) if path.exists() else {"token": 0}
         me = {"token": old["token"] + 1, "pid": os.getpid(), "host": socket.gethostname(), "version": version,
               "since": round(time.time(), 3)}
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(me))
-        os.replace(tmp, path)
+        try:
+            atomic_file.replace(path, json.dumps(me))
+        except OSError as e:
+            raise LogError(f"{self.url}: run {run}: cannot take the writer's token ({atomic_file.why(e)}); nothing was "
+                           f"published") from None
         self.held[run] = me["token"]
         return me["token"]
 

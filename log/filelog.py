@@ -16,8 +16,9 @@ import zlib
 import msgpack
 
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
+from hilo.schemas.errors import ConfigError, LogError, LogUnavailable, NoSuchTopic
 
+from . import atomic_file
 from .base import Batch, Log, check_run, checkpoints_topic, prompts_topic, rollouts_topic, updates_topic
 from .file_fence import WriterTokens
 
@@ -124,7 +125,11 @@ class FileLog(Log):
             # One write for the whole batch: a process killed during an append leaves all of it or none (a torn
             # tail is cut by the next writer), so records appended together (a lease's rollouts) commit together.
             blob = b"".join(parts)
-            if os.write(f.fileno(), blob) != len(blob):
+            try:
+                written = os.write(f.fileno(), blob)
+            except OSError as e:  # not one byte taken (a disk exactly full): waited out as a short write is
+                raise LogUnavailable(f"{self.url}: {topic}: writing {len(blob)} bytes: {atomic_file.why(e)}; nothing appended") from None
+            if written != len(blob):
                 f.truncate(pos)
                 raise LogError(f"{self.url}: {topic}: short write of {len(blob)} bytes (disk full?); nothing appended")
             os.fsync(f.fileno())
@@ -183,15 +188,14 @@ class FileLog(Log):
 
     # -- groups -------------------------------------------------------------------------------
     def commit(self, group, topic, offset, metadata):
-        """Atomically replace the group's position file."""
+        """Atomically replace the group's position file. A write that fails (no space, I/O error, permission) is a
+        failed commit, as a coordinator's refusal is on Kafka: LogUnavailable, the old position in place, no temp file."""
         self.check_topic(topic)
         path = self._dir(topic) / "groups" / f"{group}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump({"offset": offset, "metadata": metadata}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            atomic_file.replace(path, json.dumps({"offset": offset, "metadata": metadata}))
+        except OSError as e:
+            raise LogUnavailable(f"{self.url}: committing group {group!r} at {topic}@{offset}: {atomic_file.why(e)}") from None
 
     def committed(self, group, topic):
         """(offset, metadata) or None."""

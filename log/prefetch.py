@@ -10,6 +10,7 @@ It holds nothing durable: a batch fetched and never applied is simply read again
 import threading
 import time
 
+from . import threads
 from .base import Batch
 
 AHEAD = 2  # batches held at most: the one the caller will ask for next and one beyond it
@@ -27,8 +28,7 @@ class Prefetcher:
         self._error = None       # what the thread's client raised: re-raised to the caller, who decides
         self.hits = 0            # reads served from the read-ahead
         self.misses = 0          # reads that had to wait for a fetch of their own
-        self._thread = threading.Thread(target=self._loop, name=f"prefetch {topic}", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(self._loop, f"prefetch {topic}")
 
     def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int | None = None, partition: int = 0) -> Batch:
         """The records at `offset` on (possibly none within `timeout_s`), like Log.read; the next batch is fetched

@@ -9,13 +9,14 @@ The port is bound before anything else happens, so a port in use or not allowed 
 """
 import errno
 import logging
-import threading
+import sys
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 
+from hilo.log import threads
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
 
@@ -43,6 +44,10 @@ class MetricsConfig:
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape in progress never holds the process open
 
+    def handle_error(self, request, client_address):
+        """One line for a request that failed (a scraper gone mid-answer), not socketserver's traceback on stderr."""
+        logger.warning("metrics endpoint: a request from %s failed: %s", client_address[0], sys.exc_info()[1])
+
 
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format, *args):  # one line per scrape would drown the site's own log
@@ -67,7 +72,7 @@ class MetricsServer:
             raise ConfigError(f"--metrics-port {cfg.metrics_port} on {cfg.metrics_host}: {why}") from None
         self.port = self.httpd.server_port
         self.url = f"http://{cfg.metrics_host}:{self.port}"
-        threading.Thread(target=self.httpd.serve_forever, name="hilo-metrics", daemon=True).start()
+        threads.start(self.httpd.serve_forever, "hilo-metrics")
         logger.info("metrics on %s/metrics, health on /healthz and /readyz", self.url)
 
     def app(self, environ, start_response):

@@ -264,7 +264,9 @@ class HiLoProducer:
             if flush and self.in_doubt is None:
                 self.flush()
         finally:
-            if self.in_doubt is None:
-                self.save_snapshot()
-            self.ledger.close()
-            self.log.close()
+            try:
+                if self.in_doubt is None:
+                    self.save_snapshot()
+            finally:  # a disk that refuses the snapshot (StateNotWritten) still releases the log
+                self.ledger.close()
+                self.log.close()

@@ -13,9 +13,12 @@ before the format (DIR/snapshot/state.ckpt, a checkpoint record) still loads.
 A new snapshot is written to DIR/snapshot.tmp-PID and fsynced; the old one is renamed to DIR/snapshot.old-PID and
 the new one into place (POSIX cannot rename a directory over a non-empty one). A crash at any instant leaves a
 whole snapshot: the current one, or, between the two renames, the old one, which `load` finds. Disk I/O lives
-here, not in the state machine. One save at a time per state dir (the names above are per process).
+here, not in the state machine. One save at a time per state dir (the names above are per process). A save the disk
+refuses (full, I/O error) removes its temp folder and raises StateNotWritten, one line; a temp folder a killed save
+left is removed when the next process opens the state dir.
 """
 import collections
+import errno
 import json
 import os
 import pathlib
@@ -28,7 +31,7 @@ import xxhash
 from hilo.replica.replica import PolicyReplica
 from hilo.replica.state import ReplicaState
 from hilo.schemas import fields as F
-from hilo.schemas.errors import ConfigError, DivergenceError, MalformedMessage
+from hilo.schemas.errors import ConfigError, DivergenceError, MalformedMessage, StateNotWritten
 from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.position import Position
 from hilo.schemas.records import DIGEST_BYTES, NONCE_BYTES, Checkpoint, Manifest, decode_record, history_id
@@ -62,6 +65,35 @@ def ensure_writable_dir(path: pathlib.Path, what: str) -> None:
         raise ConfigError(f"{what} {path}: cannot be used: {e.strerror or type(e).__name__}{where}") from None
 
 
+def remove_stale_temps(state_dir: pathlib.Path) -> None:
+    """Remove DIR/snapshot.tmp-PID left by a save that failed or was killed, unless process PID is alive (saving now)."""
+    for tmp in state_dir.glob("snapshot.tmp-*"):
+        pid = tmp.name.rpartition("-")[2]
+        if not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
+
+
+def not_written(store, error: OSError, replica: PolicyReplica, extra: dict) -> str:
+    """The one line of a snapshot the disk refused: the path, why, what it needed and had, and that nothing is lost."""
+    why = (error.strerror or type(error).__name__).lower()
+    if error.errno == errno.ENOSPC:
+        need = sum(t.numel() * t.element_size() for t in _tensors(replica.state)) + sum(len(d) for d in extra.values())
+        why += f" (the snapshot needs about {need / 1e6:.1f} MB; {shutil.disk_usage(store.dir).free / 1e6:.1f} MB free)"
+    kept = f"{store.path} is still the last whole snapshot" if store.path.exists() else "there was no snapshot before"
+    return (f"cannot write the snapshot of v{replica.version} to {error.filename or store.dir}: {why}; nothing acknowledged "
+            f"was lost (it is on the log; {kept}): a restart resumes once the disk has room")
+
+
 def _tensors(state: ReplicaState) -> list:
     """The state's tensors in state.bin's (and the digest's) order: params, then each slot's, manifest order."""
     return list(state.params) + [t for ts in state.slots.values() for t in ts]
@@ -79,12 +111,16 @@ def raw_header(replica: PolicyReplica) -> bytes:
 
 
 def _write(path: pathlib.Path, parts) -> None:
-    """Write `parts` (bytes-like, in order) to a new file and fsync it."""
-    with open(path, "wb") as f:
-        for data in parts:
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write `parts` (bytes-like, in order) to a new file and fsync it; an OSError names the file."""
+    try:
+        with open(path, "wb") as f:
+            for data in parts:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        e.filename = e.filename or str(path)
+        raise
 
 
 class SnapshotStore:
@@ -102,11 +138,21 @@ class SnapshotStore:
         self.fmt = fmt
         self.failpoint = failpoint or (lambda point: crashpoints.reach(f"snapshot.{point}"))
         ensure_writable_dir(self.dir, "state dir")
+        remove_stale_temps(self.dir)
 
     def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None) -> None:
-        """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically, together."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically,
+        together. A write the disk refuses (no space, I/O error, permission) leaves the snapshot in place as it was,
+        removes what it wrote, and raises StateNotWritten in one line (which path, why, what it needed)."""
         tmp = self.dir / f"snapshot.tmp-{os.getpid()}"
+        try:
+            self._save(tmp, replica, position, extra or {})
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StateNotWritten(not_written(self, e, replica, extra or {})) from None
+
+    def _save(self, tmp: pathlib.Path, replica: PolicyReplica, position: Position, extra: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         if self.fmt == "raw":  # each tensor's bytes as they lie in memory: no copy, no compression (disk speed)
@@ -118,7 +164,7 @@ class SnapshotStore:
             # the digests of recent versions: a restarted replica still tells a replayed old version from a fork
             "recent.msgpack": msgpack.packb([[v, d] for v, d in replica.recent.items()]),
             "position.json": json.dumps(position.to_json() | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
-        for name, data in (files | (extra or {})).items():
+        for name, data in (files | extra).items():
             _write(tmp / name, [data])
         _fsync_dir(tmp)
         self.failpoint("written")

@@ -84,6 +84,11 @@ class ForeignRecord(LogError):
     """A record that is not this run's (another run's, or not hilo-sync's at all): it cannot move the replica."""
 
 
+class StateNotWritten(HiloError):
+    """A process could not write its own state (a snapshot) to its disk: no space, an I/O error, no permission. It
+    stops; nothing it acknowledged is lost (that is on the log), and a restart resumes once the disk takes the state."""
+
+
 class ConfigError(HiloError, ValueError):
     """A configuration value is out of range; the message names the field."""
 

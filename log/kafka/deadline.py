@@ -7,9 +7,9 @@ the deadline. The call cannot be interrupted, so it is *abandoned*: its eventual
 a closed client until the process exits), and the caller raises KafkaTimeoutError; the trainer then asks the log
 what happened. `abandoned` counts such threads in this process.
 """
-import threading
-
 from kafka.errors import KafkaTimeoutError
+
+from hilo.log import threads
 
 abandoned = 0
 
@@ -24,8 +24,7 @@ def call_within(fn, seconds: float, on_abandon):
             box["result"] = fn()
         except BaseException as e:  # noqa: BLE001  (handed to the caller's thread)
             box["error"] = e
-    t = threading.Thread(target=run, daemon=True, name="hilo-txn")
-    t.start()
+    t = threads.start(run, "hilo-txn")
     t.join(seconds)
     if t.is_alive():
         abandoned += 1

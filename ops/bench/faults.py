@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from hilo.consumer.config import SiteConfig
 from hilo.consumer.site import Site
-from hilo.log import open_log
+from hilo.log import open_log, threads
 from hilo.log.crashpoints import SITE_POINTS, TRAINER_POINTS
 from hilo.ops.bench.report import results_dir, save
 from hilo.ops.tiny_trainer import build_model
@@ -80,8 +80,7 @@ def _site_kills(url, run, n, folder, rng, producer, bar):
                 return
             time.sleep(0.2)  # paces the trainer (~4 versions/s) so a site follows live, a batch a version; not synchronisation
 
-    trainer = threading.Thread(target=publish, daemon=True)
-    trainer.start()
+    trainer = threads.start(publish, "bench-trainer")
     counts, state, launched, named, misses = {p: 0 for p in SITE_POINTS} | {"random": 0}, str(folder / "victim"), 0, 0, 0
     common = ["consume", "--log", url, "--run", run, "--site", "victim", "--state-dir", state, "--snapshot-every", "2",
               "--keep-adapters", "2", "--no-progress", "--history", str(folder / "victim.jsonl")]

@@ -11,13 +11,12 @@ part of what is measured (the keep-pace issue moves it off that loop).
 """
 import pathlib
 import tempfile
-import threading
 import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hilo.log import checkpoints_topic, open_log
+from hilo.log import checkpoints_topic, open_log, threads
 from hilo.ops.bench.replay import CHUNK_BYTES, publish
 from hilo.ops.bench.report import results_dir, save
 from hilo.replica.synthetic import initial_params, qwen3_manifest
@@ -53,9 +52,8 @@ def run_bench(shape: str, versions: int, every_ms: float, work: pathlib.Path) ->
     site = Site.open(SiteConfig(log=f"file://{work}/log", run=RUN, site="s", state_dir=str(work / "s"),
                                 export_adapters=False, until_version=versions, wait_checkpoint_s=10))
     server = MetricsServer(MetricsConfig(0, "127.0.0.1"), site.metrics.registry)
-    follower = threading.Thread(target=site.run, kwargs={"progress": False})
     latencies, inconsistent, t0 = [], 0, time.perf_counter()
-    follower.start()
+    follower = threads.start(site.run, "bench-site", False)
     try:
         while follower.is_alive():
             a = time.perf_counter()
