@@ -4,7 +4,7 @@ SIGCONT every site's committed position (what `hilo lag` and Kafka's tools read,
 version it applied. Before: the sites' commits failed with NotCoordinatorError and landed 163 s late, or not
 within 300 s (kafka-python's admin client kept asking the node it had cached as the coordinator).
 
-The cluster is this module's own (ports 19592-19597, its own data dir), started and wiped here.
+The cluster is this module's own (ports 19692-19697, its own data dir), started and wiped here.
 """
 import json
 import os
@@ -22,9 +22,9 @@ from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random, small_model
 from tests.helpers import site_of, wait_until, with_log
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("frozen")]  # ports 19592-19597
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("frozen")]  # ports 19692-19697
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PORT = 19592
+PORT = 19692
 FREEZE_S = float(os.environ.get("HILO_FREEZE_S", "25"))  # the issue froze it 60 s; 25 s keeps the suite short
 
 
