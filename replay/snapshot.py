@@ -103,8 +103,10 @@ class SnapshotStore:
         self.failpoint = failpoint or (lambda point: crashpoints.reach(f"snapshot.{point}"))
         ensure_writable_dir(self.dir, "state dir")
 
-    def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None) -> None:
-        """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically, together."""
+    def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None, written=None) -> None:
+        """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically, together.
+        `written()` is called once the new snapshot is whole on disk, before it is put in place (what counts it does so
+        before anyone can find it there)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f"snapshot.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -122,6 +124,8 @@ class SnapshotStore:
             _write(tmp / name, [data])
         _fsync_dir(tmp)
         self.failpoint("written")
+        if written is not None:
+            written()
         old = self.dir / f"snapshot.old-{os.getpid()}"
         if self.path.exists():  # whole: it only ever appears by a rename of a complete directory
             shutil.rmtree(old, ignore_errors=True)  # a crashed save's leftover (PIDs repeat across container restarts)
