@@ -134,7 +134,7 @@ class Snapshots:
             held = copy.state.digest()
             if held != copy.digest:  # a copy taken while the state moved: never saved under this version
                 raise DivergenceError(f"the copy of v{copy.version} hashes to {held.hex()}, not {copy.digest.hex()}")
-            self.store.save(copy, position)
+            self.store.save(copy, position, written=self._counter(t0))
         except Exception as e:
             self.failure, self.failures = (copy.version, e), self.failures + 1
             self.metrics.inc("snapshot_failures")
@@ -143,9 +143,13 @@ class Snapshots:
                              f"{type(e).__name__}: {e}")
             return
         self.saved = (copy.version, position.next_offset)
-        write_s = time.perf_counter() - t0
-        self.metrics.observe("stage_seconds", write_s, stage="snapshot")
-        self.notes.append({"snapshot_written": copy.version, "write_s": round(write_s, 4), "bytes": self.store.size()})
+        self.notes.append({"snapshot_written": copy.version, "write_s": round(time.perf_counter() - t0, 4), "bytes": self.store.size()})
+
+    def _counter(self, t0: float):
+        """What `store.save` calls when a snapshot begun at `t0` is whole on disk: it is counted (stage "snapshot") before
+        it is put in place, so a scrape that finds it in the state dir finds it counted (counted after the save returned,
+        after the old one was removed, a scrape in between showed one snapshot fewer than the dir held)."""
+        return lambda: self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot")
 
     def drain(self) -> list:
         """The notes since the last drain (taken: the loop's copy seconds; written: the writer's seconds and bytes)."""
@@ -184,13 +188,11 @@ class Snapshots:
         self.failure = None
         if self.refused is not None:
             return
-        t0 = time.perf_counter()
         try:
-            self.store.save(follower.replica, follower.position(saved_at=now))
+            self.store.save(follower.replica, follower.position(saved_at=now), written=self._counter(time.perf_counter()))
         except StateNotWritten as e:
             self.refused = e
             raise
-        self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot")
         self.saved = (follower.replica.version, follower.next_offset)
         self.since, self.last_at, self.deferred = 0, self.clock(), False
 

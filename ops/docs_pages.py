@@ -80,7 +80,7 @@ def probe_table(root: pathlib.Path) -> str:
 def signing_table(root: pathlib.Path) -> str:
     """What Ed25519 costs per version at the Qwen3-1.7B shape: sign and verify time per codec's message."""
     rows = ["| codec | message bytes | sign ms | verify ms |", "|---|---:|---:|---:|"]
-    for r in _load(root, f"{RESULTS}/codecs-compressed-budget.json"):
+    for r in _load(root, f"{RESULTS}/codecs-compressed-budget.json")["rows"]:
         rows.append(f"| {r['codec']} | {r['bytes']:,} | {r['sign_ms']:.2f} | {r['verify_ms']:.2f} |")
     return "\n".join(rows)
 
@@ -148,14 +148,31 @@ def scrape_table(root: pathlib.Path) -> str:
 def startup_table(root: pathlib.Path) -> str:
     """`python -m hilo.ops.bench.startup`: how long `hilo --help` takes now that only the named command is imported."""
     rows = ["| command | wall s | CPU s | speedup |", "|---|---:|---:|---:|"]
-    for name, r in _load(root, f"{RESULTS}/startup.json").items():
+    for name, r in _load(root, f"{RESULTS}/startup.json")["cases"].items():
         rows.append(f"| {name} | {r['wall_s']:.3f} | {r['cpu_s']:.3f} | {r['speedup']:.0f}x |")
+    return "\n".join(rows)
+
+
+def measured_on_table(root: pathlib.Path) -> str:
+    """Where each saved result was measured (its `measured_on`, ops/bench/machine.py); a file without one is an error.
+    A results file merging runs (replay.json) has a row per run."""
+    rows = ["| results | commit | code | recorded | cores | CPU model | triad GB/s |", "|---|---|---|---|---:|---|---:|"]
+    code = {True: "uncommitted changes", False: "as committed"}
+    for rel in sorted(s for s in sources() if s.endswith(".json")):
+        res = _load(root, rel)
+        runs = [(f"{rel[len(RESULTS) + 1:]} ({r['shape']})", r) for r in res.get("runs", []) if "measured_on" in r] \
+            or [(rel[len(RESULTS) + 1:], res)]
+        for name, r in runs:
+            m = r.get("measured_on")
+            if not isinstance(m, dict):
+                raise ConfigError(f"docs: {rel} records no measured_on (the commit and machine it was measured on)")
+            rows.append(f"| {name} | {m['commit'][:10]} | {code.get(m['dirty'], m['dirty'])} | {m['recorded']} | "
+                        f"{m['cores']} | {m['cpu_model']} | {m['triad_gbps']} |")
     return "\n".join(rows)
 
 
 def headline_table(root: pathlib.Path) -> str:
     """The README's few figures, each from the same JSON as its full table in docs/benchmarks.md."""
-    spar4 = next(r for r in _load(root, f"{RESULTS}/codecs-compressed-budget.json") if r["codec"] == "spar4")
     cells = _load(root, QUALITY)["cells"]
 
     def gaps(sync):  # pass@4 minus full sync's in points, rounded as the tables print them, per pair at 1.6%
@@ -173,9 +190,10 @@ def headline_table(root: pathlib.Path) -> str:
     ranks = {r["ranks"]: r for r in _load(root, f"{RESULTS}/ranks.json")["rows"]}
     pace = _load(root, f"{RESULTS}/pace.json")
     rows = {  # what -> measured
-        f"one version of a Qwen3-1.7B rank-64 adapter ({spar4['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 codec":
-            (f"{spar4['bytes'] / 1e6:.2f} MB ({100 * spar4['fraction_of_adapter']:.2f}%); encode "
-             f"{spar4['encode_ms'] / 1e3:.2f} s, decode + AdamW step {spar4['apply_ms'] / 1e3:.2f} s"),
+        # the message, the trainer's encode and a site's apply, as `hilo bench replay` and `hilo bench pace` measured them
+        f"one version of a Qwen3-1.7B rank-64 adapter ({adamw['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 codec":
+            (f"{adamw['message_bytes'] / 1e6:.2f} MB ({100 * adamw['message_bytes'] / adamw['adapter_bytes_bf16']:.2f}%); "
+             f"encode {pace['encode_median_s']:.2f} s, decode + AdamW step {adamw['stage_s_per_version']['apply']:.3f} s"),
         f"pass@4 against full sync at 1.6% per version, {len(delta)} task x optimizer pairs":
             (f"delta mode {min(delta):+.1f} to {max(delta):+.1f} points (within 1 on {sum(g >= -1 for g in delta)} of "
              f"{len(delta)}); gradient mode {min(grad):+.1f} to {max(grad):+.1f} (within 3 on "
@@ -237,9 +255,8 @@ def metrics_table(root: pathlib.Path) -> str:
 
 
 REGIONS = {
-    "headline": Region(headline_table, (f"{RESULTS}/codecs-compressed-budget.json", QUALITY, f"{RESULTS}/wan.json",
-                                        f"{RESULTS}/serve.json", f"{RESULTS}/faults.json", f"{RESULTS}/replay.json",
-                                        f"{RESULTS}/ranks.json", f"{RESULTS}/pace.json")),
+    "headline": Region(headline_table, (QUALITY, f"{RESULTS}/wan.json", f"{RESULTS}/serve.json", f"{RESULTS}/faults.json",
+                                        f"{RESULTS}/replay.json", f"{RESULTS}/ranks.json", f"{RESULTS}/pace.json")),
     "metrics": Region(metrics_table),
     "acls": Region(acls_table),
     "doctor": Region(doctor_table),
@@ -266,6 +283,7 @@ REGIONS = {
     "pace": _bench("pace", "table", f"{RESULTS}/pace.json"),
     "ranks": _bench("ranks", "table", f"{RESULTS}/ranks.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
+    "measured-on": Region(measured_on_table),  # reads every file the other regions read
 }
 
 
@@ -309,7 +327,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "audit", "replay", "snapshot", "pace", "wan", "ranks", "scrape", "startup")
+              "fanout", "rl", "audit", "replay", "snapshot", "pace", "wan", "ranks", "scrape", "startup", "measured-on")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

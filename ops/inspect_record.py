@@ -58,7 +58,11 @@ def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
     if chunk and not first.parsed.first_chunk:
         return out | {"verdict": "continuation", "reason": None,
                       "detail": f"chunk {chunk[0]}/{chunk[1]} of a message that starts at an earlier offset (inspect that one)"}
-    replica, _ = bootstrap_from_log(log, run, verifier=verifier)  # what a new site starts from, and its limits
+    try:
+        replica, _ = bootstrap_from_log(log, run, verifier=verifier)  # what a new site starts from, and its limits
+    except HiloError as e:  # says what is true of the checkpoints; this says what it means here
+        raise LogError(f"{topic} offset {offset}: no verdict, for a site judges a record by the manifest and state of a "
+                       f"checkpoint, and none could be used: {e}") from None
     r = update_reassembler(run, topic, replica.manifest)
     try:
         msg = None

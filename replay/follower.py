@@ -42,13 +42,7 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
         if msg is None:
             if skipped is not None:
                 raise skipped  # every checkpoint in reach is unusable: report the newest one's problem
-            if log_backend.end_offset(topic) > 0:  # it held checkpoints: retention deleted them
-                raise LogError(f"{log_backend.url}: every checkpoint{'' if max_version is None else f' at or before v{max_version}'} "
-                               f"on {topic} has expired (its offsets reached {log_backend.end_offset(topic)}): nothing here can "
-                               f"rebuild the run's state; the trainer publishes a fresh checkpoint at its next checkpoint_every "
-                               f"version or when it is restarted with its state dir")
-            raise LogError(f"{log_backend.url}: no checkpoint{'' if max_version is None else f' at or before v{max_version}'} "
-                           f"on {topic} (has the producer started?)")
+            raise _no_checkpoint(log_backend, topic, run, max_version)
         before = msg.first_offset
         if max_version is not None and msg.version > max_version:
             continue
@@ -72,6 +66,21 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
             logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
         replica.verifier = verifier
         return replica, Position(msg.parsed.updates_offset, msg.parsed.log_bytes or 0)
+
+
+def _no_checkpoint(log_backend, topic: str, run: str, max_version: int | None) -> LogError:
+    """Why no checkpoint of `run` was found on `topic`: none written, expired, or retained but not read; only what is true."""
+    begin, end = log_backend.begin_offset(topic), log_backend.end_offset(topic)
+    which = "checkpoint" + ("" if max_version is None else f" at or before v{max_version}")
+    if end == 0:
+        return LogError(f"{log_backend.url}: no {which} on {topic} (has the producer started?)")
+    if begin == 0:  # nothing expired: the records are there, and none was read as one
+        return LogError(f"{log_backend.url}: no {which} of run {run!r} was read from {topic}, which retains every offset it "
+                        f"has had (0..{end - 1}): they hold none, or a read of them returned nothing in time")
+    held = f"offsets {begin}..{end - 1} are retained" if end > begin else f"none of its offsets 0..{end - 1} is retained"
+    return LogError(f"{log_backend.url}: every {which} on {topic} has expired ({held}): nothing here can rebuild the run's "
+                    f"state until the trainer publishes a fresh checkpoint, at its next checkpoint_every version or when it "
+                    f"restarts with its state dir")
 
 
 @dataclass(frozen=True)

@@ -140,18 +140,20 @@ class SnapshotStore:
         ensure_writable_dir(self.dir, "state dir")
         remove_stale_temps(self.dir)
 
-    def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None) -> None:
+    def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None, written=None) -> None:
         """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically,
-        together. A write the disk refuses (no space, I/O error, permission) leaves the snapshot in place as it was,
-        removes what it wrote, and raises StateNotWritten in one line (which path, why, what it needed)."""
+        together. `written()` is called once the new snapshot is whole on disk, before it is put in place (what counts it
+        does so before anyone can find it there). A write the disk refuses (no space, I/O error, permission) leaves the
+        snapshot in place as it was, removes what it wrote, and raises StateNotWritten in one line (which path, why, what
+        it needed)."""
         tmp = self.dir / f"snapshot.tmp-{os.getpid()}"
         try:
-            self._save(tmp, replica, position, extra or {})
+            self._save(tmp, replica, position, extra or {}, written)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise StateNotWritten(not_written(self, e, replica, extra or {})) from None
 
-    def _save(self, tmp: pathlib.Path, replica: PolicyReplica, position: Position, extra: dict) -> None:
+    def _save(self, tmp: pathlib.Path, replica: PolicyReplica, position: Position, extra: dict, written) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -168,6 +170,8 @@ class SnapshotStore:
             _write(tmp / name, [data])
         _fsync_dir(tmp)
         self.failpoint("written")
+        if written is not None:
+            written()
         old = self.dir / f"snapshot.old-{os.getpid()}"
         if self.path.exists():  # whole: it only ever appears by a rename of a complete directory
             shutil.rmtree(old, ignore_errors=True)  # a crashed save's leftover (PIDs repeat across container restarts)

@@ -86,7 +86,7 @@ class ReaderSupervisor:
             if self.positions.get(tp) != offset:
                 c.seek(tp, offset)
                 self.positions[tp] = offset
-            polled = c.poll(timeout_ms=int(timeout_s * 1000), max_records=500)
+            polled = self._poll(c, tp, t0 + timeout_s)
             # The consumer's position is past transaction markers and aborted records too, not only past records.
             position = c.position(tp, timeout_ms=int(timeout_s * 1000)) or 0
         except (KafkaError, LogError) as e:  # LogError: connecting a new client failed
@@ -114,12 +114,21 @@ class ReaderSupervisor:
         out = Batch([Record(r.offset, r.key, r.value, {k: v.decode() for k, v in (r.headers or [])},
                             r.timestamp / 1000 if r.timestamp is not None and r.timestamp >= 0 else None)
                      for r in polled.get(tp, []) if r.offset >= offset], offset)
-        for other, recs in polled.items():
-            if other != tp and recs:  # another assigned partition was fetched too: make it re-seek next time
-                self.positions.pop(other, None)
         out.next_offset = max(offset, out[-1].offset + 1 if out else offset, position)
         self.positions[tp] = out.next_offset
         return out
+
+    def _poll(self, c, tp, deadline: float) -> dict:
+        """Poll until `tp` gets records, a poll gets none, or `deadline`. Records the consumer fetched ahead for another
+        partition come first (a burst of junk on RUN.updates: 500 a poll), and a read of `tp` that stopped at them came
+        back empty as if `tp` held nothing; they are dropped, and that partition's next read seeks again."""
+        while True:
+            polled = c.poll(timeout_ms=max(0, int((deadline - self.clock()) * 1000)), max_records=500)
+            for other, recs in polled.items():
+                if other != tp and recs:
+                    self.positions.pop(other, None)
+            if polled.get(tp) or not polled or self.clock() >= deadline:
+                return polled
 
     def _stale(self, tp, offset) -> bool:
         """After STALE_S of empty reads, ask for the end offset: records beyond `offset` that the reader does not

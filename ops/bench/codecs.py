@@ -1,6 +1,6 @@
 """`hilo bench codecs`: message size, encode time, decode+apply time and error per codec x optimizer.
 
-    hilo bench codecs [--json] [--shapes qwen3-1.7b,qwen3-0.6b] [--steps 3]
+    hilo bench codecs [--json] [--shapes qwen3-1.7b,qwen3-0.6b] [--steps 3]   # --json: {"measured_on", "rows"}
 
 Adapters: LoRA rank 64 on q,k,v,o,gate,up,down of every layer (Qwen3-1.7B: 69,730,304 params, 139.46 MB
 bf16). Gradients: replica/synthetic.py (decaying, unequal spectra). Per row, medians over --steps
@@ -90,8 +90,9 @@ def run(shapes, codecs, optimizers, steps, budget):
     return rows
 
 
-def table(rows) -> str:
-    """Markdown table of the rows."""
+def table(res: dict) -> str:
+    """Markdown table of the rows of `hilo bench codecs --json` ({"measured_on", "rows"})."""
+    rows = res["rows"]
     head = ("| shape | codec | optimizer | bytes | % of bf16 adapter | encode ms | decode+apply ms | rel error |\n"
             "|---|---|---|---:|---:|---:|---:|---:|\n")
     return head + "".join(

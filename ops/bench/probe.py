@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from hilo.ops.bench.machine import measured_on
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, run
 from hilo.ops.bench.pretrain import STUDENT, TEACHER, pretrained
 from hilo.replica.optimizers import OPTIMIZERS
@@ -114,6 +115,7 @@ def main(cfg: ProbeConfig, as_json: bool, out: str | None) -> int:
     res = probe(cfg, lambda *a: print(*a, file=sys.stderr, flush=True))
     if out:
         pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+        res["measured_on"] = measured_on()
         (pathlib.Path(out) / f"probe-{cfg.task}-{cfg.sync}.json").write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2) if as_json else table(res))
     return 0

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from hilo.ops.bench.machine import measured_on
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
 from hilo.ops.bench.pretrain import STUDENTS, TEACHER, greedy_accuracy, pretrained, weights_digest
 from hilo.ops.bench.report import mean_ci
@@ -489,6 +490,7 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
     if not res["cells"]:  # only --saved-only gets here: nothing to plot or tabulate
         raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}" + "".join(f"; {m}" for m in res["unfinished"]))
     res["plots"] = plots(res, out)
+    res["measured_on"] = measured_on()  # the process that ran the last cells and wrote this (a resumed sweep ran earlier ones)
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")
     print(json.dumps(res, indent=2) if as_json

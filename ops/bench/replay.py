@@ -23,10 +23,9 @@ import sys
 import tempfile
 import time
 
-import torch
-
 from hilo.log import open_log, updates_topic
 from hilo.ops.bench.codecs import DEFAULT_LR
+from hilo.ops.bench.machine import measured_on, triad_gbps
 from hilo.ops.bench.report import results_dir, save
 from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.producer.update_builder import UpdateBuilder
@@ -43,18 +42,6 @@ APPLY = ("kernel", "reference")       # PolicyReplica.apply_mode: the fused kern
 CHUNK_BYTES = 900_000                 # the producer's default record size
 # bytes a fused step must move per parameter: AdamW reads p, g, m, v and writes p, m, v; SGD p, g, buf and p, buf; add p, g and p
 FLOOR_BYTES = {"adamw": 28, "sgd": 20, "add": 12}
-TRIAD_ELEMENTS = 50_000_000           # 600 MB over three arrays: far past any cache
-
-
-def triad_gbps(runs: int = 5) -> float:
-    """The machine's memory bandwidth as STREAM's triad measures it (a = b + s*c, 12 bytes per element), in GB/s."""
-    a, b, c = torch.empty(TRIAD_ELEMENTS), torch.ones(TRIAD_ELEMENTS), torch.full((TRIAD_ELEMENTS,), 2.0)
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        torch.add(b, c, alpha=3.0, out=a)
-        best = min(best, time.perf_counter() - t0)
-    return 12 * TRIAD_ELEMENTS / best / 1e9
 
 
 def _say(*a):
@@ -150,7 +137,8 @@ def run_bench(shape: str, behind: int, optimizers: list, apply: tuple = APPLY) -
                  f"{r['snapshot_bytes'] / 1e6:.0f} MB (save {r['snapshot_save_s']} s, load {r['snapshot_load_s']} s)")
     triad_after = triad_gbps()
     return {"shape": shape, "behind": behind, "codec": "spar4", "budget": "1.6%", "triad_gbps": round(triad, 2),
-            "triad_gbps_after": round(triad_after, 2), "floor_bytes_per_param": FLOOR_BYTES, "rows": rows}
+            "triad_gbps_after": round(triad_after, 2), "floor_bytes_per_param": FLOOR_BYTES, "measured_on": measured_on(triad),
+            "rows": rows}
 
 
 def table(res: dict) -> str:

@@ -7,6 +7,8 @@ import statistics
 import sys
 import time
 
+from hilo.ops.bench.machine import measured_on
+
 # Student t quantiles t(0.975, df) for the 95% interval of a paired difference over few seeds
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -29,7 +31,10 @@ def results_dir(name: str, out: str | None) -> pathlib.Path:
 
 
 def save(res: dict, out_dir: pathlib.Path, name: str, as_json: bool) -> bool:
-    """Write OUT_DIR/NAME.json, say where, print the JSON when asked; True when the caller should print nothing more."""
+    """Write OUT_DIR/NAME.json, say where, print the JSON when asked; True when the caller should print nothing more.
+    `res` gains `measured_on` (ops/bench/machine.py: the commit and the machine) unless the benchmark set it."""
+    if "measured_on" not in res:
+        res["measured_on"] = measured_on()
     (out_dir / f"{name}.json").write_text(json.dumps(res, indent=2))
     print(f"bench {name}: results in {out_dir}", file=sys.stderr, flush=True)
     if as_json:

@@ -30,12 +30,13 @@ def measure(code: str, repeats: int = 3) -> dict:
 
 
 def main() -> int:
-    """Print {case: {wall_s, cpu_s, speedup}} as JSON."""
+    """Print {"measured_on", "cases": {case: {wall_s, cpu_s, speedup}}} as JSON."""
+    from hilo.ops.bench.machine import measured_on
     out = {name: measure(code) for name, code in CASES.items()}
     base = out[next(iter(CASES))]["wall_s"]
     for row in out.values():
         row["speedup"] = round(base / row["wall_s"], 1)
-    print(json.dumps(out, indent=1))
+    print(json.dumps({"measured_on": measured_on(), "cases": out}, indent=1))
     return 0
 
 

@@ -9,8 +9,9 @@ from .args import at_least, budget, config_from_args, config_options, fractions,
 def codecs(a):
     """Bytes, encode and apply time, error per codec x optimizer."""
     from hilo.ops.bench.codecs import run, table
-    rows = run(a.shapes, a.codecs, a.optimizers, a.steps, a.budget)
-    print(json.dumps(rows, indent=2) if a.json else table(rows))
+    from hilo.ops.bench.machine import measured_on
+    res = {"measured_on": measured_on(), "rows": run(a.shapes, a.codecs, a.optimizers, a.steps, a.budget)}
+    print(json.dumps(res, indent=2) if a.json else table(res))
     return 0
 
 

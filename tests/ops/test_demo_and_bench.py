@@ -1,5 +1,6 @@
 """The two things a newcomer runs first: the demo, and a benchmark's JSON."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -22,10 +23,22 @@ def test_demo_ends_with_every_site_at_the_trainer_digest():
     assert s["bytes_per_step"] <= 0.016 * s["adapter_bytes"]
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def measured_here(m: dict) -> None:
+    """`m` (a results file's measured_on) names this checkout's commit and this machine."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert (m["commit"], m["recorded"], m["cores"]) == (head, "at run", len(os.sched_getaffinity(0))), m
+    assert isinstance(m["dirty"], bool) and m["cpu_model"] != "unknown" and m["triad_gbps"] > 0, m
+
+
 def test_bench_codecs_json_has_the_documented_keys(capsys):
     from hilo.ops.cli import main
     assert main(["bench", "codecs", "--shapes", "tiny", "--optimizers", "adamw", "--steps", "1", "--budget", "20%", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    res = json.loads(capsys.readouterr().out)
+    measured_here(res["measured_on"])
+    rows = res["rows"]
     assert [r["codec"] for r in rows] == list(CODECS)
     for r in rows:
         assert {"codec", "optimizer", "shape", "bytes", "fraction_of_adapter", "encode_ms", "apply_ms", "rel_error"} <= set(r)
@@ -38,6 +51,7 @@ def test_bench_scrape_sees_consistent_lag_in_every_scrape(capsys, tmp_path):
     assert main(["bench", "scrape", "--shape", "tiny", "--versions", "20", "--every-ms", "5", "--out", str(tmp_path), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["digest_ok"] and res["scrapes"] >= 1 and res["inconsistent"] == 0  # latency is the full bench's number
+    measured_here(res["measured_on"])
     assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
 
 
@@ -48,7 +62,7 @@ def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(cap
     both = {(r["optimizer"], r["apply"]): r for r in res["rows"]}
     # each replayed to the trainer's digest on both apply paths (the bench raises otherwise)
     assert list(both) == [(o, a) for o in ("adamw", "sgd", "add") for a in ("kernel", "reference")]
-    assert res["triad_gbps"] > 0
+    assert res["triad_gbps"] > 0 and res["measured_on"]["triad_gbps"] == res["triad_gbps"]  # the triad it measured
     for r in both.values():
         assert r["versions"] == 4 and r["versions_per_s"] > 0 and 0 < r["message_bytes"] <= 0.016 * r["adapter_bytes_bf16"] + 1100
         assert r["snapshot_save_s"] >= 0 and r["snapshot_load_s"] >= 0 and r["apply_over_floor"] > 0

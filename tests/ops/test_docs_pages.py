@@ -1,5 +1,6 @@
 """The docs: every generated page is what ops/docs_pages.py renders (a table edited by hand, or a result saved
 without `hilo docs`, fails here), the README stays a short way in, and every relative link lands."""
+import json
 import pathlib
 import re
 import shutil
@@ -25,6 +26,23 @@ def test_every_saved_result_is_rendered():
     saved = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "results").rglob("*.json")}
     assert saved - docs_pages.sources() == set(), "results no page renders: add a region (ops/docs_pages.py REGIONS)"
     assert {s for s in docs_pages.sources() if not (ROOT / s).is_file()} == set()
+
+
+def test_every_saved_result_says_where_it_was_measured():
+    """Each results file names the commit and the machine (what nobody recorded is "unknown", never a guess)."""
+    for path in (ROOT / "docs" / "results").rglob("*.json"):
+        m = json.loads(path.read_text()).get("measured_on")
+        assert isinstance(m, dict) and {"commit", "dirty", "recorded", "cores", "cpu_model", "triad_gbps"} <= set(m), path
+        assert re.fullmatch(r"[0-9a-f]{40}", m["commit"]) and m["recorded"] in ("at run", "git log"), (path, m)
+
+
+def test_the_headline_quotes_the_newest_results_of_a_version():
+    """The README's first row (a 1.7B spar4 version: encode, decode + AdamW step) is the replay and pace benchmarks'
+    (was: the codecs table's, measured before the fused kernels: 0.73 s and 0.72 s)."""
+    replay, pace = (json.loads((ROOT / "docs" / "results" / f"{n}.json").read_text()) for n in ("replay", "pace"))
+    site = next(r for r in replay["rows"] if (r["shape"], r["optimizer"], r["apply"]) == ("qwen3-1.7b", "adamw", "kernel"))
+    first = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| one version of"))
+    assert f"encode {pace['encode_median_s']:.2f} s, decode + AdamW step {site['stage_s_per_version']['apply']:.3f} s" in first
 
 
 @pytest.fixture

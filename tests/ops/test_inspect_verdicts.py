@@ -12,7 +12,7 @@ import pytest
 import torch
 import zstandard
 
-from hilo.log import open_log, updates_topic
+from hilo.log import checkpoints_topic, open_log, updates_topic
 from hilo.log.tail import last_message
 from hilo.ops.cli import main
 from hilo.producer.producer import HiLoProducer
@@ -137,10 +137,13 @@ BAD = {
 def _site_verdicts(url, run, trust, appended):
     """The follower's verdict on each appended record, as a site reaches it: {offset: Skipped}."""
     log = open_log(url)
-    verifier = Verifier.load(trust) if trust else None
-    replica, pos = bootstrap_from_log(log, run, verifier=verifier)
-    follower = Follower(log, run, replica, pos, trust=verifier)
-    seen = {e.offset: e for e in follower.catch_up() if isinstance(e, Skipped)}
+    try:
+        verifier = Verifier.load(trust) if trust else None
+        replica, pos = bootstrap_from_log(log, run, verifier=verifier)
+        follower = Follower(log, run, replica, pos, trust=verifier)
+        seen = {e.offset: e for e in follower.catch_up() if isinstance(e, Skipped)}
+    finally:
+        log.close()
     assert set(seen) == set(appended.values()), f"the site skipped {sorted(seen)}, bad records are at {appended}"
     return seen
 
@@ -175,6 +178,42 @@ def test_inspect_gives_the_sites_verdict(bad_log, name, capsys):
     assert main(["inspect", "--log", url, "--run", run, "--offset", str(at), "--json", *(["--trust", trust] if trust else [])]) == 0
     d = json.loads(capsys.readouterr().out)
     assert (d["offset"], d["verdict"], d["reason"], d["detail"]) == (at, "skipped", site.reason, site.detail)
+
+
+BURST = 600  # more junk records than one Kafka poll returns (500): the reader holds the rest, fetched ahead
+
+
+@pytest.mark.kafka
+def test_inspect_inside_a_burst_of_junk_gives_the_sites_verdict(logs, capsys):
+    """Was: inside a burst of junk on Kafka, inspect said "every checkpoint ... has expired" (nothing had): the records
+    fetched ahead of the offset it read filled the next poll, and the read of RUN.checkpoints came back empty."""
+    run = new_run("burst")
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
+    publish_random(producer, 2)
+    log = logs(KAFKA_URL)
+    ctx = Ctx(log, run, producer)
+    junk = [r for _ in range(BURST // 2) for r in (*ctx.records(os.urandom(300)), *_absurd_size(ctx))]  # malformed, limit
+    first = log.append(updates_topic(run), junk)[0]
+    producer.close()
+    site = _site_verdicts(KAFKA_URL, run, None, {i: first + i for i in range(BURST)})
+    for at in (first, first + 1, first + BURST - 1):
+        assert main(["inspect", "--log", KAFKA_URL, "--run", run, "--offset", str(at), "--json"]) == 0, capsys.readouterr().err
+        d = json.loads(capsys.readouterr().out)
+        assert (d["verdict"], d["reason"], d["detail"]) == ("skipped", site[at].reason, site[at].detail)
+    assert [site[first].reason, site[first + 1].reason] == ["malformed", "limit"]
+
+
+def test_without_a_usable_checkpoint_inspect_says_what_is_true(tmp_path, logs, capsys):
+    """Was: "every checkpoint ... has expired" whenever none was found, although nothing had expired."""
+    url, run = f"file://{tmp_path}/log", "r"
+    log = logs(url)
+    log.create_topics(run)
+    log.append(checkpoints_topic(run), [(None, b"not a checkpoint", {})])
+    log.append(updates_topic(run), split(os.urandom(300), run, "update", 1))
+    assert main(["inspect", "--log", url, "--run", run, "--offset", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "offset 0: no verdict" in err and "no checkpoint of run 'r' was read from r.checkpoints, which retains every " \
+        "offset it has had (0..0)" in err and "expired" not in err, err
 
 
 def test_the_table_covers_every_reason_a_site_skips_for():

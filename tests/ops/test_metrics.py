@@ -105,6 +105,42 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path, logs):
         producer.close()
 
 
+def test_a_snapshot_the_state_dir_holds_is_counted(tmp_path):
+    """Scraped while the writer is held just after putting the snapshot of v1 in place (the old one not yet removed):
+    the snapshot stage counts it. (It was counted once the save returned: a scrape in between showed k - 1 while the
+    state dir held v_k.)"""
+    import threading
+    url, run = f"file://{tmp_path}/log", new_run("snapcount")
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
+    publish_random(producer, 2)
+    site = open_site(url, run, tmp_path, export_adapters=False, snapshot_every=1, until_version=2)
+    in_place, go, errors = threading.Event(), threading.Event(), []
+
+    def hold(point):  # the store's failpoint: the first snapshot waits once it is in place
+        if point == "new-in-place" and not in_place.is_set():
+            in_place.set()
+            go.wait(60)
+
+    def follow():
+        try:
+            site.run(progress=False)
+        except Exception as e:  # noqa: BLE001  (the test reads it)
+            errors.append(e)
+    site.store.failpoint = hold
+    t = threading.Thread(target=follow)
+    with endpoint(site.metrics.registry) as base:
+        t.start()
+        try:
+            assert in_place.wait(60), "no snapshot was put in place"
+            held = json.loads((tmp_path / "s" / "snapshot" / "position.json").read_text())["version"]
+            assert (held, value(scrape(base), "hilo_site_stage_seconds_count", stage="snapshot")) == (1, 1)
+        finally:
+            go.set()
+            t.join(60)
+    assert not errors and not t.is_alive() and site.follower.replica.version == 2, errors
+    producer.close()
+
+
 @contextlib.contextmanager
 def endpoint(registry, ready=None, **cfg):
     """An in-process endpoint on a free port over `registry`; yields its base URL."""
