@@ -42,7 +42,8 @@ FORMATS = ("raw", "ckpt")  # what `save` writes: raw (the default), or the check
 HEADER_MAX = 16 << 20      # bytes of state.msgpack read at most (a manifest of the largest adapter is well under 1 MB)
 
 
-def _fsync_dir(path: pathlib.Path):
+def fsync_dir(path) -> None:
+    """Make a new file or a rename in the folder `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -120,7 +121,7 @@ class SnapshotStore:
             "position.json": json.dumps(position.to_json() | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
         for name, data in (files | (extra or {})).items():
             _write(tmp / name, [data])
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         self.failpoint("written")
         old = self.dir / f"snapshot.old-{os.getpid()}"
         if self.path.exists():  # whole: it only ever appears by a rename of a complete directory
@@ -128,7 +129,7 @@ class SnapshotStore:
             os.replace(self.path, old)
         self.failpoint("old-moved")
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.failpoint("new-in-place")
         for stale in self.dir.glob("snapshot.*-*"):  # this save's old copy, and leftovers of crashed saves
             shutil.rmtree(stale, ignore_errors=True)
