@@ -211,15 +211,16 @@ class Generator:
         lying = self.serving.lie  # a test hook (consumer/lies.py); None: honest
         samples = self.server.complete(p.token_ids, sharpened(p.sampling) if lying == "sharpen" else p.sampling)
         t1 = time.perf_counter()
-        end = self.serving.version
+        end = version + 1 if lying == "span" else self.serving.version
+        engine = f"vllm {self.server.version}" if self.server.version else None  # what served it, for the trainer's audit
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
-            if lying == "logprobs":
+            if lying in ("logprobs", "span"):
                 logprobs = made_up(logprobs)
             reward = float(self.reward(p.token_ids, ids))
             r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
                               finish if finish in ("stop", "length") else "abort",
-                              {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1})
+                              {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}, self.serving.dtype, engine)
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
                         {H.RUN: self.run, H.KIND: "rollout", H.PROMPT: p.prompt_id, H.SITE: self.site, H.VERSION: str(version)}))
         return out

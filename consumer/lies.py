@@ -4,6 +4,7 @@
     HILO_LIE=perturb  hilo consume ... --no-self-check    # serves each version with one block scaled by 1 + 1e-3
     HILO_LIE=logprobs hilo consume ...                     # reports made-up behaviour log-probabilities (x 0.99)
     HILO_LIE=sharpen  hilo consume ...                     # samples at a quarter of the prompt's temperature
+    HILO_LIE=span     hilo consume ...                     # made-up log-probabilities, stamped version_end = start + 1
 
 Unset (the normal case) a site is honest. `previous` and `perturb` are what a stale vLLM adapter cache or a corrupted
 load look like; the site's own self-check catches them (consumer/self_check.py) unless it is turned off, as a site
@@ -11,6 +12,8 @@ that lies on purpose would. `logprobs` is a site sending rollouts under its vali
 vLLM never computed. The trainer's audit (producer/rollout_audit.py) catches all three per rollout. `sharpen` is a
 site that samples from another policy (a sharper one) and reports the right log-probabilities of what it sampled
 (vLLM's raw ones): every per-token check passes, and only the audit's sampling test can catch it, statistically.
+`span` is `logprobs` on rollouts stamped as if the adapter was reloaded mid-request (version_end = version_start + 1),
+which an audit that skipped rollouts spanning versions never checked.
 """
 import dataclasses
 import os
@@ -23,7 +26,8 @@ from hilo.schemas.errors import ConfigError
 LIES = {"previous": "serve the previously loaded adapter under the new version",
         "perturb": "serve each version with its largest lora_B block scaled by 1 + PERTURB",
         "logprobs": "report each behaviour log-probability times LOGPROB_SCALE",
-        "sharpen": "sample at the prompt's temperature times SHARPEN, reporting vLLM's (right) log-probabilities"}
+        "sharpen": "sample at the prompt's temperature times SHARPEN, reporting vLLM's (right) log-probabilities",
+        "span": "report made-up log-probabilities (as logprobs) on rollouts stamped version_end = version_start + 1"}
 PERTURB = 1e-3
 LOGPROB_SCALE = 0.99
 SHARPEN = 0.25

@@ -34,6 +34,7 @@ from hilo.ops.tiny_trainer import with_lora
 from hilo.producer.importance import mismatch_kl
 from hilo.producer.config import ProducerConfig
 from hilo.producer.producer import HiLoProducer
+from hilo.producer.audit_verdicts import VerdictStore
 from hilo.producer.rollout_audit import AuditConfig, Auditor
 from hilo.producer.rollout_book import RolloutPolicy
 from hilo.producer.rollout_exchange import RolloutExchange
@@ -61,9 +62,11 @@ class RLConfig:
                     "task; ops/rl_bases.py). The servers must serve it: python -m hilo.ops.rl_bases NAME prints the directory")
     log: str | None = opt(None, "the log URL (none: a file:// log in a temp folder)")
     run: str | None = opt(None, "the run id; with state_dir, the run to resume (none: a new one, rl-TIME-PID)")
-    state_dir: str | None = opt(None, "the trainer's state (its snapshot and the rollout ledger, producer/rollout_ledger.py): "
+    state_dir: str | None = opt(None, "the trainer's state (its snapshot, the rollout ledger, producer/rollout_ledger.py, and "
+                                "the audit's verdicts, producer/audit_verdicts.py): "
                                 "a restarted `hilo rl` with the same run and state dir continues where the log says it was, "
-                                "training on no group twice and losing no prompt in flight")
+                                "training on no group twice, losing no prompt in flight and still refusing a site it "
+                                "quarantined")
     sites: int = opt(2, "how many generating sites this command starts (0: sites started elsewhere answer)")
     prompt_partitions: int = opt(4, "partitions of RUN.prompts on Kafka (at most this many sites share the prompts)")
     staleness: int = opt(2, "S, how many versions a sample's policy may trail the trainer's (0: synchronous)")
@@ -188,7 +191,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None
     auditor = None
     if cfg.audit.share > 0:  # keeps the params of the last S + 1 versions: a rollout older than those is stale anyway
-        auditor = Auditor(cfg.audit, model, producer.manifest, cfg.staleness + 1, producer.metrics)
+        store = VerdictStore(f"{cfg.state_dir}/audit.json") if cfg.state_dir else None  # a restart keeps the verdicts
+        auditor = Auditor(cfg.audit, model, producer.manifest, cfg.staleness + 1, producer.metrics, store=store)
         auditor.remember(producer.version, producer.replica.state.params)
     exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=max(cfg.prompt_partitions, cfg.sites), metrics=producer.metrics,
                                ledger=ledger, auditor=auditor)
@@ -291,7 +295,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
         for n, v in sorted(auditor.verdicts.items()):
             say(f"audit {n}: {v.audited} audited, {v.passed} passed, {v.failed} failed, worst difference {v.worst:.3g} "
                 f"(tolerance {cfg.audit.tolerance:g}), sampling z {v.z:+.2f} over {v.tokens} tokens"
-                + (f"; QUARANTINED: {v.evidence}" if v.quarantined else ""))
+                + (f", {v.refused} refused by their version stamps" if v.refused else "")
+                + (f"; served by {v.served}" if v.served else "") + (f"; QUARANTINED: {v.evidence}" if v.quarantined else ""))
         say(f"audit: {auditor.seconds:.2f} s of the trainer's time ({100 * auditor.seconds / wall:.1f}% of the run), "
             f"{auditor.kept_bytes:,} bytes of params kept for {len(auditor.versions)} versions")
     if as_json:

@@ -23,9 +23,10 @@ from hilo.schemas.rollouts import PromptRecord, RolloutRecord
 
 # Why a rollout is not trained on: the reasons the trainer counts (and its metrics label).
 DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy",
-                "audit-failed", "quarantined",  # the audit's (producer/rollout_audit.py), asked by the book
+                "bad-stamp", "audit-failed", "quarantined",  # the audit's (producer/rollout_audit.py), asked by the book
                 "malformed", "non-finite", "unsigned", "forged")  # the last four: refused before the book (rollout_exchange)
-RETIRING = ("stale", "too-old-policy", "audit-failed", "quarantined")  # the group can no longer complete: it leaves flight
+AUDIT_REASONS = ("bad-stamp", "audit-failed", "quarantined")
+RETIRING = ("stale", "too-old-policy", *AUDIT_REASONS)  # the group can no longer complete: it leaves flight
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class RolloutBook:
         if aged:
             self.dropped["stale" if reason == "too-old-policy" else reason] += aged
         self.retired.add(prompt_id)
-        if reason in ("audit-failed", "quarantined"):
+        if reason in AUDIT_REASONS:
             self.retired_by[prompt_id] = reason
 
     def age_out(self, trainer_version: int) -> list:

@@ -46,6 +46,11 @@ def site_keys(directory) -> dict:
     return keys
 
 
+def _stamps(r) -> str:
+    """A rollout's version stamps, as a refusal line shows them."""
+    return f"v{r.version_start}" if r.version_end == r.version_start else f"v{r.version_start}..v{r.version_end}"
+
+
 class RolloutExchange:
     """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
 
@@ -105,7 +110,10 @@ class RolloutExchange:
         return self.restored
 
     def record_step(self, version: int, groups) -> None:
-        """Before publishing `version`: write down the groups its step trains on (and the prompts retired since)."""
+        """Before publishing `version`: write down the groups its step trains on (and the prompts retired since), and
+        the audit's verdicts."""
+        if self.auditor is not None:
+            self.auditor.save()  # the verdicts so far, beside the ledger (a store-less auditor: nothing)
         if self.ledger is None:
             return
         new = self.book.retired - self._retired_recorded
@@ -178,7 +186,7 @@ class RolloutExchange:
         reason = self.book.offer(r, trainer_version, rec.offset, self.auditor.judge if self.auditor is not None else None)
         if reason is not None:
             self._refused(reason, f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} from site "
-                                  f"{r.site} (v{r.version_start}, trainer at v{trainer_version})", counted=True)
+                                  f"{r.site} ({_stamps(r)}, trainer at v{trainer_version})", counted=True)
         while self.auditor is not None and self.auditor.newly_quarantined:
             site = self.auditor.newly_quarantined.pop(0)
             before = self.book.dropped["quarantined"]

@@ -45,7 +45,8 @@ FORMATS = ("raw", "ckpt")  # what `save` writes: raw (the default), or the check
 HEADER_MAX = 16 << 20      # bytes of state.msgpack read at most (a manifest of the largest adapter is well under 1 MB)
 
 
-def _fsync_dir(path: pathlib.Path):
+def fsync_dir(path) -> None:
+    """Make a new file or a rename in the folder `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -168,7 +169,7 @@ class SnapshotStore:
             "position.json": json.dumps(position.to_json() | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
         for name, data in (files | extra).items():
             _write(tmp / name, [data])
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         self.failpoint("written")
         if written is not None:
             written()
@@ -178,7 +179,7 @@ class SnapshotStore:
             os.replace(self.path, old)
         self.failpoint("old-moved")
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.failpoint("new-in-place")
         for stale in self.dir.glob("snapshot.*-*"):  # this save's old copy, and leftovers of crashed saves
             shutil.rmtree(stale, ignore_errors=True)

@@ -24,6 +24,8 @@ FINISH_REASONS = ("stop", "length", "abort")   # vLLM's finish_reason values a r
 MAX_SAMPLES = 1024                             # n per prompt
 MAX_ID_BYTES = 128                             # prompt ids and site names
 LOGPROB_SLACK = 1e-4                           # a log-probability may exceed 0 by rounding, not more
+EXPORT_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes a site may export its adapters in
+MAX_ENGINE_BYTES = 64                          # "vllm 0.32.0"
 
 
 def _tokens(buf: bytes, key: str, what: str, most: int) -> np.ndarray:
@@ -109,6 +111,8 @@ class RolloutRecord:
     version_start / version_end: the policy version vLLM served when the request started and when it ended (a
     reload in between makes them differ, and the trainer sees it). logprobs: the behaviour log-probability of each
     completion token under the serving policy. timings: seconds, e.g. {"queued_s", "generate_s", "reward_s"}.
+    export_dtype / engine (optional, None: not said): the dtype the site gave the engine its adapters in, and the
+    engine and its version ("vllm 0.32.0"); the trainer's audit recomputes at that dtype.
     """
 
     run: str
@@ -123,6 +127,8 @@ class RolloutRecord:
     reward_fn: str
     finish_reason: str
     timings: dict = field(default_factory=dict)
+    export_dtype: str | None = None
+    engine: str | None = None
 
     def to_bytes(self, signer=None) -> bytes:
         """Frame as a rollout record (signed by the site's key when it has one)."""
@@ -131,7 +137,9 @@ class RolloutRecord:
             "version_start": self.version_start, "version_end": self.version_end,
             "completion_ids": _pack_tokens(self.completion_ids), "logprobs": np.asarray(self.logprobs, dtype="<f4").tobytes(),
             "reward": float(self.reward), "reward_fn": self.reward_fn, "finish_reason": self.finish_reason,
-            "timings": {k: float(v) for k, v in self.timings.items()}}, signer=signer)
+            "timings": {k: float(v) for k, v in self.timings.items()},
+            # optional: absent when not said, so a record without them is the bytes it was before they existed
+            **{k: v for k, v in (("export_dtype", self.export_dtype), ("engine", self.engine)) if v is not None}}, signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "RolloutRecord":
@@ -159,11 +167,15 @@ class RolloutRecord:
         timings = F.get_scalar_map(body, "timings", what, limits.max_params)
         if not all(isinstance(v, (int, float)) and v >= 0 for v in timings.values()):
             raise MalformedMessage(f"{what}: field 'timings' must map names to seconds >= 0")
+        dtype = F.get_str(body, "export_dtype", what, 16) if "export_dtype" in body else None
+        if dtype is not None and dtype not in EXPORT_DTYPES:
+            raise MalformedMessage(f"{what}: field 'export_dtype' = {dtype!r}, expected one of {list(EXPORT_DTYPES)}")
+        engine = F.get_str(body, "engine", what, MAX_ENGINE_BYTES) if "engine" in body else None
         return RolloutRecord(F.get_str(body, "run", what, limits.max_name_bytes), pid, sample,
                              F.get_str(body, "site", what, MAX_ID_BYTES), start, end, tuple(int(t) for t in ids),
                              tuple(float(x) for x in logprobs), F.get_float(body, "reward", what),
                              F.get_str(body, "reward_fn", what, limits.max_name_bytes), finish,
-                             {k: float(v) for k, v in timings.items()})
+                             {k: float(v) for k, v in timings.items()}, dtype, engine)
 
 
 def decode_rollout_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS):

@@ -1,6 +1,7 @@
 """The trainer's audit over real `hilo rl` runs with a real vLLM CPU server: honest sites pass every audit (the margin to
 the tolerance is reported); a site that serves v-1 while claiming v, one that serves a perturbed adapter, and one that
-makes up its log-probabilities are each quarantined while the honest site carries the run to the trainer's digest.
+makes up its log-probabilities are each quarantined while the honest site carries the run to the trainer's digest; one
+that stamps its made-up rollouts as spanning two versions is too, and stays quarantined across a trainer restart.
 The liars run with HILO_LIE (consumer/lies.py) and, where their own self-check would stop them, --no-self-check."""
 import json
 import os
@@ -18,19 +19,21 @@ REWARD = "hilo.ops.digit_task:partial_reward"
 RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")
 
 
-def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None):
-    """A generating site of `run` that exits at v`steps`; its stderr in tmp_path/NAME.log."""
+def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None, dtype="float32"):
+    """A generating site of `run` that exits at v`steps`, exporting adapters in `dtype`; its stderr in tmp_path/NAME.log."""
     with open(tmp_path / f"{name}.log", "w") as stderr:  # the child holds its own copy
         return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
-                    vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", "float32", "--generate", "--reward", REWARD,
+                    vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", dtype, "--generate", "--reward", REWARD,
                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
                     stderr=stderr, env=env)
 
 
-def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra):
+def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra, until=None, honest_dtype="float32"):
     """(trainer, {"honest", "liar"}): the liar and the trainer first, the honest site once the liar serves v0, so the
-    liar answers prompts however slowly the machine starts processes (the honest site alone once took every prompt)."""
-    sites = {"liar": _site(log, run, "liar", tmp_path, url, steps, *extra, env=dict(os.environ, HILO_LIE=lie))}
+    liar answers prompts however slowly the machine starts processes (the honest site alone once took every prompt).
+    The trainer stops at v`steps`, the sites at v`until` (default: the same)."""
+    until = steps if until is None else until
+    sites = {"liar": _site(log, run, "liar", tmp_path, url, until, *extra, env=dict(os.environ, HILO_LIE=lie))}
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), *trainer_args)
     try:
         wait_until(lambda: "now serves v0" in (tmp_path / "liar.log").read_text() or sites["liar"].poll() is not None, 600,
@@ -41,7 +44,7 @@ def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra)
             q.kill()
             q.wait()
         raise
-    sites["honest"] = _site(log, run, "honest", tmp_path, url, steps)
+    sites["honest"] = _site(log, run, "honest", tmp_path, url, until, dtype=honest_dtype)
     return trainer, sites
 
 
@@ -138,3 +141,41 @@ def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught
           f"{honest['z']:+.2f} over {honest['tokens']} tokens")
     assert liar["failed"] == 0 and liar["quarantined"] and "standardized surprisal" in liar["evidence"], liar
     assert not honest["quarantined"] and abs(honest["z"]) < 4, honest
+
+
+def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a_bf16_site_is_one_line(vllm, tmp_path):
+    """HILO_LIE=span: made-up log-probabilities on rollouts stamped version_end = version_start + 1 (all of them were
+    accepted unaudited before). Such a stamp names a version the trainer has not published (refused, `bad-stamp`) or,
+    from a site behind the head, is audited across the span: the liar is quarantined. Beside it an honest site
+    exporting bf16 adapters (`hilo consume`'s default; the trainer assumes float32): one warning line, audited at bf16,
+    never failed. The trainer, stopped at v3 and started again on its state dir, still refuses the liar."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("auditspan"), 5
+    args = ("--log", log, "--run", run, "--sites", "0", "--state-dir", str(tmp_path / "trainer"), "--audit-share", "1", *RL)
+    trainer, sites = _liar_then_honest(log, run, tmp_path, url, 3, args[6:], "span", until=steps, honest_dtype="bfloat16")
+    with reaped(trainer, sites):
+        out, err = trainer.communicate(timeout=900)
+        assert trainer.returncode == 0, err[-3000:]
+        again = hilo("rl", "--vllm", url, "--steps", str(steps), *args)
+        with reaped(again):
+            out2, err2 = again.communicate(timeout=900)
+        assert again.returncode == 0, err2[-3000:]
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
+    first, second = json.loads(out), json.loads(out2)
+    liar, honest = first["audit"]["sites"]["liar"], first["audit"]["sites"]["honest"]
+    print(f"span: liar refused {liar['refused']}, audited {liar['audited']} ({liar['spanning']} spanning), failed "
+          f"{liar['failed']}: {liar['evidence']}\n  honest: audited {honest['audited']}, worst {honest['worst']:.3g}, served by "
+          f"{honest['served']}; dropped {first['dropped']}, after the restart {second['dropped']}")
+    assert liar["quarantined"] and liar["failed"] == 2 and liar["refused"] + liar["audited"] >= 2, liar
+    assert ("is not published" in liar["evidence"] or "claims v" in liar["evidence"]) and liar["served"].startswith("vllm ")
+    assert first["dropped"].get("bad-stamp", 0) + first["dropped"].get("audit-failed", 0) >= 2, first["dropped"]
+    assert honest["audited"] > 0 and honest["failed"] == 0 and not honest["quarantined"], honest
+    assert honest["served"].startswith("vllm ") and honest["served"].endswith(", bfloat16 adapters"), honest
+    said = [line for line in err.splitlines() if "site honest serves vllm" in line]
+    assert len(said) == 1 and "not the float32 adapters this trainer assumed" in said[0], said
+    # restarted: the verdict came back from the state dir, and the liar's rollouts are dropped unaudited
+    kept = second["audit"]["sites"]["liar"]
+    assert kept["quarantined"] and kept["evidence"] == liar["evidence"] and kept["audited"] == liar["audited"], kept
+    assert any("site liar stays quarantined" in line for line in err2.splitlines()), err2[-3000:]
+    assert second["dropped"].get("quarantined", 0) > 0 and second["version"] == steps, second["dropped"]
+    assert all(m is not None and m.group(1) == second["trainer_digest"] for m in digests.values()), digests

@@ -1,14 +1,20 @@
 """The trainer's audit without a vLLM server: rollouts scored and sampled by the tiny model itself (the real forward
 pass), honest ones pass, wrong versions and made-up log-probabilities fail, a site past the threshold is quarantined
 and its rollouts and waiting samples are dropped, and sampling from another policy is caught by the sampling test.
+Rollouts spanning versions are audited against them, stamps no trainer published are refused, a site's export dtype
+is audited at, and verdicts survive a restart.
 The same audit against a real vLLM server: tests/ops/test_audit.py."""
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from hilo.ops.tiny_trainer import build_model
 from hilo.producer.lora_params import lora_parameters
+from hilo.producer.audit_match import match
+from hilo.producer.audit_verdicts import VerdictStore
+from hilo.producer.audit_versions import stamp_refusal
 from hilo.producer.rollout_audit import AuditConfig, Auditor
 from hilo.producer.rollout_book import DROP_REASONS, RolloutBook, RolloutPolicy
 from hilo.replica.forward import completion_logprobs, lora_names
@@ -193,3 +199,151 @@ def test_the_book_drops_a_failed_group_and_a_quarantined_sites_waiting_samples()
 def test_bad_audit_config_is_one_line(field, value, msg):
     with pytest.raises(ConfigError, match=msg):
         AuditConfig(**{field: value})
+
+
+def switching(model, names, before, after, switch_at, n_tokens=4, seed=0):
+    """(ids, honest log-probabilities) of a request whose adapter was replaced mid-way: tokens before `switch_at` sampled
+    under `before`, the rest under `after` (what a site whose engine reloaded mid-request sends, stamped start..end)."""
+    head, head_lps = sample(model, names, before, n_tokens=switch_at, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    ids, lps = list(PROMPT) + list(head), list(head_lps)
+    p = dict(zip(names, after))
+    with torch.no_grad():
+        for _ in range(n_tokens - switch_at):
+            logits = torch.func.functional_call(model, p, (torch.tensor([ids]),)).logits[0, -1].double()
+            x = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
+            lps.append(float(torch.log_softmax(logits, -1)[x]))
+            ids.append(x)
+    return tuple(ids[len(PROMPT):]), tuple(lps)
+
+
+def spanning(pid, site, start, end, ids, lps, **kw):
+    return RolloutRecord("r", pid, 0, site, start, end, ids, lps, 0.0, "m:f", "length", **kw)
+
+
+def test_a_rollout_spanning_versions_is_audited_against_them_in_order_and_a_spanning_liar_is_quarantined(model):
+    """Stamped v1..v2 (a reload mid-request): tokens of v1 then v2 pass; the same tokens with made-up log-probabilities
+    (the `span` lie), tokens of v0 claimed as v1..v2, and tokens of v2 then v1 (versions going back) fail, and the
+    liar is quarantined. (Before: every rollout whose stamps differed was accepted unaudited.)"""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    a = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=2)
+    ids, lps = switching(model, names, vs[1], vs[2], 2, seed=3)
+    assert a.judge(spanning("h", "honest", 1, 2, ids, lps), prompt(0)) is None
+    assert a.verdicts["honest"].spanning == 1 and a.verdicts["honest"].worst_passed < 1e-5
+    back_ids, back_lps = switching(model, names, vs[2], vs[1], 2, seed=4)
+    assert a.judge(spanning("b", "backwards", 1, 2, back_ids, back_lps), prompt(0)) == "audit-failed"
+    assert a.verdicts["backwards"].failed == 1
+    assert a.judge(spanning("x", "liar", 1, 2, ids, tuple(x * 0.99 for x in lps)), prompt(0)) == "audit-failed"
+    old_ids, old_lps = sample(model, names, vs[0], seed=5)
+    assert a.judge(spanning("y", "liar", 1, 2, old_ids, old_lps), prompt(1)) == "audit-failed"
+    liar = a.verdicts["liar"]
+    assert (liar.audited, liar.spanning, liar.failed, liar.quarantined) == (2, 2, 2, True), liar
+    assert "claims v1..v2: token " in liar.evidence and liar.failed_rollouts == ["x/0", "y/0"], liar.evidence
+
+
+def test_the_match_takes_each_tokens_version_in_order():
+    """Per token, a claimed version within the tolerance, never going back; the evidence names the token where it broke."""
+    lp = lambda *xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
+    zeros = torch.zeros(3, dtype=torch.float64)
+    v0, v1 = (lp(-1.0, -2.0, -3.0), zeros, zeros), (lp(-1.5, -2.5, -3.5), zeros, zeros)
+    ok = match([v0, v1], lp(-1.0, -2.5, -3.5), 1e-4)
+    assert ok.ok and ok.worst == 0.0 and ok.lp.tolist() == [-1.0, -2.5, -3.5]
+    back = match([v0, v1], lp(-1.5, -2.0, -3.0), 1e-4)  # v1 then v0: each token fits one version, not in order
+    assert not back.ok and (back.at, back.version) == (1, 1) and back.worst == 0.5
+    wrong = match([v0, v1], lp(-1.0, -2.2, -3.0), 1e-4)  # token 1 fits neither: the closest is named
+    assert not wrong.ok and wrong.at == 1 and abs(wrong.worst - 0.2) < 1e-12
+    assert match([v0], lp(-1.0), 1e-4).worst == math.inf  # one log-probability for three tokens
+
+
+def test_stamps_the_trainer_never_published_or_a_span_wider_than_S_are_refused_drawn_or_not(model):
+    """Checked on every rollout whatever the share (here 0: none drawn): a version_end beyond the trainer's head, or
+    a span of more than S = keep - 1 versions, is refused with its reason and counts toward the quarantine."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    a = Auditor(AuditConfig(share=0.0, quarantine_after=2), model, manifest, keep=2)
+    for v, params in enumerate(vs):
+        a.remember(v, params)
+    ids, lps = sample(model, names, vs[2])
+    assert a.judge(spanning("ok", "s", 2, 2, ids, lps), prompt(0)) is None  # not drawn: accepted unchecked, as before
+    assert a.judge(spanning("f", "s", 2, 3, ids, lps), prompt(0)) == "bad-stamp"
+    assert (a.verdicts["s"].refused, a.verdicts["s"].failed, a.verdicts["s"].quarantined) == (1, 1, False)
+    assert a.judge(spanning("w", "s", 0, 2, ids, lps), prompt(1)) == "bad-stamp"
+    s = a.verdicts["s"]
+    assert (s.refused, s.failed, s.audited, s.quarantined) == (2, 2, 0, True)
+    assert s.evidence.startswith("2 of 2 rollouts checked failed (0 audited, 2 refused by their stamps); the latest: prompt w "
+                                 "sample 0 is stamped v0..v2: a span of 2 versions, wider than the staleness bound S = 1"), s
+    assert stamp_refusal(spanning("f", "s", 2, 3, ids, lps), 2, 1).endswith("v3 is not published (the trainer's head is v2)")
+    assert "bad-stamp" in DROP_REASONS
+
+
+def test_the_draw_is_moved_by_nothing_the_site_writes(model):
+    """The same issued (run, prompt, sample) draws the same whatever stamps, site, tokens, log-probabilities, dtype or
+    engine the site puts on it: only the trainer's key and what it issued decide."""
+    manifest, _ = versions(model, 1)
+    a = Auditor(AuditConfig(share=0.5), model, manifest, keep=1, key=b"k" * 32)
+    for i in range(200):
+        r = record(f"p{i}", i % 4, "s", 0, (1,), (-1.0,))
+        forged = dataclasses.replace(r, site="other", version_start=3, version_end=4, completion_ids=(2, 3),
+                                     logprobs=(-0.1, -0.2), timings={"generate_s": float(i)}, export_dtype="bfloat16",
+                                     engine=f"vllm {i}")
+        assert a.drawn(r) == a.drawn(forged)
+
+
+def test_a_site_exporting_another_dtype_is_audited_at_it_and_said_once(model, caplog):
+    """An honest site exporting bf16 adapters (the default of `hilo consume`) under a trainer that assumed float32: its
+    rollouts say so and are recomputed with bf16-rounded params, so they pass; the mismatch is one warning line, not a
+    failure. The same rollouts without the field (assumed float32) are off by up to 1e-3 and fail."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    bf16 = [[p.to(torch.bfloat16).float() for p in params] for params in vs]
+    rollouts = [(i, *sample(model, names, bf16[v], seed=40 + i), v) for i, v in enumerate((1, 2, 1, 2))]
+    said = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=9)
+    with caplog.at_level("WARNING", logger="hilo.producer.rollout_audit"):
+        got = [said.judge(spanning(f"p{i}", "bf", v, v, ids, lps, export_dtype="bfloat16", engine="vllm 0.32.0"), prompt(i))
+               for i, ids, lps, v in rollouts]
+    lines = [r.getMessage() for r in caplog.records if "bfloat16" in r.getMessage()]
+    assert got == [None] * 4 and said.verdicts["bf"].failed == 0 and said.verdicts["bf"].worst_passed < 1e-5
+    assert said.verdicts["bf"].served == "vllm 0.32.0, bfloat16 adapters"
+    assert lines == ["site bf serves vllm 0.32.0, bfloat16 adapters, not the float32 adapters this trainer assumed "
+                     "(--audit-served-dtype): its rollouts are audited at bfloat16, as it served them"], lines
+    unsaid = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=9)
+    assert [unsaid.judge(spanning(f"p{i}", "bf", v, v, ids, lps), prompt(i)) for i, ids, lps, v in rollouts] \
+        == ["audit-failed"] * 4
+
+
+def test_verdicts_survive_a_restart_and_a_failure_judged_again_counts_once(model, tmp_path):
+    """Kept in the state dir (audit.json, replaced atomically; the draw key in audit.key, 0600): a restarted trainer's
+    auditor refuses the site it quarantined, with its evidence and counts, and a failed rollout offered again after
+    the restart (its prompt was still in flight) is not counted twice."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+
+    def started():
+        a = Auditor(AuditConfig(share=1.0, tolerance=1e-4, quarantine_after=2), model, manifest, keep=3,
+                    store=VerdictStore(str(tmp_path / "audit.json")))
+        for v, params in enumerate(vs):
+            a.remember(v, params)
+        return a
+
+    first = started()
+    stale = sample(model, names, vs[1], seed=7)
+    honest = sample(model, names, vs[2], seed=8)
+    assert first.judge(record("x0", 0, "liar", 2, *stale), prompt(0)) == "audit-failed"
+    assert first.judge(record("h0", 0, "honest", 2, *honest), prompt(0)) is None
+    first.save()  # what the exchange does before each version is published
+    again = started()  # a crash, then a restart: the same failed rollout is offered again
+    assert again.key == first.key and (tmp_path / "audit.key").stat().st_mode & 0o777 == 0o600
+    assert again.judge(record("x0", 0, "liar", 2, *stale), prompt(0)) == "audit-failed"
+    assert (again.verdicts["liar"].failed, again.verdicts["liar"].quarantined) == (1, False)
+    assert again.verdicts["honest"].passed == 1 and again.verdicts["honest"].tokens == 4
+    assert again.judge(record("x1", 0, "liar", 2, *stale), prompt(1)) == "audit-failed"  # a second, new failure
+    evidence = again.verdicts["liar"].evidence
+    assert again.verdicts["liar"].quarantined and evidence.startswith("2 of 3 rollouts checked failed"), evidence
+    (tmp_path / "audit.json.tmp").write_text("{torn")  # a crash mid-save leaves the committed file whole
+    third = started()
+    assert third.verdicts["liar"].quarantined and third.verdicts["liar"].evidence == evidence
+    assert third.judge(record("h1", 0, "liar", 2, *honest), prompt(1)) == "quarantined"
+    (tmp_path / "audit.json").write_text("[]")
+    with pytest.raises(ConfigError, match=r"audit.json: not the trainer's audit verdicts .*remove it to start every site clean"):
+        started()

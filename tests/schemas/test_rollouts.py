@@ -1,4 +1,5 @@
 """The return path's wire format: prompt and rollout records round-trip, and every bad field is refused by name."""
+import dataclasses
 import math
 
 import msgpack
@@ -95,3 +96,16 @@ def test_a_site_signs_its_rollouts(tmp_path):
     forged = ROLLOUT.to_bytes(Signer.load(str(other)))
     with pytest.raises(SignatureError):
         Verifier.load(str(public)).verify(*split_trailer(forged, "r"), "r")
+
+
+def test_what_served_a_rollout_is_optional_on_the_wire():
+    """export_dtype and engine (the audit recomputes at that dtype) round-trip; a record without them has neither key,
+    its bytes as before they existed, and decodes with None; a dtype no site exports is refused by name."""
+    said = dataclasses.replace(ROLLOUT, export_dtype="bfloat16", engine="vllm 0.32.0")
+    assert decode_rollout_record(said.to_bytes(), "r") == said
+    assert {"export_dtype", "engine"}.isdisjoint(body_of(ROLLOUT)) and decode_rollout_record(ROLLOUT.to_bytes(), "r").engine is None
+    body = body_of(said) | {"export_dtype": "int8"}
+    with pytest.raises(MalformedMessage, match="field 'export_dtype' = 'int8', expected one of"):
+        decode_rollout_record(frame(KIND_ROLLOUT, body), "RUN.rollouts offset 9")
+    with pytest.raises(MalformedMessage, match="field 'engine' must be 1..64 bytes"):
+        decode_rollout_record(frame(KIND_ROLLOUT, body_of(said) | {"engine": "x" * 65}), "RUN.rollouts offset 9")
