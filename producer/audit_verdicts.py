@@ -13,8 +13,10 @@ import json
 import logging
 import math
 import os
+import pathlib
 from dataclasses import asdict, dataclass, field, fields
 
+from hilo.log import atomic_file
 from hilo.replay.snapshot import fsync_dir
 from hilo.schemas.errors import ConfigError
 
@@ -93,12 +95,7 @@ class VerdictStore:
         """Replace the file with these verdicts, atomically and durably."""
         text = json.dumps({"format": FORMAT, "sites": {s: v.to_dict() for s, v in sorted(verdicts.items())},
                            "moments": moments}, sort_keys=True)
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        atomic_file.replace(pathlib.Path(self.path), text)
         fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def key(self) -> bytes:
