@@ -46,7 +46,7 @@ def update_headers(msg, log_bytes: int) -> dict:
     """The position headers of update `msg`, `log_bytes` through it: what readers of the tail need undecoded."""
     extra = {H.DIGEST: msg.digest.hex(), H.LOG_BYTES: str(log_bytes)}
     if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
-        extra[H.LAG] = f"{msg.meta['lag']:.6g}"
+        extra[H.LAG] = H.lag_text(msg.meta["lag"])
     return extra
 
 

@@ -14,6 +14,7 @@ from hilo.schemas.chunks import Message, Reassembler
 from hilo.schemas.errors import HiloError, MalformedMessage
 from hilo.schemas.framing import frame_bound, split_trailer
 from hilo.schemas.records import KeyRotation, UpdateMessage, decode_record
+from hilo.schemas.signing import Verifier
 
 logger = logging.getLogger(__name__)
 _warned_unverified = set()  # runs this process follows signed but unverified: said once each
@@ -64,6 +65,18 @@ def unframe_key(verifier, msg: Message, run: str, what: str) -> KeyRotation:
     rot = decode_record(msg.data, what)
     if not isinstance(rot, KeyRotation) or rot.run != run:
         raise MalformedMessage(f"{what}: not a key record of run {run!r}")
+    return rot
+
+
+def adopt_rotation(replica: PolicyReplica, msg: Message, what: str) -> KeyRotation | None:
+    """Key record `msg` as a site takes it: verified with the key `replica` trusts now (raises what a site skips it for)
+    and, when it names a version past the replica's, trusted from then on (`replica.verifier` becomes the new key; a
+    replica that verifies nothing stays so). Returns the rotation, or None for one the replica is already past."""
+    rot = unframe_key(replica.verifier, msg, replica.run, what)
+    if rot.from_version <= replica.version:
+        return None  # an old rotation this replica is already past (replaying): trust is already the new key
+    if replica.verifier is not None:
+        replica.verifier = Verifier.from_raw(rot.public_key)
     return rot
 
 

@@ -23,7 +23,7 @@ from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message, locate
 
 from .bad_records import OnBadRecord, Skipped, reason_of
-from .checks import accepts, message_what, unframe_key, unframe_update, update_reassembler, warn_if_signed
+from .checks import accepts, adopt_rotation, message_what, unframe_update, update_reassembler, warn_if_signed
 
 logger = logging.getLogger(__name__)
 
@@ -270,14 +270,13 @@ class Follower:
     def _rotate(self, msg, what):
         """A signed 'next key' record: verified with the key trusted now, it moves trust to the new key."""
         verifier = self.replica.verifier
-        rot = unframe_key(verifier, msg, self.run, what)
-        if rot.from_version <= self.replica.version:
-            return  # an old rotation this replica is already past (replaying): trust is already the new key
+        rot = adopt_rotation(self.replica, msg, what)
+        if rot is None:
+            return
         if verifier is None:
             logger.warning("%s: run %s moves to key %s from v%d; this reader verifies nothing", what, self.run,
                            Verifier.from_raw(rot.public_key).key_id.hex(), rot.from_version)
             return
-        self.replica.verifier = Verifier.from_raw(rot.public_key)
         self.rotations.append((rot.from_version, rot.public_key.hex()))
         logger.info("%s: from v%d the run is signed by key %s (rotation signed by %s)", what, rot.from_version,
                     self.replica.verifier.key_id.hex(), verifier.key_id.hex())

@@ -52,6 +52,12 @@ def _chunk(v) -> tuple | None:
     return (i, n) if sep and i is not None and n is not None and i < n else None
 
 
+def lag_text(lag: float) -> str:
+    """The `hilo-lag` value writers write: the float64 in C's `%.16e` (17 significant digits: it reads back exactly, and
+    each value has one form). Readers take any finite decimal float: writers before it wrote `%.6g`."""
+    return f"{float(lag):.16e}"
+
+
 def _float(v) -> float | None:
     try:
         x = float(v) if isinstance(v, str) and len(v) <= 32 else None

@@ -40,5 +40,5 @@ def register(sub):
     c = tsub.add_parser("list", help="the runs on a log (topics RUN.updates)")
     log_args(c)
     c.set_defaults(fn=list_runs)
-    report(tsub, "describe", "a run's topics: retained offsets and versions, retention, whether a new site can join and until "
-           "when", describe_run, format_rows)
+    report(tsub, "describe", "a run's topics: retained offsets, records, messages and versions (reads them once), retention, "
+           "whether a new site can join and until when", describe_run, format_rows)

@@ -13,7 +13,7 @@ import torch
 import zstandard
 
 from hilo.log import checkpoints_topic, open_log, updates_topic
-from hilo.log.tail import last_message
+from hilo.log.tail import last_message, records
 from hilo.ops.cli import main
 from hilo.producer.producer import HiLoProducer
 from hilo.replay.bad_records import Skipped
@@ -236,6 +236,31 @@ def test_a_genuine_version_and_a_key_rotation_are_valid(tmp_path, capsys):
     assert main(["inspect", "--log", url, "--run", run, "--offset", str(key), "--trust", str(public), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert (d["verdict"], d["message"]["kind"]) == ("valid", "key") and "signed by the trusted key" in d["detail"], d
+
+
+def test_inspect_trusting_the_first_key_follows_a_verified_rotation(log_url, tmp_path, capsys, logs):
+    """Was: every record after a rotation was `other-key` to `inspect --trust ORIGINAL`, though a site trusting the
+    original key verifies the rotation and applies them. Now inspect follows it as a site does (replay/checks.py)."""
+    old, new = (generate(tmp_path / n) for n in ("old", "new"))
+    run = new_run("rotated")
+    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="spar", signing_key=str(old[0]),
+                                                                checkpoint_every=2, keep_checkpoints=10))
+    publish_random(producer, 3)
+    producer.rotate_key(str(new[0]))
+    publish_random(producer, 3, seed=1)  # v4..v6 signed by the new key, and the checkpoints of v3 (the rotation's), v4, v6
+    producer.close()
+    starts = [(r.offset, r.parsed.kind) for r in records(logs(log_url), updates_topic(run)) if r.parsed.first_chunk]
+    key = next(i for i, (_, kind) in enumerate(starts) if kind == "key")
+    after = starts[key + 1:]
+    assert [kind for _, kind in after] == ["update"] * 3
+    for offset, _ in starts[key:]:
+        assert main(["inspect", "--log", log_url, "--run", run, "--offset", str(offset), "--trust", str(old[1]), "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert (d["verdict"], d["reason"]) == ("valid", None), (offset, d)
+    assert f"signed by the trusted key {Verifier.load(new[1]).key_id.hex()}, trusted from v4 by a verified rotation" in d["detail"]
+    # trusting the new key, a site starts from its checkpoints: what it signed is valid
+    assert main(["inspect", "--log", log_url, "--run", run, "--offset", str(after[0][0]), "--trust", str(new[1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "valid"
 
 
 INSPECT = """import contextlib, io, json, resource, sys

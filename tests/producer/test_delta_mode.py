@@ -10,6 +10,7 @@ from hilo.log.tail import last_message
 from hilo.ops.lag import format_rows, lag_rows
 from hilo.producer.delta import relative_lag
 from hilo.producer.producer import HiLoProducer
+from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.records import decode_record
 from tests.conftest import new_run, producer_config, publish_random, small_model
@@ -47,7 +48,8 @@ def test_sites_hold_the_trainers_copy_and_every_message_reports_the_lag(log_url,
     head = last_message(log, updates_topic(run), run)
     assert decode_record(head.data, "head").meta["lag"] == lag
     rows = lag_rows(log, run)
-    assert [r["trainer_lag"] for r in rows] == [pytest.approx(lag, rel=1e-5)]
+    assert [r["trainer_lag"] for r in rows] == [lag]  # the header's canonical form reads back exactly
+    assert head.headers[H.LAG] == f"{lag:.16e}"
     assert "TRAINER-LAG" in format_rows(rows) and f"{lag:.2e}" in format_rows(rows)
 
     # flush: messages with no new step until the sites are within the tolerance of the master

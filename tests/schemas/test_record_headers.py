@@ -1,4 +1,6 @@
 """Headers are parsed once, by one rule: a value that is not canonical is absent, never an exception or a guess."""
+import re
+
 import pytest
 
 from hilo.schemas import headers as H
@@ -10,6 +12,18 @@ def test_headers_a_writer_sets_parse_back_to_their_values():
     h = H.RecordHeaders.of(raw)
     assert (h.run, h.kind, h.version, h.chunk, h.digest, h.log_bytes, h.lag) == ("run-1", "update", 7, (0, 1), "ab" * 16, 1234, 0.0012)
     assert h.first_chunk and h.last_chunk and h.of_run("run-1") and not h.of_run("run-2")
+
+
+@pytest.mark.parametrize("lag", [0.0, 4.55855e-05, 1 / 3, 0.9999999999999999, 2.5e-300])
+def test_the_lag_header_reads_back_exactly_in_one_form(lag):
+    text = H.lag_text(lag)
+    assert H.RecordHeaders.of({H.LAG: text}).lag == lag
+    assert re.fullmatch(r"\d\.\d{16}e[+-]\d{2,3}", text)
+
+
+@pytest.mark.parametrize("old", ["4.55855e-05", "0.0012", "0"])
+def test_a_lag_header_of_earlier_writers_still_reads(old):
+    assert H.RecordHeaders.of({H.LAG: old}).lag == float(old)
 
 
 @pytest.mark.parametrize("name,value,field", [
