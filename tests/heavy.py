@@ -1,10 +1,14 @@
 """Tests that keep every core busy never run side by side, whatever the pytest-xdist workers happen to pair up.
 
-A test marked `heavy` (its own process pool, an RL run, a quality sweep, a fan-out, a multi-process trainer or demo)
-holds a lock that every worker of the run shares while it runs: at most one heavy test runs at a time, light tests run
-beside it. Two side by side on a 2-core machine (each with a pool of 2, beside vLLM and Kafka) took the load to 9-10
-and one of them past 15 minutes; one at a time, each takes about what it takes alone. The wait for the lock is part of
-the test's setup time in `--durations`.
+A test marked `heavy` keeps both cores busy by itself (a quality sweep's pool of 2 processes, the demo's 4, the wheel
+installed and its kernels compiled afresh). Two side by side on a 2-core machine, beside vLLM and Kafka, took the load
+to 9-10 and one of them past 15 minutes; one at a time, each takes about what it takes alone.
+- Heavy tests also name the xdist group "heavy": one worker runs them one after another, so no other worker waits.
+- Whatever a heavy test's group, it holds a lock every worker of the run shares while it runs (setup, call, teardown):
+  two heavy tests never overlap even where the groups would let them. A worker that waits for it waits idle (the wait
+  is the test's setup time in `--durations`), which is why the group comes first: tried with the lock alone on RL runs,
+  2-rank jobs and the sweeps, workers queued behind each other and the suite took 60+ minutes instead of 25.
+Tests that use one core or less (an RL run waiting on vLLM, a 2-rank job of one thread each) are not heavy.
 """
 import fcntl
 import os

@@ -13,7 +13,7 @@ from tests.conftest import new_run
 from tests.helpers import hilo, reaped, wait_until
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("vllm")]  # RL runs: trainer, sites, vLLM
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 # partial credit: the random tiny policy's samples differ, so every step moves it (with the 0/1 reward it stays put)
 REWARD = "hilo.ops.digit_task:partial_reward"
 RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")

@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import hilo
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("vllm")]  # RL runs: trainer, sites, vLLM
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def test_quick_bench_reports_every_figure_and_resumes(vllm, tmp_path):

@@ -12,6 +12,7 @@ from tests.conftest import CODECS
 
 @pytest.mark.slow
 @pytest.mark.heavy  # a trainer and 3 sites (tests/heavy.py)
+@pytest.mark.xdist_group("heavy")
 def test_demo_ends_with_every_site_at_the_trainer_digest():
     r = subprocess.run([sys.executable, "-m", "hilo.ops.cli", "demo", "--json", "--steps", "30"], capture_output=True,
                        text=True, timeout=900)
@@ -73,7 +74,6 @@ def test_bench_replay_catches_up_to_the_trainers_digest_and_sizes_each_state(cap
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # two torchrun jobs (tests/heavy.py)
 def test_bench_ranks_times_both_jobs_and_they_end_at_one_digest(capsys, tmp_path):
     from hilo.ops.cli import main
     assert main(["bench", "ranks", "--shape", "tiny", "--steps", "2", "--rounds", "1", "--out", str(tmp_path), "--json"]) == 0

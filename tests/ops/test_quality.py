@@ -34,6 +34,7 @@ def test_lossless_delta_counts_changed_bf16_elements():
 
 @pytest.mark.slow
 @pytest.mark.heavy  # a pool of 2 processes (tests/heavy.py)
+@pytest.mark.xdist_group("heavy")
 def test_quick_quality_run(tmp_path, capsys):
     from hilo.ops.bench.quality import SweepConfig, main
     # `--quick`'s plan (both tasks, every quick sync) at 2 optimizers and 4 steps: the suite's share of its time
@@ -93,6 +94,7 @@ def test_sweep_config_names_the_bad_field(field, value):
 
 @pytest.mark.slow
 @pytest.mark.heavy  # a pool of 2 processes (tests/heavy.py)
+@pytest.mark.xdist_group("heavy")
 def test_budgets_give_each_lossy_sync_one_cell_per_budget(tmp_path, capsys):
     from hilo.ops.bench.quality import SweepConfig, main, summary, table
     cfg = SweepConfig(quick=True, steps=2, tasks=("distill",), optimizers=("sgd",), syncs=("full", "spar"),
@@ -224,6 +226,7 @@ def test_post_mode_sites_add_the_trainers_compressed_step_and_stay_identical():
 
 @pytest.mark.slow
 @pytest.mark.heavy  # a pool of 2 processes (tests/heavy.py)
+@pytest.mark.xdist_group("heavy")
 def test_tuning_runs_every_rate_on_three_seeds_and_records_the_rule(tmp_path, capsys):
     from hilo.ops.bench.quality import LR_GRID, TUNE_SEEDS, SweepConfig, choose_rate, main
     cfg = SweepConfig(steps=2, seeds=1, tasks=("distill",), optimizers=("adamw",), syncs=("full",), workers=2)

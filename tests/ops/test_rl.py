@@ -12,7 +12,7 @@ from tests.conftest import KAFKA_URL, new_run
 from tests.helpers import hilo, reaped, wait_for_line
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("vllm")]  # RL runs: trainer, sites, vLLM
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def _site(log, run, name, tmp_path, vllm_url, steps, stderr=subprocess.DEVNULL):

@@ -31,7 +31,7 @@ from tests.conftest import producer_config, small_model
 from tests.helpers import reaped
 from tests.producer.test_training_loops import Follow, published
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # jobs of 2 ranks, a site beside them (tests/heavy.py)
+pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = str(pathlib.Path(__file__).with_name("_dist_worker.py"))
 SNIPPETS = str(pathlib.Path(__file__).with_name("_snippet_worker.py"))
