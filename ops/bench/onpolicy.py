@@ -79,6 +79,7 @@ class RunConfig:
     rank: int = 16
     eval_split: str = "test"
     eval_samples: int = 8     # samples per held-out problem; pass@1 and pass@group are unbiased estimates from them
+    eval_problems: int | None = None  # held-out problems scored (a fixed seeded subset); None: the whole split
 
 
 @torch.no_grad()
@@ -130,13 +131,21 @@ def pass_at_k(correct: torch.Tensor, k: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, teacher, split: str, k: int, n: int, gen: torch.Generator) -> dict:
+def held_out(split: str, problems: int | None = None) -> torch.Tensor:
+    """The held-out pairs of `split`, or the same seeded subset of `problems` of them for every run (smoke runs)."""
+    ab = pairs(split)
+    if problems is None or problems >= len(ab):
+        return ab
+    return ab[torch.randperm(len(ab), generator=torch.Generator().manual_seed(0))[:problems].sort().values]
+
+
+def evaluate(model, teacher, split: str, k: int, n: int, gen: torch.Generator, problems: int | None = None) -> dict:
     """pass@1, pass@k (n samples per prompt, temperature 1) and the per-token reverse KL to the teacher on them.
 
     The KL is the distillation objective measured on held-out prompts: a continuous score that moves long
     before pass@k does, so it separates methods that pass@k cannot yet tell apart.
     """
-    prompts, answers = encode(pairs(split))
+    prompts, answers = encode(held_out(split, problems))
     ids = sample(model, prompts.repeat_interleave(n, 0), gen)
     ok = (ids[:, PROMPT_LEN:] == answers.repeat_interleave(n, 0)).all(1).view(-1, n)
     first = ids.view(-1, n, ids.shape[1])[:, 0]  # KL on one sample per prompt: a forward of each model costs as much as sampling
@@ -251,7 +260,8 @@ def run(cfg: RunConfig, student_base, teacher, probe: list | None = None) -> dic
             lossless.append(lossless_delta_bytes(before, trainer.state.params))
     _set(params, rollout.state.params)
     model.eval()
-    scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples, torch.Generator().manual_seed(99 + cfg.seed))
+    scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples, torch.Generator().manual_seed(99 + cfg.seed),
+                      cfg.eval_problems)
     moved = [torch.sub(p, s) for p, s in zip(rollout.state.params, start)]
     reference = [torch.sub(p, s) for p, s in zip(master.params, start)] if sync.mode == "delta" else shadow_move
     return {

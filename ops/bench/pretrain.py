@@ -42,10 +42,23 @@ class PretrainSpec:
 # machine of the first sweep and 0.14 under this machine's torch/transformers: hence a stop rule on val accuracy.
 STUDENT = PretrainSpec("student", steps=1500, seed=1, until_val_acc=0.33)
 CHECK_EVERY = 25
+# The smoke runs' pair (the tests, `--student smoke`): minutes less to pretrain on a fresh machine, for runs that check
+# the pipeline (digests, resume, tables), never a quality figure. The student still trails its teacher, so distillation
+# has a gap to close.
+SMOKE_STUDENT = PretrainSpec("student-smoke", hidden=128, layers=2, steps=150, seed=1)
+SMOKE_TEACHER = PretrainSpec("teacher-smoke", hidden=128, layers=2, steps=400, seed=2)
 # students of the quality sweep by shape (`hilo bench quality --student`): the same stop rule at every size
 STUDENTS = {"h256-l4": STUDENT,
-            "h512-l8": PretrainSpec("student-h512-l8", hidden=512, layers=8, steps=1500, seed=1, until_val_acc=0.33)}
+            "h512-l8": PretrainSpec("student-h512-l8", hidden=512, layers=8, steps=1500, seed=1, until_val_acc=0.33),
+            "smoke": SMOKE_STUDENT}
 TEACHER = PretrainSpec("teacher", steps=1000, seed=2)
+
+
+def teacher_of(student: PretrainSpec) -> PretrainSpec:
+    """The teacher a student is distilled from: the smoke student's own small one, else TEACHER."""
+    return SMOKE_TEACHER if student == SMOKE_STUDENT else TEACHER
+
+
 # `hilo rl --base student` (ops/rl_bases.py): at 500 steps greedy test accuracy 0.63 and sampled (T = 1) 0.39, so most
 # GRPO groups of 8 hold both a right and a wrong answer; the quality sweep's 350-step student samples 0.06, too sparse
 # for a reward-only run to climb in tens of steps.

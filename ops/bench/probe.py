@@ -19,7 +19,7 @@ import torch
 
 from hilo.ops.bench.machine import measured_on
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, run
-from hilo.ops.bench.pretrain import STUDENT, TEACHER, pretrained
+from hilo.ops.bench.pretrain import STUDENTS, pretrained, teacher_of
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
@@ -38,6 +38,8 @@ class ProbeConfig:
     lrs: tuple = opt((1e-3, 1e-3), "one learning rate per optimizer")
     seeds: tuple = opt((1000, 1001, 1002), "val-split seeds (never a test seed)")
     steps: int = opt(60, "on-policy steps (versions) per run")
+    eval_problems: int | None = opt(None, "val problems each run is scored on, a fixed seeded subset (none: all)")
+    student: str = opt("h256-l4", f"the student's shape, a key of {list(STUDENTS)} (smoke: the tests' small pair)")
 
     def __post_init__(self):
         if self.task not in ("distill", "rl"):
@@ -54,6 +56,10 @@ class ProbeConfig:
             raise ConfigError(f"probe: budget {self.budget} must be a fraction of the adapter in (0, 4]")
         if self.steps < 1 or not self.seeds:
             raise ConfigError(f"probe: steps ({self.steps}) and seeds ({list(self.seeds)}) must be >= 1 and non-empty")
+        if self.student not in STUDENTS:
+            raise ConfigError(f"probe: student {self.student!r} must be one of {list(STUDENTS)}")
+        if self.eval_problems is not None and self.eval_problems < 1:
+            raise ConfigError(f"probe: eval_problems must be >= 1 or none, got {self.eval_problems}")
 
 
 def _mean(xs) -> float | None:
@@ -76,13 +82,15 @@ def summarise(probes: list) -> dict:
 
 def probe(cfg: ProbeConfig, say=print) -> dict:
     """Run every (optimizer, seed) with the probe; per optimizer the summary and the per-run scores."""
-    student, teacher = pretrained(STUDENT, say), pretrained(TEACHER, say)
+    spec = STUDENTS[cfg.student]
+    student, teacher = pretrained(spec, say), pretrained(teacher_of(spec), say)
     out = {"config": asdict(cfg), "optimizers": {}}
     for optimizer, lr in zip(cfg.optimizers, cfg.lrs):
         probes, runs = [], []
         for seed in cfg.seeds:
             got = []
-            r = run(RunConfig(cfg.task, optimizer, cfg.sync, lr, seed=seed, steps=cfg.steps, eval_split="val", budget=cfg.budget),
+            r = run(RunConfig(cfg.task, optimizer, cfg.sync, lr, seed=seed, steps=cfg.steps, eval_split="val", budget=cfg.budget,
+                                eval_problems=cfg.eval_problems),
                     student, teacher, got)
             probes += got
             runs.append({"seed": seed, "val_pass1": r["pass1"], "shadow_cosine": r["shadow_cosine"],

@@ -32,7 +32,7 @@ import torch
 
 from hilo.ops.bench.machine import measured_on
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
-from hilo.ops.bench.pretrain import STUDENTS, TEACHER, greedy_accuracy, pretrained, weights_digest
+from hilo.ops.bench.pretrain import STUDENTS, greedy_accuracy, pretrained, teacher_of, weights_digest
 from hilo.ops.bench.report import mean_ci
 from hilo.ops.bench.runstore import RunStore
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
@@ -59,6 +59,7 @@ SEEDS = 5                   # test seeds 0..4 per cell
 TUNE_SEEDS = (1000, 1001, 1002)  # the seeds of every tuning run: distinct from every test seed
 COLLAPSE_MARGIN = 0.02  # a run collapsed if it ends this far below the untrained student's val pass@1 (~2 SE of one)
 QUICK_EVAL_SAMPLES = 4  # the smoke run's held-out samples per problem (the sweep uses RunConfig.eval_samples)
+QUICK_EVAL_PROBLEMS = 128  # the smoke run scores a fixed subset of each split: scoring all ~1,000 was 2/3 of a run
 RUN_VERSION = 4  # bump when a run's result would change for the same RunConfig (invalidates saved runs)
 
 
@@ -77,6 +78,7 @@ class SweepConfig:
     saved_only: bool = False     # compute nothing: report the runs saved so far
     student: str = "h256-l4"     # a key of pretrain.STUDENTS: the student's shape
     lrs_from: str | None = None  # a quality.json: every cell takes the rate tuned there (no tuning; another shape)
+    eval_problems: int | None = None  # held-out problems scored per run (default: QUICK_EVAL_PROBLEMS quick, all full)
 
     def __post_init__(self):
         for name, allowed in (("tasks", TASKS), ("optimizers", OPTIMIZERS), ("syncs", tuple(SYNCS))):
@@ -89,7 +91,7 @@ class SweepConfig:
             raise ConfigError(f"quality: lrs_from {self.lrs_from!r} is not a file (a quality.json of an earlier sweep)")
         if self.workers < 1:
             raise ConfigError(f"quality: workers must be >= 1, got {self.workers}")
-        for name in ("steps", "seeds"):
+        for name in ("steps", "seeds", "eval_problems"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"quality: {name} must be >= 1, got {getattr(self, name)}")
         if self.budgets is not None and (not self.budgets or not all(0 < b <= 4 for b in self.budgets)):
@@ -123,13 +125,14 @@ def _worker_init(student):
     """One torch thread per worker: tiny models scale better across processes than across threads."""
     global _MODELS
     torch.set_num_threads(1)
-    _MODELS = pretrained(student, _say), pretrained(TEACHER, _say)
+    _MODELS = pretrained(student, _say), pretrained(teacher_of(student), _say)
 
 
 def _run_id(cfg: RunConfig, bases: dict, student=STUDENTS["h256-l4"]) -> str:
     # the pretrained models' weights are part of a run's identity: runs from another student are never mixed in
     # (`bases`: {"student": digest, "teacher": digest}; a spec alone trained to another model elsewhere)
-    ident = asdict(cfg) | {"v": RUN_VERSION, "student": asdict(student), "teacher": asdict(TEACHER), "bases": bases}
+    fields = {k: v for k, v in asdict(cfg).items() if not (k == "eval_problems" and v is None)}  # older runs' ids stand
+    ident = fields | {"v": RUN_VERSION, "student": asdict(student), "teacher": asdict(teacher_of(student)), "bases": bases}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}"
 
@@ -292,14 +295,15 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     t0 = time.time()
     quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
     evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
+    problems = cfg.eval_problems or (QUICK_EVAL_PROBLEMS if quick else None)
     spec = STUDENTS[cfg.student]
-    student, teacher = pretrained(spec, _say), pretrained(TEACHER, _say)
+    student, teacher = pretrained(spec, _say), pretrained(teacher_of(spec), _say)
     base = {"student": cfg.student, "student_greedy_test_acc": greedy_accuracy(student),
             "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
-            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99)),
+            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99), problems),
             # the tuning rule's collapse line: a run that ends below where it started on val
-            "untrained_val": evaluate(student, teacher, "val", RunConfig.group, evals, torch.Generator().manual_seed(99))}
+            "untrained_val": evaluate(student, teacher, "val", RunConfig.group, evals, torch.Generator().manual_seed(99), problems)}
     bases = {"student": weights_digest(student), "teacher": weights_digest(teacher)}
     base["bases"] = bases
     _say(f"quality: student {bases['student'][:12]} greedy test accuracy {base['student_greedy_test_acc']:.3f}, "
@@ -322,7 +326,8 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
             elif cfg.lrs_from:
                 lrs = {(t, o, sync_): _rate_from(cfg.lrs_from, t, o, sync_, budget) for t in tasks for o in optimizers}
             else:
-                grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val", eval_samples=evals, budget=b),
+                grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val", eval_samples=evals, budget=b,
+                                                  eval_problems=problems),
                                         LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
                 lrs, rows, unfinished = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}",
@@ -336,7 +341,7 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
             missing.append(str(e))
             continue
         _say(f"quality: budget {budget}: learning rates " + ", ".join(f"{t}/{o}/{s}={lr:g}" for (t, o, s), lr in lrs.items()))
-        cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b)
+        cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b, eval_problems=problems)
                     for t in tasks for o in optimizers for s in stage if (t, o, s) in lrs]
         if not cellcfgs:
             continue

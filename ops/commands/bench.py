@@ -20,7 +20,8 @@ def quality(a):
     from hilo.ops.bench.quality import SweepConfig, main
     lists = {k: tuple(getattr(a, k).split(",")) for k in ("tasks", "optimizers", "syncs") if getattr(a, k)}
     cfg = SweepConfig(quick=a.quick, steps=a.steps, seeds=a.seeds, workers=a.workers, budgets=a.budgets,
-                      saved_only=a.saved_only, student=a.student, lrs_from=a.lrs_from, **lists)
+                      saved_only=a.saved_only, student=a.student, lrs_from=a.lrs_from,
+                      eval_problems=a.eval_problems, **lists)
     return main(cfg, a.json, a.out)
 
 
@@ -134,6 +135,8 @@ def register(sub):
     q.add_argument("--steps", type=at_least(1), help="training steps per run (default: 8 quick, 60 full)")
     q.add_argument("--seeds", type=at_least(1), help="test seeds per cell (default: 1 quick, 5 full)")
     q.add_argument("--workers", type=at_least(1), default=2, help="parallel runs, one torch thread each (default: %(default)s)")
+    q.add_argument("--eval-problems", type=at_least(1), help="held-out problems each run is scored on, a fixed seeded subset "
+                   "(default: 128 quick, the whole split full)")
     q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
     q.add_argument("--optimizers", help=f"comma list of {', '.join(optimizers)} (default: all)")
     q.add_argument("--syncs", help=f"comma list of {', '.join(SYNCS)} (default: all; quick: {','.join(QUICK_SYNCS)})")
