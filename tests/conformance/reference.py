@@ -213,7 +213,8 @@ def adamw(p, g, s, c, h, math_version):
 def lion(p, g, s, sc, h, math_version):
     lr, decay = f32(h["lr"]), f32(1.0 - h["lr"] * h["weight_decay"])
     mix = s["exp_avg"] * f32(h["beta1"]) + g * f32(1.0 - h["beta1"])
-    return p * decay - np.sign(mix) * lr, {"exp_avg": s["exp_avg"] * f32(h["beta2"]) + g * f32(1.0 - h["beta2"])}
+    sign = np.where(mix > 0, F32(1), np.where(mix < 0, F32(-1), F32(0)))  # +0 for either zero
+    return p * decay - sign * lr, {"exp_avg": s["exp_avg"] * f32(h["beta2"]) + g * f32(1.0 - h["beta2"])}
 
 
 NS = (3.4445, -4.7750, 2.0315)

@@ -52,7 +52,7 @@ def produce(name: str, out: pathlib.Path, log_url: str | None = None) -> dict:
             if rotate and done == rotate:
                 producer.rotate_key(str(keys[1][0]))
         if mode == "delta":
-            producer.flush(max_messages=1)
+            producer.flush(lag=0.0, max_messages=1)  # one flush message (meta flush = 1)
     finally:
         producer.close()
     log = open_log(url)
