@@ -1,10 +1,11 @@
 """A second implementation of the wire format and the arithmetic, written from schemas/SPEC.md and schemas/ARITHMETIC.md
-alone: numpy, msgpack, zstandard, xxhash, zlib, hashlib and cryptography (Ed25519). It imports nothing from the product
+alone: numpy, msgpack, zstandard, xxhash, zlib, hashlib, cryptography (Ed25519) and kafka-python. It imports nothing from the product
 (test_conformance.py runs it in a process where `hilo` cannot be imported).
 
-    python tests/conformance/reference.py LOG_DIR RUN [TRUSTED_KEY_HEX]
+    python tests/conformance/reference.py LOG RUN [TRUSTED_KEY_HEX]
 
-reads LOG_DIR/RUN.updates/records and LOG_DIR/RUN.checkpoints/records, replays the run from its genesis and prints JSON:
+reads LOG/RUN.updates/records and LOG/RUN.checkpoints/records (or, for LOG = kafka://HOST:PORT, the topics, with
+kafka-python), replays the run from its genesis and prints JSON:
 {"digests": {version: hex}, "checkpoints": {version: hex}, "skipped": [...], "exact": bool}."""
 import hashlib
 import json
@@ -35,6 +36,30 @@ def file_records(path: pathlib.Path):
         key, headers, value = msgpack.unpackb(body, raw=False)
         yield offset, key, headers, value
         pos, offset = pos + 12 + length, offset + 1
+
+
+def kafka_records(bootstrap: str, topic: str):
+    """(offset, key, headers, value) of every committed record of partition 0 of `topic` (kafka-python, read_committed)."""
+    from kafka import KafkaConsumer, TopicPartition
+    tp = TopicPartition(topic, 0)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end, out = consumer.end_offsets([tp])[tp], []
+        while consumer.position(tp) < end:  # the end is past the last commit marker: read_committed reaches it
+            for r in consumer.poll(timeout_ms=1000).get(tp, []):
+                out.append((r.offset, r.key, {k: v.decode() for k, v in r.headers}, r.value))
+        return out
+    finally:
+        consumer.close()
+
+
+def topic_records(source: str, topic: str):
+    """The records of `topic` in a log: a `kafka://HOST:PORT` broker or an embedded log's folder."""
+    if source.startswith("kafka://"):
+        return kafka_records(source[len("kafka://"):], topic)
+    return file_records(pathlib.Path(source) / topic / "records")
 
 
 def messages(records, run: str):
@@ -287,25 +312,25 @@ class Replica:
         return self.digest
 
 
-def replay(log_dir: pathlib.Path, run: str, trusted_hex: str | None = None) -> dict:
+def replay(log: str, run: str, trusted_hex: str | None = None) -> dict:
     """Every checkpoint's digest (checked against its contents) and every update's digest as replayed from genesis."""
     trusted = [bytes.fromhex(trusted_hex)] if trusted_hex else []
     ckpts, result = {}, {"digests": {}, "checkpoints": {}, "skipped": [], "exact": True}
-    updates = list(messages(file_records(log_dir / f"{run}.updates" / "records"), run))
+    updates = list(messages(topic_records(log, f"{run}.updates"), run))
     known = list(trusted)
     for _, _, framed in updates:  # the keys a checkpoint may be signed by: the trusted one and those it rotated to
         kind, body, _ = unframe(framed, known)
         if kind == 3:
             known.append(body["public_key"])
-    for _, _, framed in messages(file_records(log_dir / f"{run}.checkpoints" / "records"), run):
+    for _, _, framed in messages(topic_records(log, f"{run}.checkpoints"), run):
         kind, body, _ = unframe(framed, known)
         assert kind == 2
         ckpts[body["version"]] = body
         result["checkpoints"][str(body["version"])] = Replica(body).digest.hex()
-    genesis = ckpts[0]
-    if "nonce" in genesis:
-        assert genesis["genesis"] == xxhash.xxh3_128_digest(genesis["digest"] + genesis["nonce"])
-    replica, trusted_now = Replica(genesis), list(trusted)
+    start = ckpts[min(ckpts)]  # the genesis, or the oldest a topic that deletes old checkpoints (Kafka) still holds
+    if start["version"] == 0:
+        assert start["genesis"] == (xxhash.xxh3_128_digest(start["digest"] + start["nonce"]) if "nonce" in start else start["digest"])
+    replica, trusted_now = Replica(start), list(trusted)
     for offset, _, framed in updates:
         try:
             kind, body, _ = unframe(framed, trusted_now)
@@ -335,4 +360,4 @@ def replay(log_dir: pathlib.Path, run: str, trusted_hex: str | None = None) -> d
 
 
 if __name__ == "__main__":
-    print(json.dumps(replay(pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)))
+    print(json.dumps(replay(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)))

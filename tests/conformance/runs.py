@@ -26,8 +26,9 @@ def raw_public(pub_path) -> str:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
-def produce(name: str, out: pathlib.Path, log_url: str | None = None) -> dict:
-    """Write run `name` into out/log (or `log_url`); returns what a replayer must reproduce (expected.json's content)."""
+def produce(name: str, out: pathlib.Path, log_url: str | None = None, run: str | None = None) -> dict:
+    """Write run `name` (as run id `run`, default `name`) into out/log (or `log_url`); returns what a replayer must
+    reproduce (expected.json's content)."""
     from hilo.log import open_log, updates_topic
     from hilo.log.tail import records
     from hilo.producer.producer import HiLoProducer
@@ -38,7 +39,7 @@ def produce(name: str, out: pathlib.Path, log_url: str | None = None) -> dict:
 
     optimizer, codec, hparams, signed, rotate, mode = RUNS[name]
     out.mkdir(parents=True, exist_ok=True)
-    url, run = log_url or f"file://{out / 'log'}", name
+    url, run = log_url or f"file://{out / 'log'}", run or name
     keys = [generate(out / "keys" / k) for k in ("old", "new")] if signed else []
     cfg = producer_config(run=run, log=url, budget=Budget(1.0), codec=codec, optimizer=optimizer, hparams=hparams, mode=mode,
                           checkpoint_every=2, signing_key=str(keys[0][0]) if keys else None)
