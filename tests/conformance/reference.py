@@ -245,14 +245,33 @@ def lion(p, g, s, sc, h, math_version):
 NS = (3.4445, -4.7750, 2.0315)
 
 
-def newton_schulz(u: np.ndarray) -> np.ndarray:
-    """The quintic iteration, matrix products in numpy's BLAS order: NOT the product's order (ARITHMETIC.md, Muon)."""
+def tree_sum(t: np.ndarray) -> np.ndarray:
+    """Sum over the last axis: adjacent pairs added, an odd last element carried, until one is left."""
+    while t.shape[-1] > 1:
+        half = t.shape[-1] // 2
+        pairs = t[..., 0:2 * half:2] + t[..., 1:2 * half:2]
+        t = np.concatenate([pairs, t[..., 2 * half:]], -1) if t.shape[-1] % 2 else pairs
+    return t[..., 0]
+
+
+def matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """out[i, j] = tree_sum over k of fp32 products x[i, k] * y[k, j]."""
+    return tree_sum(x[:, None, :] * y.T[None, :, :])
+
+
+def newton_schulz(u: np.ndarray, math_version: int) -> np.ndarray:
+    """The quintic iteration. math 3: products and norm in the specified order; before: numpy's BLAS, which is NOT the
+    order the product used then (torch's), so the result is only close."""
     a, b, c = (f32(x) for x in NS)
+    if math_version >= 3:
+        mm, nrm = matmul, lambda x: F32(np.sqrt(np.float64(tree_sum((x * x).reshape(-1)))))
+    else:
+        mm, nrm = np.matmul, lambda x: F32(np.sqrt(np.sum(x * x, dtype=F32)))
     x = u.T if u.shape[0] > u.shape[1] else u
-    x = x / (F32(np.sqrt(np.sum(x * x, dtype=F32))) + f32(1e-7))
+    x = x / (nrm(x) + f32(1e-7))
     for _ in range(5):
-        A = x @ x.T
-        x = x * a + (A * b + (A @ A) * c) @ x
+        A = mm(x, x.T)
+        x = x * a + mm(A * b + mm(A, A) * c, x)
     return np.ascontiguousarray(x.T) if u.shape[0] > u.shape[1] else x
 
 
@@ -261,7 +280,7 @@ def muon(p, g, s, sc, h, math_version):
     b = s["momentum"] * mu + g
     u = g + b * mu
     scale = f32(h["lr"] * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
-    return p * decay - newton_schulz(u) * scale, {"momentum": b}
+    return p * decay - newton_schulz(u, math_version) * scale, {"momentum": b}
 
 
 def add(p, g, s, sc, h, math_version):
@@ -269,7 +288,11 @@ def add(p, g, s, sc, h, math_version):
 
 
 STEPS = {"sgd": sgd, "adamw": adamw, "lion": lion, "muon": muon, "add": add}
-EXACT = {"sgd", "adamw", "lion", "add"}  # muon's matrix products follow the BLAS, which no second implementation fixes
+
+
+def exact(optimizer: str, math_version: int) -> bool:
+    """Whether this replay must match the digests: muon's products were the BLAS's before math 3."""
+    return optimizer != "muon" or math_version >= 3
 
 
 class Replica:
@@ -344,13 +367,14 @@ def replay(log: str, run: str, trusted_hex: str | None = None) -> dict:
         if body["version"] <= replica.version:
             continue
         mine = replica.apply(body)
-        result["exact"] &= body["optimizer"] in EXACT
+        is_exact = exact(body["optimizer"], body.get("math", 1))
+        result["exact"] &= is_exact
         result["digests"][str(body["version"])] = mine.hex()
-        if body["optimizer"] in EXACT:
+        if is_exact:
             assert mine == body["digest"], f"v{body['version']}: replayed digest {mine.hex()} != promised {body['digest'].hex()}"
         elif mine != body["digest"]:  # muon: keep going from the promised state (close, not equal)
             replica.digest = body["digest"]
-        if body["version"] in ckpts and body["optimizer"] in EXACT:
+        if body["version"] in ckpts and is_exact:
             assert mine == ckpts[body["version"]]["digest"], f"v{body['version']}: replay differs from the checkpoint"
         elif body["version"] in ckpts:  # how far muon's replay is from the trainer's state, relative to the params
             theirs = Replica(ckpts[body["version"]]).params
