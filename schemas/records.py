@@ -25,8 +25,10 @@ ZERO_DIGEST = bytes(DIGEST_BYTES)
 # The arithmetic an update's step follows (UpdateMessage.math; SPEC.md, "Update"). 1: AdamW's sqrt is
 # torch.sqrt, which on CPU is MKL's vector sqrt: not correctly rounded on its AVX-512 and SSE4.2 code paths, so an
 # AVX2 host and an AVX-512 host computed different bits. 2: that sqrt correctly rounded, the same on every IEEE-754
-# machine. A message without the field is version 1 (every log written before it), and reads as it always did.
-MATH_VERSION = 2
+# machine. 3: Muon's matrix products and norm summed in one fixed order (a pairwise tree), the same everywhere; before,
+# torch.matmul's (the BLAS's). A message without the field is version 1 (every log written before it), and reads as it
+# always did.
+MATH_VERSION = 3
 # How the state digest is computed (Manifest.digest_version; SPEC.md, "State digest"). 1: one xxh3-128 stream over
 # every tensor's bytes, which runs on one core. 2: the stream takes each tensor's own xxh3-128 instead, so tensors
 # hash in parallel. 3: it takes each piece's XXH3-64 (whole rows, up to 16K elements), which the apply kernel hashes

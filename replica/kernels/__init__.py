@@ -5,9 +5,8 @@ The table below says which optimizer has a kernel (one module per step: sgd.py, 
 codecs the kernel decodes itself (lowrank.py for powersgd/spar/spar4, the message's bytes for dense); any other codec
 (topk) is decoded by its reference decode and then stepped by the kernel.
 
-Muon has no kernel: its Newton-Schulz iteration is matrix products, whose bits are those of the BLAS build and
-thread count (replica/optimizers/muon.py), so there is nothing to gain from fusing its elementwise part and a
-second implementation of the matmuls could only differ. It stays on the reference path.
+Muon has no kernel: its Newton-Schulz iteration is matrix products over a whole block (from arithmetic version 3
+summed in a fixed pairwise order, replica/optimizers/muon.py), not an elementwise pass. It stays on the reference path.
 
 Compiled by numba (pip-installed with the project, no build step) the first time a process needs it, and cached
 on disk. If numba is missing or fails, `unavailable()` says why, a replica says so once and runs the reference
@@ -22,7 +21,7 @@ logger = logging.getLogger(__name__)
 MODES = ("kernel", "reference", "kernel-only")  # PolicyReplica.apply_mode, `hilo consume --apply`
 STEPS = ("sgd", "adamw", "lion", "add")          # optimizers with a fused step
 DECODES = ("dense", "powersgd", "spar", "spar4")  # codecs whose decode is fused (others decode first, then the kernel)
-WHY_NOT = {"muon": "Muon's Newton-Schulz iteration is matrix products (BLAS), not an elementwise pass"}
+WHY_NOT = {"muon": "Muon's Newton-Schulz iteration is matrix products over a whole block, not an elementwise pass"}
 
 _modules, _error, _said = None, None, set()
 

@@ -1,7 +1,9 @@
 """Muon (Jordan et al. 2024): Nesterov momentum orthogonalised by a quintic Newton-Schulz iteration per 2-D block.
 
-Newton-Schulz needs matrix products, so Muon is bit-identical only where replicas run identical matmul
-kernels (same library, same thread count); the digest chain is what detects a mismatch.
+Newton-Schulz needs matrix products. Arithmetic version 3 (schemas/ARITHMETIC.md, "muon") fixes their order: every
+product and the norm are elementwise fp32 products summed by one fixed pairwise tree, so a Muon run is bit-identical on
+every IEEE-754 machine and in any language. Versions 1 and 2 used torch.matmul and vector_norm, whose order is the
+BLAS build's and thread count's: such a log replays exactly only where replicas run the same BLAS the same way.
 """
 import math
 
@@ -15,15 +17,38 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic coefficients from the Muon refe
 NS_STEPS = 5
 
 
-def newton_schulz(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
-    """Approximate U V^T of g = U S V^T: X <- aX + (b A + c A^2) X, A = X X^T, on the wide orientation."""
+def tree_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over the first axis in a fixed order: adjacent pairs (0+1, 2+3, ...) added, an odd last one carried to the end
+    unchanged, repeated until one is left; each add one rounded fp32 op (ARITHMETIC.md, "muon"). The summed axis is
+    the first so that each add reads whole contiguous slices."""
+    while t.shape[0] > 1:
+        half = t.shape[0] // 2
+        pairs = torch.add(t[0:2 * half:2], t[1:2 * half:2])
+        t = torch.cat([pairs, t[2 * half:]]) if t.shape[0] % 2 else pairs
+    return t[0]
+
+
+def matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x @ y (fp32) in a fixed order: out[i, j] = tree_sum over k of the rounded products x[i, k] * y[k, j]."""
+    return tree_sum(torch.mul(x.T.contiguous().unsqueeze(2), y.unsqueeze(1)))
+
+
+def norm(x: torch.Tensor) -> torch.Tensor:
+    """The Frobenius norm in a fixed order: the correctly rounded sqrt of tree_sum of x*x over x in row-major order."""
+    return torch.sqrt(tree_sum(torch.mul(x, x).reshape(-1)).to(torch.float64)).to(torch.float32)
+
+
+def newton_schulz(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7, math_version: int = MATH_VERSION) -> torch.Tensor:
+    """Approximate U V^T of g = U S V^T: X <- aX + (b A + c A^2) X, A = X X^T, on the wide orientation. Products and
+    norm in the fixed order from arithmetic version 3; torch's (the BLAS's) before."""
+    mm, nrm = (matmul, norm) if math_version >= 3 else (torch.matmul, torch.linalg.vector_norm)
     a, b, c = (f32(x) for x in NS_COEFFS)
     x = g.T if g.shape[0] > g.shape[1] else g
-    x = torch.div(x, torch.add(torch.linalg.vector_norm(x), f32(eps)))
+    x = torch.div(x, torch.add(nrm(x), f32(eps)))
     for _ in range(steps):
-        A = torch.matmul(x, x.T)
-        B = torch.add(torch.mul(A, b), torch.mul(torch.matmul(A, A), c))
-        x = torch.add(torch.mul(x, a), torch.matmul(B, x))
+        A = mm(x, x.T)
+        B = torch.add(torch.mul(A, b), torch.mul(mm(A, A), c))
+        x = torch.add(torch.mul(x, a), mm(B, x))
     return x.T.contiguous() if g.shape[0] > g.shape[1] else x
 
 
@@ -44,6 +69,6 @@ class Muon(Optimizer):
             b = torch.mul(b, mu, out=out.slot("momentum", i, b)).add_(g)
             u = torch.add(g, torch.mul(b, mu, out=out.scratch(b)), out=out.scratch(b))
             scale = f32(h["lr"] * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
-            new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(newton_schulz(u).mul_(scale)))
+            new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(newton_schulz(u, math_version=math_version).mul_(scale)))
             new_b.append(b)
         return new_p, {"momentum": new_b}, {"t": scalars["t"] + 1.0}

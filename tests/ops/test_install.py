@@ -18,8 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 # What the commands read at run time besides code (ops/kafka/start.sh for the broker, the plugin vLLM loads, ...)
-PACKAGE_DATA = ("hilo/schemas/SPEC.md", "hilo/ops/kafka/start.sh", "hilo/ops/kafka/pom.xml", "hilo/ops/kafka/mirror.sh",
-                "hilo/ops/wan/setup.sh", "hilo/ops/vllm/start.sh", "hilo/ops/vllm/plugin/pyproject.toml",
+PACKAGE_DATA = ("hilo/schemas/SPEC.md", "hilo/schemas/ARITHMETIC.md", "hilo/ops/kafka/start.sh", "hilo/ops/kafka/pom.xml",
+                "hilo/ops/kafka/mirror.sh", "hilo/ops/wan/setup.sh", "hilo/ops/vllm/start.sh", "hilo/ops/vllm/plugin/pyproject.toml",
                 "hilo/ops/grafana/hilo.json", "hilo/ops/gpu/check.sh")
 
 
