@@ -288,10 +288,11 @@ def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_
     url, run = f"file://{tmp_path}/log", new_run("lagview")
     model = small_model(hidden=256, layers=4, rank=16)
     producer = HiLoProducer.open(model, producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
-    publish_random(producer, 100)
+    n = 30 if held else 100  # held: each export takes its hook's 0.2 s and an adapter write; 30 still span many scrapes
+    publish_random(producer, n)
     hold = {"export_adapters": True, "on_version": "sleep 0.2"} if held else {"export_adapters": False}
     site = open_site(url, run, tmp_path, on_bad_record="stop", **hold)  # bootstrapped at v0
-    logs(url).append(updates_topic(run), split(os.urandom(300), run, "update", 101))  # junk: the site stops on it
+    logs(url).append(updates_topic(run), split(os.urandom(300), run, "update", n + 1))  # junk: the site stops on it
     errors = []
 
     def follow():
@@ -312,8 +313,8 @@ def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_
         t.join()
         assert errors and site.stop_reason  # stopped on the junk record
         m = scrape(base)
-        assert value(m, "hilo_site_applied_version") == 100 == producer.version
-        assert value(m, "hilo_site_lag_versions") == value(m, "hilo_site_head_version") - 100
+        assert value(m, "hilo_site_applied_version") == n == producer.version
+        assert value(m, "hilo_site_lag_versions") == value(m, "hilo_site_head_version") - n
         assert value(m, "hilo_site_lag_bytes") == 0  # every update byte before the junk is applied
         status, body = get(base + "/readyz")
         assert status == 503 and body.startswith("stopped:")

@@ -1,4 +1,4 @@
-"""Every codec x optimizer, and every codec in delta mode: two separate processes applying the same 20 messages
+"""Every codec x optimizer, and every codec in delta mode: two separate processes applying the same 10 messages
 reach the trainer's digests."""
 import json
 import os
@@ -11,7 +11,7 @@ from hilo.producer.delta import ADD, MasterCopy
 from hilo.producer.update_builder import UpdateBuilder
 from tests.conftest import CODECS, LR, OPTIMIZERS, genesis
 
-STEPS = 20
+STEPS = 10
 
 
 def test_two_processes_match_trainer_digest_at_every_version(tmp_path, manifest, grads):
