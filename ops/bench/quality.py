@@ -1,6 +1,7 @@
 """`hilo bench quality`: does HiLo learn as well as full sync? The paper's comparison at CPU scale.
 
-    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS at 1.6%, 1 seed, 8 steps
+    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS at 1.6%, 1 seed, 8 steps,
+                                            # the smoke student and teacher, 128 held-out problems: the pipeline, not quality
     hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x PLAN (sync x budget) x 5 seeds
 
 The protocol. Every (task, optimizer, sync, budget) cell gets its own learning rate, tuned on the val split
@@ -76,7 +77,7 @@ class SweepConfig:
     syncs: tuple | None = None   # default: QUICK_SYNCS quick, every PLAN key otherwise
     budgets: tuple | None = None  # every lossy sync at each of these; default: each sync's budgets in PLAN
     saved_only: bool = False     # compute nothing: report the runs saved so far
-    student: str = "h256-l4"     # a key of pretrain.STUDENTS: the student's shape
+    student: str | None = None   # a key of pretrain.STUDENTS (default: smoke quick, h256-l4 full)
     lrs_from: str | None = None  # a quality.json: every cell takes the rate tuned there (no tuning; another shape)
     eval_problems: int | None = None  # held-out problems scored per run (default: QUICK_EVAL_PROBLEMS quick, all full)
 
@@ -85,7 +86,7 @@ class SweepConfig:
             bad = [v for v in getattr(self, name) or () if v not in allowed]
             if bad or getattr(self, name) == ():
                 raise ConfigError(f"quality: {name} {list(getattr(self, name))} must be a non-empty subset of {list(allowed)}")
-        if self.student not in STUDENTS:
+        if self.student is not None and self.student not in STUDENTS:
             raise ConfigError(f"quality: student {self.student!r} must be one of {list(STUDENTS)}")
         if self.lrs_from is not None and not os.path.isfile(self.lrs_from):
             raise ConfigError(f"quality: lrs_from {self.lrs_from!r} is not a file (a quality.json of an earlier sweep)")
@@ -296,9 +297,10 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
     evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
     problems = cfg.eval_problems or (QUICK_EVAL_PROBLEMS if quick else None)
-    spec = STUDENTS[cfg.student]
+    shape = cfg.student or ("smoke" if quick else "h256-l4")
+    spec = STUDENTS[shape]
     student, teacher = pretrained(spec, _say), pretrained(teacher_of(spec), _say)
-    base = {"student": cfg.student, "student_greedy_test_acc": greedy_accuracy(student),
+    base = {"student": shape, "student_greedy_test_acc": greedy_accuracy(student),
             "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
             "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99), problems),
