@@ -179,3 +179,34 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     assert any("site liar stays quarantined" in line for line in err2.splitlines()), err2[-3000:]
     assert second["dropped"].get("quarantined", 0) > 0 and second["version"] == steps, second["dropped"]
     assert all(m is not None and m.group(1) == second["trainer_digest"] for m in digests.values()), digests
+
+
+def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_time_bound(vllm, tmp_path):
+    """The probe is on by default: a site quarantined for made-up log-probabilities, restarted honest by its operator
+    (same name, same state dir), passes release_after audited rollouts in a row and is released by itself; the run then
+    finishes on it. Probe audits took at most probe_share of the trainer's time (its own accounting, in the summary).
+    The sampling test's minimum is lowered to fit a short run."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("auditprobe"), 4
+    with open(tmp_path / "trainer.log", "w") as stderr:
+        trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share",
+                       "1", "--audit-sampling-min-tokens", "32", *RL, stderr=stderr)
+    liar = _site(log, run, "s", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="logprobs"))
+    sites = {"liar": liar}
+    with reaped(trainer, sites):
+        wait_until(lambda: "QUARANTINED site s" in (tmp_path / "trainer.log").read_text() or trainer.poll() is not None, 600,
+                   "the liar is quarantined")
+        liar.terminate()
+        liar.wait(timeout=120)
+        sites["honest"] = _site(log, run, "s", tmp_path, url, steps)  # the operator fixed it: same site, same state dir
+        out, _ = trainer.communicate(timeout=900)
+        err = (tmp_path / "trainer.log").read_text()
+        assert trainer.returncode == 0, err[-3000:]
+        sites["honest"].communicate(timeout=300)
+    res = json.loads(out)
+    audit, v = res["audit"], res["audit"]["sites"]["s"]
+    released = [line for line in err.splitlines() if "site s released from quarantine (it passed its probe" in line]
+    print(f"probe: {audit['probe_seconds']:.3f} s of probes, budget {audit['probe_budget_s']:.3f} s, longest "
+          f"{audit['probe_longest_s']:.3f} s, {audit['probes_skipped']} skipped\n  {released}")
+    assert len(released) == 1 and not v["quarantined"] and res["version"] == steps, (released, v)
+    assert 0 < audit["probe_seconds"] <= audit["probe_budget_s"] + audit["probe_longest_s"], audit
