@@ -120,7 +120,8 @@ def table(res: dict) -> str:
         out += ["", "Honest per-token |log-probability difference| (vLLM CPU, fp32 adapters), every audited token: "
                 + ", ".join(f"{k}: {decades[k]}" for k in sorted(decades, key=decade_order))
                 + f". Worst {res['honest_worst']:.2e}; this run's tolerance, {res['tolerance']:g}, is {res['margin']:g}x it."]
-    return "\n".join(out[:2] if not res["rows"] else out) + ("\n\n" + served_table(res["served"]) if res.get("served") else "")
+    parts = (["\n".join(out)] if res["rows"] else []) + ([served_table(res["served"])] if res.get("served") else [])
+    return "\n\n".join(parts)
 
 
 def main(cfg: AuditBenchConfig, as_json: bool, out: str | None) -> int:
@@ -132,13 +133,18 @@ def main(cfg: AuditBenchConfig, as_json: bool, out: str | None) -> int:
     return 0
 
 
+def served_markdown(res: dict) -> str:
+    """The table of docs/benchmarks.md, "The audit where sites serve" (docs/results/audit-served.json)."""
+    return served_table(res["served"])
+
+
 def served_table(rows: list) -> str:
     """The table of the audit where sites serve: per dtype and rule, false quarantines and rollouts to each liar's."""
     out = ["| served | honest per-token abs(difference): mean / p99 / worst | rule | honest rollouts quarantined (N) | "
            + " | ".join(f"{lie}: rollouts to quarantine" for lie in LIARS) + " |", "|---|---|---|---:|" + "---:|" * len(LIARS)]
     for r in rows:
         d = r["differences"]
-        for rule in ("per-token", "statistical"):
+        for rule in r["honest"]:
             h = r["honest"][rule]
             caught = [r["liars"][rule][lie]["first_quarantine"] for lie in LIARS]
             out.append(f"| {r['engine']} CPU, {r['dtype']} | {d['abs_mean']:.2e} / {d['abs_p99']:.2e} / {d['worst']:.2e} | "

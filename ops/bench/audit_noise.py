@@ -162,7 +162,9 @@ def measure(run: NoiseRun, log=lambda *a: None) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     honest = honest[:run.honest]
     log(f"bench audit {run.dtype}: judging")
-    rules = {"per-token": {"noise_z_limit": math.inf}, "statistical": {}}
+    # the statistical verdict at its default headroom (10: safe for a base sharper than the tiny one) and at 1 (the
+    # tiny base's own measured noise, what a deployment that measured its own base would set)
+    rules = {"per-token": {"noise_z_limit": math.inf}, "statistical": {}, "statistical, headroom 1": {"noise_headroom": 1.0}}
     row = {"url": run.url, "dtype": run.dtype, "engine": engine, "honest_rollouts": len(honest),
            "differences": differences(model, vs, honest), "honest": {}, "liars": {}}
     for rule, cfg in rules.items():

@@ -187,7 +187,7 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
     finishes on it. Probe audits took at most probe_share of the trainer's time (its own accounting, in the summary).
     The sampling test's minimum is lowered to fit a short run."""
     url, _ = vllm
-    log, run, steps = f"file://{tmp_path}/log", new_run("auditprobe"), 4
+    log, run, steps = f"file://{tmp_path}/log", new_run("auditprobe"), 2
     with open(tmp_path / "trainer.log", "w") as stderr:
         trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share",
                        "1", "--audit-sampling-min-tokens", "32", *RL, stderr=stderr)
@@ -210,3 +210,35 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
           f"{audit['probe_longest_s']:.3f} s, {audit['probes_skipped']} skipped\n  {released}")
     assert len(released) == 1 and not v["quarantined"] and res["version"] == steps, (released, v)
     assert 0 < audit["probe_seconds"] <= audit["probe_budget_s"] + audit["probe_longest_s"], audit
+
+
+def _served(dtype):
+    """(URL, base) of a vLLM server of the tiny base serving `dtype`: the tests' own for float32, HILO_VLLM_BF16 for
+    bfloat16 (ops/vllm/start.sh BASE --max-lora-rank 16 --dtype bfloat16 on another port; CI starts none: skipped)."""
+    if dtype == "float32":
+        return os.environ.get("HILO_VLLM")
+    url = os.environ.get("HILO_VLLM_BF16")
+    if not url:
+        pytest.skip("no bf16 vLLM server (HILO_VLLM_BF16): `hilo bench audit --served` measures bf16 (docs/benchmarks.md)")
+    return url
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_audit_served_quick_the_statistical_verdict_keeps_honest_sites_and_catches_liars(vllm, tmp_path, dtype):
+    """`hilo bench audit --served` at a small N: an honest site at the served dtype is never quarantined; one serving v-1
+    and one making up its log-probabilities are caught. At fp32 a perturbed block (x 1 + 1e-3) moves each token by
+    ~6e-6, under the per-token tolerance (1e-4): only the statistical verdict catches it."""
+    url = _served(dtype)
+    p = hilo("bench", "audit", "--served", f"{url}={dtype}", "--shares", "", "--honest", "48", "--liar", "16", "--json",
+             "--out", str(tmp_path))
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    row = json.loads(out)["served"][0]
+    stat, per_token = row["liars"]["statistical"], row["liars"]["per-token"]
+    print(f"{dtype}: honest |d| mean {row['differences']['abs_mean']:.2e} worst {row['differences']['worst']:.2e}; "
+          f"statistical: {({k: v['first_quarantine'] for k, v in stat.items()})}; per-token: "
+          f"{({k: v['first_quarantine'] for k, v in per_token.items()})}")
+    assert row["honest"]["statistical"]["quarantines"] == 0 and row["honest"]["per-token"]["quarantines"] == 0, row["honest"]
+    assert stat["previous"]["first_quarantine"] is not None and stat["logprobs"]["first_quarantine"] is not None, stat
+    if dtype == "float32":
+        assert stat["perturb"]["first_quarantine"] is not None and per_token["perturb"]["first_quarantine"] is None, stat
