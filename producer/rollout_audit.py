@@ -13,13 +13,17 @@ failure of its site). For a sampled share of rollouts (drawn per rollout with a 
 fields the trainer issued, so a site can neither tell nor steer which of its rollouts are checked) the trainer runs
 its own forward pass under each claimed version's params (kept for the last S + 1 versions: an older rollout is
 stale anyway), rounded to the dtype the site says it exported them in, and matches per token: each token within
-the tolerance of a claimed version, the versions in order (audit_match.py). A rollout that does not match fails
+the tolerance of a claimed version, the versions in order (audit_match.py). The tolerance and the honest noise come
+from what was measured for the site's engine and dtype (audit_noise.py), and each site's passed tokens feed a
+statistical verdict: their summed |difference| against honest serving's, which catches a difference too small for
+any per-token tolerance at bf16 (a site past `noise_z_limit` is quarantined). A rollout that does not match fails
 and is dropped; a site whose failures reach `quarantine_after` is quarantined: one loud line naming it and the
 evidence, every rollout it sends after that dropped (and its samples waiting in groups), until an operator clears
 it (`Auditor.clear`) or it passes a probe: while quarantined, every rollout it sends is audited, and
 `release_after` passed in a row, their sampling test well inside its limit, release it (a site whose operator fixed
-its engine comes back on its own; one that fails again starts its probe over). The probe is off by default
-(release_after = 0): each probe audit is a forward pass, and a quarantined site answers as fast as its engine goes.
+its engine comes back on its own; one that fails again starts its probe over). The probe is on by default within a
+budget: each probe audit is a forward pass, and a quarantined site answers as fast as its engine goes, so probes take
+at most `probe_share` of the trainer's time since the audit started (a probe rollout past it is dropped unaudited).
 The run goes on with the other sites. With a store, the verdicts (counts, quarantine, evidence, the sampling test's
 sums) outlive the trainer process (audit_verdicts.py): a restarted trainer still refuses a quarantined site.
 
