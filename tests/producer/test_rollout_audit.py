@@ -176,6 +176,24 @@ def test_sampling_from_another_policy_with_the_right_logprobs_is_caught_statisti
     assert sharp.quarantined and sharp.z < -5 and "standardized surprisal" in sharp.evidence, sharp
 
 
+def test_differences_each_within_the_tolerance_but_above_honest_noise_quarantine_by_the_statistical_verdict(model):
+    """Log-probabilities each 1e-5 off (10x under the fp32 tolerance, 50x the honest mean |difference| measured on vLLM
+    CPU): every rollout passes the per-token check, and the site is quarantined once its tokens' summed excess is past
+    noise_z_limit; the honest site's z stays below 0."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    a = auditor(model, manifest, vs, quarantine_after=1)
+    got = {"off": [], "honest": []}
+    for i in range(8):
+        ids, lps = sample(model, names, vs[2], seed=40 + i)
+        got["honest"].append(a.judge(record(f"h{i}", 0, "honest", 2, ids, lps), prompt(i)))
+        got["off"].append(a.judge(record(f"o{i}", 0, "off", 2, ids, tuple(x - 1e-5 for x in lps)), prompt(i)))
+    off, honest = a.verdicts["off"], a.verdicts["honest"]
+    assert off.quarantined and off.failed == 0 and off.noise_z > a.cfg.noise_z_limit and "differ from the versions" in off.evidence
+    assert got["off"].index("quarantined") == off.noise_tokens // 4 - 1 and got["off"][0] is None, (got, off)
+    assert not honest.quarantined and honest.noise_z < 0 and set(got["honest"]) == {None}, honest
+
+
 def test_probes_stay_within_their_share_of_the_trainers_time(model):
     """By default a quarantined site is probed, but its probe audits take at most probe_share of the time since the audit
     started (its own accounting): a site answering as fast as it can gets the rest dropped unaudited, not audited."""
