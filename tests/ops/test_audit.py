@@ -226,8 +226,9 @@ def _served(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_audit_served_quick_the_statistical_verdict_keeps_honest_sites_and_catches_liars(vllm, tmp_path, dtype):
     """`hilo bench audit --served` at a small N: an honest site at the served dtype is never quarantined; one serving v-1
-    and one making up its log-probabilities are caught. At fp32 a perturbed block (x 1 + 1e-3) moves each token by
-    ~6e-6, under the per-token tolerance (1e-4): only the statistical verdict catches it."""
+    is caught. At fp32 a perturbed block (x 1 + 1e-3) moves each token by ~6e-6, under the per-token tolerance (1e-4):
+    only the statistical verdict catches it. At bf16 made-up log-probabilities pass the per-token tolerance; the
+    statistical verdict catches them."""
     url = _served(dtype)
     p = hilo("bench", "audit", "--served", f"{url}={dtype}", "--shares", "", "--honest", "48", "--liar", "16", "--json",
              "--out", str(tmp_path))
@@ -238,7 +239,12 @@ def test_bench_audit_served_quick_the_statistical_verdict_keeps_honest_sites_and
     print(f"{dtype}: honest |d| mean {row['differences']['abs_mean']:.2e} worst {row['differences']['worst']:.2e}; "
           f"statistical: {({k: v['first_quarantine'] for k, v in stat.items()})}; per-token: "
           f"{({k: v['first_quarantine'] for k, v in per_token.items()})}")
-    assert row["honest"]["statistical"]["quarantines"] == 0 and row["honest"]["per-token"]["quarantines"] == 0, row["honest"]
-    assert stat["previous"]["first_quarantine"] is not None and stat["logprobs"]["first_quarantine"] is not None, stat
+    assert all(h["quarantines"] == 0 for h in row["honest"].values()), row["honest"]
+    assert stat["previous"]["first_quarantine"] is not None, stat
     if dtype == "float32":
+        assert stat["logprobs"]["first_quarantine"] is not None, stat
         assert stat["perturb"]["first_quarantine"] is not None and per_token["perturb"]["first_quarantine"] is None, stat
+    else:  # x 0.99 is ~2e-2 a token, under bf16's tolerance: caught by the statistics (within 16 rollouts at headroom 1;
+        # at the default 10, by the 80th: docs/benchmarks.md); a perturbed block is below bf16's noise, caught by nothing
+        assert per_token["logprobs"]["first_quarantine"] is None, per_token
+        assert row["liars"]["statistical, headroom 1"]["logprobs"]["first_quarantine"] is not None, row["liars"]
