@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from hilo.producer.audit_noise import honest_noise
 from tests.conftest import new_run
 from tests.helpers import hilo, reaped, wait_until
 
@@ -16,6 +17,7 @@ from tests.helpers import hilo, reaped, wait_until
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 # partial credit: the random tiny policy's samples differ, so every step moves it (with the 0/1 reward it stays put)
 REWARD = "hilo.ops.digit_task:partial_reward"
+TOLERANCE = honest_noise("vllm", "float32").tolerance  # the audit's default for these fp32 sites (audit_noise.py)
 RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")
 
 
@@ -58,12 +60,11 @@ def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
     # (on one machine the first site to start often answers every prompt of a short run)
     assert res["ok"] and audit["share"] == 1.0 and audit["sites"] and set(audit["sites"]) <= {"site-1", "site-2"}
     for v in audit["sites"].values():
-        assert v["audited"] > 0 and v["failed"] == 0 and not v["quarantined"] and v["worst"] < audit["tolerance"], v
+        assert v["audited"] > 0 and v["failed"] == 0 and not v["quarantined"] and v["worst"] < TOLERANCE, v
     worst = max(v["worst"] for v in audit["sites"].values())
     assert re.search(r"audit site-\d: \d+ audited, \d+ passed, 0 failed, worst difference", err), err[-2000:]
     assert all(r["audit_s"] >= 0 for r in res["steps"]) and audit["seconds"] > 0
-    print(f"honest worst per-token difference {worst:.3g}, tolerance {audit['tolerance']:g}: margin "
-          f"{audit['tolerance'] / max(worst, 1e-12):.0f}x")
+    print(f"honest worst per-token difference {worst:.3g}, tolerance {TOLERANCE:g}: margin {TOLERANCE / max(worst, 1e-12):.0f}x")
 
 
 @pytest.mark.parametrize("lie, extra, lr", [
@@ -86,7 +87,8 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
         digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
     res = json.loads(out)
     liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
-    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] == 2, liar  # at its 2nd failure
+    # at its 2nd failure (the probe, on by default, counts its failures after that too)
+    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] >= 2, liar
     assert honest["failed"] == 0 and not honest["quarantined"], honest
     assert res["dropped"].get("quarantined", 0) + res["dropped"].get("audit-failed", 0) > 0, res["dropped"]
     said = [line for line in err.splitlines() if "QUARANTINED site liar" in line]
@@ -166,7 +168,7 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     print(f"span: liar refused {liar['refused']}, audited {liar['audited']} ({liar['spanning']} spanning), failed "
           f"{liar['failed']}: {liar['evidence']}\n  honest: audited {honest['audited']}, worst {honest['worst']:.3g}, served by "
           f"{honest['served']}; dropped {first['dropped']}, after the restart {second['dropped']}")
-    assert liar["quarantined"] and liar["failed"] == 2 and liar["refused"] + liar["audited"] >= 2, liar
+    assert liar["quarantined"] and liar["failed"] >= 2 and liar["refused"] + liar["audited"] >= 2, liar
     assert ("is not published" in liar["evidence"] or "claims v" in liar["evidence"]) and liar["served"].startswith("vllm ")
     assert first["dropped"].get("bad-stamp", 0) + first["dropped"].get("audit-failed", 0) >= 2, first["dropped"]
     assert honest["audited"] > 0 and honest["failed"] == 0 and not honest["quarantined"], honest
