@@ -276,6 +276,7 @@ REGIONS = {
     "fanout": _bench("fanout", "table", f"{RESULTS}/fanout.json"),
     "rl": _bench("rl", "table", f"{RESULTS}/rl.json"),
     "audit": _bench("audit", "table", f"{RESULTS}/audit.json"),
+    "audit-served": _bench("audit", "served_markdown", f"{RESULTS}/audit-served.json"),
     "replay": _bench("replay", "table", f"{RESULTS}/replay.json"),
     "wan": _bench("wan", "markdown", f"{RESULTS}/wan.json"),
     "scrape": Region(scrape_table, (f"{RESULTS}/scrape.json",)),
@@ -327,7 +328,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "audit", "replay", "snapshot", "pace", "wan", "ranks", "scrape", "startup", "measured-on")
+              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "scrape", "startup", "measured-on")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

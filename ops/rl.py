@@ -294,11 +294,14 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     if auditor is not None:
         for n, v in sorted(auditor.verdicts.items()):
             say(f"audit {n}: {v.audited} audited, {v.passed} passed, {v.failed} failed, worst difference {v.worst:.3g} "
-                f"(tolerance {cfg.audit.tolerance:g}), sampling z {v.z:+.2f} over {v.tokens} tokens"
+                f"(tolerance {'measured' if cfg.audit.tolerance is None else format(cfg.audit.tolerance, 'g')}), statistical "
+                f"verdict z {v.noise_z:+.2f} over {v.noise_tokens} tokens, sampling z {v.z:+.2f} over {v.tokens} tokens"
                 + (f", {v.refused} refused by their version stamps" if v.refused else "")
                 + (f"; served by {v.served}" if v.served else "") + (f"; QUARANTINED: {v.evidence}" if v.quarantined else ""))
         say(f"audit: {auditor.seconds:.2f} s of the trainer's time ({100 * auditor.seconds / wall:.1f}% of the run), "
-            f"{auditor.kept_bytes:,} bytes of params kept for {len(auditor.versions)} versions")
+            f"{auditor.kept_bytes:,} bytes of params kept for {len(auditor.versions)} versions; probes of quarantined sites "
+            f"{auditor.probe_seconds:.2f} s (at most {100 * cfg.audit.probe_share:g}% of the time), {auditor.probes_skipped} "
+            f"probe rollouts dropped unaudited over that budget")
     if as_json:
         print(json.dumps(summary), file=out)
     return 0 if ok else 1

@@ -20,6 +20,8 @@ from hilo.log import atomic_file
 from hilo.replay.snapshot import fsync_dir
 from hilo.schemas.errors import ConfigError
 
+from .audit_noise import noise_z
+
 logger = logging.getLogger(__name__)
 FORMAT = 1
 KEY_BYTES = 32
@@ -32,7 +34,8 @@ class Verdict:
     passed ones (an honest site's margin is tolerance / worst_passed). unaudited: drawn for audit but not checkable
     (its versions no longer kept). refused: rollouts whose version stamps cannot be true (a version not published, a
     span wider than S), each counted a failure too. spanning: audited rollouts that claimed a span of versions. z: the
-    sampling test's statistic over `tokens`. served: what the site says served its rollouts (engine, adapter dtype).
+    sampling test's statistic over `tokens`. noise_z: the statistical verdict's, over noise_tokens (audit_noise.py).
+    served: what the site says served its rollouts (engine, adapter dtype).
     failed_rollouts: "prompt/sample" of its latest failures (a rollout judged again after a restart counts once)."""
 
     site: str
@@ -46,6 +49,9 @@ class Verdict:
     worst_passed: float = 0.0
     tokens: int = 0
     z: float = 0.0
+    noise_total: float = 0.0  # the statistical verdict: the sum of its passed tokens' |difference|, over noise_tokens
+    noise_tokens: int = 0
+    noise_z: float = 0.0
     quarantined: bool = False
     evidence: str | None = None
     probation: int = 0  # while quarantined: its audited rollouts passed in a row (the probe)
@@ -130,6 +136,8 @@ class Verdicts:
         # site -> Verdict; site -> [sum of (surprisal - mean), sum of variances, tokens] (the sampling test)
         self.by_site, self.moments = store.load() if store is not None else ({}, {})
         self.probes = {}                 # the same moments, of a quarantined site's probe
+        self.probe_noise = {}            # site -> [sum of |difference|, tokens] of its probe (the statistical verdict)
+        self.noise_of = {}               # site -> the honest Noise its statistical verdict was last judged against
         self.newly_quarantined = []      # sites quarantined since the exchange last asked
         for v in self.by_site.values():
             if metrics is not None:
@@ -173,6 +181,24 @@ class Verdicts:
                                f"z = {v.z:+.1f} over {v.tokens} audited tokens (honest sampling: about N(0, 1); limit "
                                f"{self.cfg.sampling_z_limit:g}); their log-probabilities were right")
 
+    def noise(self, v: Verdict, total: float, tokens: int, noise) -> None:
+        """Add a passed rollout's |differences| (their sum, over `tokens`) to the site's statistical verdict, against the
+        honest `noise` of its engine and dtype; quarantine past the limit. A quarantined site's go to its probe's."""
+        self.noise_of[v.site] = noise
+        if v.quarantined:
+            m = self.probe_noise.setdefault(v.site, [0.0, 0])
+            m[0] += total
+            m[1] += tokens
+            return
+        v.noise_total += total
+        v.noise_tokens += tokens
+        v.noise_z = noise_z(v.noise_total, v.noise_tokens, noise, self.cfg.noise_headroom)
+        if v.noise_tokens >= self.cfg.noise_min_tokens and v.noise_z > self.cfg.noise_z_limit:
+            self.quarantine(v, f"its log-probabilities differ from the versions they claim more than honest serving does: mean "
+                               f"|difference| {v.noise_total / v.noise_tokens:.3g} over {v.noise_tokens} audited tokens, "
+                               f"z = {v.noise_z:+.1f} against the honest {noise.abs_mean:.3g} (x {self.cfg.noise_headroom:g} "
+                               f"headroom; limit {self.cfg.noise_z_limit:g}), each token within the tolerance")
+
     def probe(self, v: Verdict, failed: bool) -> str:
         """Count a quarantined site's checked rollout (a failure already counted) toward its release; dropped either way."""
         if failed:
@@ -181,17 +207,20 @@ class Verdicts:
         v.probation += 1
         total, var, tokens = self.probes.get(v.site, (0.0, 0.0, 0))
         z = total / math.sqrt(var) if var > 0 else 0.0
-        # release asks for half the quarantine's z limit: a site on probation must look honest, not merely unproven
+        noise = self.noise_of.get(v.site)
+        nz = noise_z(*self.probe_noise.get(v.site, (0.0, 0)), noise, self.cfg.noise_headroom) if noise else 0.0
+        # release asks for half the quarantine's z limits: a site on probation must look honest, not merely unproven
         if v.probation >= self.cfg.release_after and tokens >= self.cfg.sampling_min_tokens \
-                and abs(z) <= self.cfg.sampling_z_limit / 2:
+                and abs(z) <= self.cfg.sampling_z_limit / 2 and nz <= self.cfg.noise_z_limit / 2:
             self._release(v, f"it passed its probe: {v.probation} audited rollouts in a row, sampling z = {z:+.1f} over "
-                             f"{tokens} tokens")
+                             f"{tokens} tokens, statistical verdict z = {nz:+.1f}")
         return "quarantined"
 
     def _restart_probe(self, v: Verdict) -> None:
         """A probe starts over: no passed rollouts, and a sampling test of the probe's own tokens."""
         v.probation = 0
         self.probes.pop(v.site, None)
+        self.probe_noise.pop(v.site, None)
 
     def quarantine(self, v: Verdict, evidence: str) -> None:
         """Quarantine `v`'s site: said loudly, saved at once (a trainer restarted a moment later still refuses it)."""
@@ -212,7 +241,8 @@ class Verdicts:
     def _release(self, v: Verdict, why: str) -> None:
         v.quarantined, v.evidence, v.failed, v.failed_rollouts = False, None, 0, []
         self._restart_probe(v)
-        v.tokens, v.z = 0, 0.0  # its sampling test starts over
+        v.tokens, v.z = 0, 0.0  # its sampling test and its statistical verdict start over
+        v.noise_total, v.noise_tokens, v.noise_z = 0.0, 0, 0.0
         self.moments.pop(v.site, None)
         self.save()
         if self.metrics is not None:

@@ -13,13 +13,17 @@ failure of its site). For a sampled share of rollouts (drawn per rollout with a 
 fields the trainer issued, so a site can neither tell nor steer which of its rollouts are checked) the trainer runs
 its own forward pass under each claimed version's params (kept for the last S + 1 versions: an older rollout is
 stale anyway), rounded to the dtype the site says it exported them in, and matches per token: each token within
-the tolerance of a claimed version, the versions in order (audit_match.py). A rollout that does not match fails
+the tolerance of a claimed version, the versions in order (audit_match.py). The tolerance and the honest noise come
+from what was measured for the site's engine and dtype (audit_noise.py), and each site's passed tokens feed a
+statistical verdict: their summed |difference| against honest serving's, which catches a difference too small for
+any per-token tolerance at bf16 (a site past `noise_z_limit` is quarantined). A rollout that does not match fails
 and is dropped; a site whose failures reach `quarantine_after` is quarantined: one loud line naming it and the
 evidence, every rollout it sends after that dropped (and its samples waiting in groups), until an operator clears
 it (`Auditor.clear`) or it passes a probe: while quarantined, every rollout it sends is audited, and
 `release_after` passed in a row, their sampling test well inside its limit, release it (a site whose operator fixed
-its engine comes back on its own; one that fails again starts its probe over). The probe is off by default
-(release_after = 0): each probe audit is a forward pass, and a quarantined site answers as fast as its engine goes.
+its engine comes back on its own; one that fails again starts its probe over). The probe is on by default within a
+budget: each probe audit is a forward pass, and a quarantined site answers as fast as its engine goes, so probes take
+at most `probe_share` of the trainer's time since the audit started (a probe rollout past it is dropped unaudited).
 The run goes on with the other sites. With a store, the verdicts (counts, quarantine, evidence, the sampling test's
 sums) outlive the trainer process (audit_verdicts.py): a restarted trainer still refuses a quarantined site.
 
@@ -50,12 +54,13 @@ from dataclasses import dataclass
 
 import torch
 
-from hilo.replica.forward import LOGPROB_TOLERANCE, completion_scores, lora_names
+from hilo.replica.forward import completion_scores, lora_names
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
 from hilo.schemas.rollouts import EXPORT_DTYPES
 
 from .audit_match import match
+from .audit_noise import honest_noise, known
 from .audit_verdicts import Verdict, Verdicts
 from .audit_versions import KeptVersions, stamp_refusal
 
@@ -72,26 +77,33 @@ class AuditConfig:
 
     share: float = opt(0.1, "share of rollouts audited (0 to 1), drawn per rollout with a key only the trainer holds: each "
                        "audit is one forward pass of prompt + completion under the version the rollout claims")
-    tolerance: float = opt(LOGPROB_TOLERANCE, "the largest per-token |log-probability difference| an audited rollout may show (vLLM CPU "
-                           "server, fp32 base and adapters: honest differences measured up to 1.1e-6 on the random tiny base "
-                           "and 1.02e-5 on the pretrained student base, whose logits are sharper; `hilo bench audit`, "
-                           "docs/results/audit.json; a GPU or bf16 deployment measures and sets its own)")
+    tolerance: float | None = opt(None, "the largest per-token |log-probability difference| an audited rollout may show; "
+                                  "none: the measured one for the site's engine and adapter dtype (producer/audit_noise.py: "
+                                  "vLLM CPU fp32 1e-4, bf16 5e-2; `hilo bench audit --served`)")
     quarantine_after: int = opt(2, "failed audits after which a site is quarantined (its rollouts dropped)")
     served_dtype: str = opt("float32", "the dtype the sites export adapters in (their --export-dtype): the audit rounds each "
                             "version's params to it, as vLLM was given them")
+    noise_z_limit: float = opt(8.0, "quarantine a site whose audited tokens' |log-probability differences| exceed the honest "
+                               "ones measured for its engine and dtype by this many standard errors, summed over all its tokens "
+                               "(the statistical verdict: catches a difference too small for the per-token tolerance)")
+    noise_headroom: float = opt(10.0, "the honest mean and spread the statistical verdict assumes: the registry's (measured on the "
+                                "tiny base) times this (a sharper base shows larger honest differences)")
+    noise_min_tokens: int = opt(16, "audited tokens of a site before its statistical verdict is judged")
     sampling_z_limit: float = opt(8.0, "quarantine a site whose sampled tokens' standardized surprisal sum |z| exceeds this "
                                   "(honest sampling: z is close to N(0, 1)); catches sampling from another policy while "
                                   "reporting the right log-probabilities, statistically")
     sampling_min_tokens: int = opt(200, "audited tokens of a site before its sampling z is judged")
-    release_after: int = opt(0, "a quarantined site's probe: every rollout it sends is audited (and still dropped), and "
-                             "this many passed in a row (16 is a good start), with its sampling z over them at most half the "
-                             "limit, release it. Each probe audit is a forward pass, and a quarantined site answers as fast as "
-                             "its engine goes; 0 (the default): no probe, only an operator releases a site (Auditor.clear)")
+    release_after: int = opt(16, "a quarantined site's probe: its rollouts are audited (and still dropped) within "
+                             "probe_share of the trainer's time, and this many passed in a row, with its sampling z and its "
+                             "statistical verdict over them at most half their limits, release it; 0: no probe, only an "
+                             "operator releases a site (Auditor.clear)")
+    probe_share: float = opt(0.05, "the most of the trainer's time (since the audit started) probes of quarantined sites may "
+                             "take: a probe rollout that would exceed it is dropped unaudited")
 
     def __post_init__(self):
         if not 0 <= self.share <= 1:
             raise ConfigError(f"AuditConfig.share = {self.share}: must be in [0, 1]")
-        if not self.tolerance > 0:
+        if self.tolerance is not None and not self.tolerance > 0:
             raise ConfigError(f"AuditConfig.tolerance = {self.tolerance}: must be > 0")
         if self.quarantine_after < 1:
             raise ConfigError(f"AuditConfig.quarantine_after = {self.quarantine_after}: must be >= 1")
@@ -99,6 +111,11 @@ class AuditConfig:
             raise ConfigError(f"AuditConfig.served_dtype = {self.served_dtype!r}: expected one of {list(DTYPES)}")
         if not self.sampling_z_limit > 0:
             raise ConfigError(f"AuditConfig.sampling_z_limit = {self.sampling_z_limit}: must be > 0")
+        for f in ("noise_z_limit", "noise_headroom"):
+            if not getattr(self, f) > 0:
+                raise ConfigError(f"AuditConfig.{f} = {getattr(self, f)}: must be > 0")
+        if not 0 <= self.probe_share <= 1:
+            raise ConfigError(f"AuditConfig.probe_share = {self.probe_share}: must be in [0, 1]")
         if self.release_after < 0:
             raise ConfigError(f"AuditConfig.release_after = {self.release_after}: must be >= 0 (0: never by probe)")
 
@@ -119,6 +136,9 @@ class Auditor:
         self.key = key if key is not None else store.key() if store is not None else os.urandom(32)
         self.book = Verdicts(cfg, metrics, store)      # every site's verdict, its quarantine and probe
         self.seconds = 0.0                          # spent auditing, in all
+        self.probe_seconds, self.probe_longest = 0.0, 0.0  # of it, on quarantined sites' probes; the longest probe audit
+        self.probes_skipped = 0                     # probe rollouts dropped unaudited: over the probes' budget
+        self.started = time.perf_counter()          # the probes' budget is a share of the time since
         self.histogram = collections.Counter()      # honest-margin calibration: per-token |difference| by power of ten
         self._scored, self._batch_share = {}, 0.0   # what `prepare` scored ahead of `judge`, and its time per rollout
         self._warned = set()                        # (site, dtype) of the served dtypes said to differ from the config's
@@ -154,9 +174,9 @@ class Auditor:
     def _audits(self, r) -> bool:
         """Whether `judge` will recompute `r`: drawn (or its site on probation), believable stamps, every version kept."""
         v = self.verdicts.get(r.site)
-        probing = v is not None and v.quarantined
-        return bool(self.cfg.release_after if probing else self.drawn(r)) \
-            and stamp_refusal(r, self.versions.head, self.max_span) is None \
+        if v is not None and v.quarantined:
+            return False  # a probe is scored (and timed against its budget) in judge
+        return self.drawn(r) and stamp_refusal(r, self.versions.head, self.max_span) is None \
             and all(c in self.versions for c in _claimed(r))
 
     def prepare(self, pairs) -> None:
@@ -198,7 +218,8 @@ class Auditor:
         when its log-probabilities are not the claimed versions' (both count toward the site's quarantine)."""
         v = self.verdict(r.site)
         probing = v.quarantined  # every rollout of a quarantined site is its probe: audited, and dropped whatever it shows
-        if probing and not self.cfg.release_after:
+        if probing and not (self.cfg.release_after and self.probe_room()):
+            self.probes_skipped += int(bool(self.cfg.release_after))  # a probe over its budget: dropped unaudited
             return "quarantined"
         self._served(v, r)
         refusal = stamp_refusal(r, self.versions.head, self.max_span)
@@ -213,13 +234,14 @@ class Auditor:
             v.unaudited += 1
             return "quarantined" if probing else None
         t0 = time.perf_counter()
+        tolerance = self._tolerance(r)
         scored = [self._scored.pop((_key(r), c), None) for c in claimed]
         ahead = self._batch_share if all(s is not None for s in scored) else 0.0  # its share of prepare's forward passes
         scored = [s if s is not None else completion_scores(self.model, [_sample(r, prompt)],
                                                               self.versions.params(c, self._dtype(r)))[0]
                   for c, s in zip(claimed, scored)]
         theirs = torch.tensor(r.logprobs, dtype=torch.float64)
-        m = match(scored, theirs, self.cfg.tolerance)
+        m = match(scored, theirs, tolerance)
         v.audited += 1
         v.spanning += len(claimed) > 1
         v.worst = max(v.worst, m.worst)
@@ -229,8 +251,12 @@ class Auditor:
             for d in m.diffs.tolist():
                 self.histogram[_decade(d)] += 1
             self.book.sampling(v, m.lp, m.mean, m.var)
+            self.book.noise(v, float(m.diffs.sum()), len(m.diffs), honest_noise(r.engine, self._dtype(r)))
         spent = time.perf_counter() - t0
         self.seconds += spent  # prepare counted its forward passes already
+        if probing:
+            self.probe_seconds += spent
+            self.probe_longest = max(self.probe_longest, spent)
         if self.metrics is not None:
             self.metrics.inc("rollouts_audited", site=r.site, result="passed" if m.ok else "failed")
             self.metrics.set("audit_worst_difference", v.worst, site=r.site)
@@ -241,7 +267,15 @@ class Auditor:
             return self.book.probe(v, not m.ok)
         if m.ok:
             return "quarantined" if v.quarantined else None  # quarantined: the sampling test fired
-        return self.book.failed(v, "audit-failed", _evidence(r, claimed, scored, theirs, m, self.cfg.tolerance))
+        return self.book.failed(v, "audit-failed", _evidence(r, claimed, scored, theirs, m, tolerance))
+
+    def probe_room(self) -> bool:
+        """Whether the probes have time left: their seconds so far within probe_share of the trainer's since the start."""
+        return self.probe_seconds <= self.cfg.probe_share * (time.perf_counter() - self.started)
+
+    def _tolerance(self, r) -> float:
+        """The per-token tolerance for `r`: the config's, else the one measured for its site's engine and dtype."""
+        return self.cfg.tolerance if self.cfg.tolerance is not None else honest_noise(r.engine, self._dtype(r)).tolerance
 
     def _served(self, v: Verdict, r) -> None:
         """Note what the site says served `r`; a dtype other than the trainer's assumption is said once (and audited at)."""
@@ -249,6 +283,11 @@ class Auditor:
             return  # a site that does not say (written before these fields): the config's dtype is assumed
         dtype = self._dtype(r)
         v.served = f"{r.engine or 'an engine it does not name'}, {dtype} adapters"
+        if not known(r.engine, dtype) and (v.site, "noise") not in self._warned:
+            self._warned.add((v.site, "noise"))
+            logger.warning("site %s serves %s: no honest noise measured for it (producer/audit_noise.py); audited with "
+                           "%s's numbers (measure it: hilo bench audit --served)", v.site, v.served,
+                           "vLLM bfloat16" if dtype == "float16" else f"vLLM {dtype}")
         if dtype != self.cfg.served_dtype and (v.site, dtype) not in self._warned:
             self._warned.add((v.site, dtype))
             logger.warning("site %s serves %s, not the %s adapters this trainer assumed (--audit-served-dtype): its rollouts "
@@ -261,6 +300,8 @@ class Auditor:
     def summary(self) -> dict:
         """What the audit found: per site, the share, the tolerance and the honest per-token differences by decade."""
         return {"share": self.cfg.share, "tolerance": self.cfg.tolerance, "seconds": round(self.seconds, 3),
+                "probe_seconds": self.probe_seconds, "probe_longest_s": self.probe_longest, "probes_skipped": self.probes_skipped,
+                "probe_budget_s": self.cfg.probe_share * (time.perf_counter() - self.started),
                 "kept_versions": len(self.versions), "kept_bytes": self.kept_bytes,
                 "sites": {s: v.to_dict() for s, v in sorted(self.verdicts.items())},
                 "token_differences": {k: self.histogram[k] for k in sorted(self.histogram, key=decade_order)}}

@@ -1,6 +1,10 @@
 """`hilo bench audit`: the audit's calibration and its cost, on real `hilo rl` runs with honest sites.
 
     hilo bench audit --vllm http://127.0.0.1:8011 --json     # a server serving the tiny base (ops/vllm/start.sh)
+    hilo bench audit --served http://127.0.0.1:8011=float32,http://127.0.0.1:8012=bfloat16 --shares '' --json
+
+With --served (ops/bench/audit_noise.py): per served dtype, the honest per-token differences, detection of each liar
+by the per-token rule and by the statistical verdict, rollouts to detection, false quarantines over N honest rollouts.
 
 One `hilo rl` run (ops/rl.py: this process trains, 2 `hilo consume --generate` sites serve every version through
 vLLM with fp32 adapters) per audited share, same seed: 0 (the reference), 0.1 and 1. Per run: rollouts audited,
@@ -16,8 +20,10 @@ import shutil
 import statistics
 import sys
 
+from hilo.ops.bench.audit_noise import LIARS, NoiseRun, measure
 from hilo.ops.bench.report import results_dir, save
 from hilo.ops.rl import RLConfig, run_rl
+from hilo.producer.audit_noise import honest_noise
 from hilo.producer.rollout_audit import AuditConfig, decade_order
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt
@@ -30,7 +36,11 @@ class AuditBenchConfig:
     """The runs of `hilo bench audit`: the vLLM server(s) and base, the shares audited, and each run's size; checked at
     construction. Each field's help is in its metadata (`hilo bench audit --help`, docs/cli.md)."""
 
-    vllm: str | None = opt(help="the vLLM server(s) the sites use, serving `base` (a comma list: site i uses the i-th)")
+    vllm: str | None = opt(None, "the vLLM server(s) the sites use, serving `base` (a comma list: site i uses the i-th)")
+    served: tuple = opt((), "vLLM servers of the tiny base as URL=DTYPE (the dtype it serves and its sites export adapters "
+                        "in): each measured as ops/bench/audit_noise.py says")
+    honest: int = opt(1000, "with --served: honest rollouts per served dtype (N)")
+    liar: int = opt(200, "with --served: rollouts of each liar per served dtype")
     base: str = opt("tiny", "the model, tiny or student (ops/rl_bases.py)")
     shares: tuple = opt((0.0, 0.1, 1.0), "the audited shares compared; 0 is the reference (no audit)")
     steps: int = opt(8, "optimizer steps per run")
@@ -39,8 +49,12 @@ class AuditBenchConfig:
     seed: int = opt(0, "the runs' seed (the same for every share)")
 
     def __post_init__(self):
-        if self.vllm is None:
-            raise ConfigError("AuditBenchConfig.vllm = None: expected the URL of a vLLM server serving the base (--vllm URL)")
+        if self.vllm is None and (self.shares or not self.served):
+            raise ConfigError("AuditBenchConfig.vllm = None: expected the URL of a vLLM server serving the base (--vllm URL), "
+                              "or only --served (with --shares '')")
+        for u in self.served:
+            if "=" not in u or u.rpartition("=")[2] not in ("float32", "bfloat16", "float16"):
+                raise ConfigError(f"AuditBenchConfig.served: {u!r}: expected URL=DTYPE, DTYPE float32, bfloat16 or float16")
         for s in self.shares:
             self.rl(s)
 
@@ -80,9 +94,12 @@ def run(cfg: AuditBenchConfig) -> dict:
         print(f"bench audit [{i + 1}/{len(cfg.shares)}] share {share:g} ...", file=sys.stderr, flush=True)
         rows.append(one_run(cfg.rl(share)))
     worst = max((r["worst"] for r in rows if r["worst"] is not None), default=None)
-    tol = AuditConfig().tolerance
+    tol = honest_noise("vllm", "float32").tolerance
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    served = [measure(NoiseRun(u.rpartition("=")[0], u.rpartition("=")[2], cfg.honest, cfg.liar, seed=cfg.seed), say)
+              for u in cfg.served]
     return {"config": dataclasses.asdict(cfg), "rows": rows, "honest_worst": worst, "tolerance": tol,
-            "margin": round(tol / worst, 1) if worst else None}
+            "margin": round(tol / worst, 1) if worst else None, "served": served}
 
 
 def table(res: dict) -> str:
@@ -103,7 +120,8 @@ def table(res: dict) -> str:
         out += ["", "Honest per-token |log-probability difference| (vLLM CPU, fp32 adapters), every audited token: "
                 + ", ".join(f"{k}: {decades[k]}" for k in sorted(decades, key=decade_order))
                 + f". Worst {res['honest_worst']:.2e}; this run's tolerance, {res['tolerance']:g}, is {res['margin']:g}x it."]
-    return "\n".join(out)
+    parts = (["\n".join(out)] if res["rows"] else []) + ([served_table(res["served"])] if res.get("served") else [])
+    return "\n\n".join(parts)
 
 
 def main(cfg: AuditBenchConfig, as_json: bool, out: str | None) -> int:
@@ -113,3 +131,23 @@ def main(cfg: AuditBenchConfig, as_json: bool, out: str | None) -> int:
     if not save(res, out_dir, "audit", as_json):
         print(table(res))
     return 0
+
+
+def served_markdown(res: dict) -> str:
+    """The table of docs/benchmarks.md, "The audit where sites serve" (docs/results/audit-served.json)."""
+    return served_table(res["served"])
+
+
+def served_table(rows: list) -> str:
+    """The table of the audit where sites serve: per dtype and rule, false quarantines and rollouts to each liar's."""
+    out = ["| served | honest per-token abs(difference): mean / p99 / worst | rule | honest rollouts quarantined (N) | "
+           + " | ".join(f"{lie}: rollouts to quarantine" for lie in LIARS) + " |", "|---|---|---|---:|" + "---:|" * len(LIARS)]
+    for r in rows:
+        d = r["differences"]
+        for rule in r["honest"]:
+            h = r["honest"][rule]
+            caught = [r["liars"][rule][lie]["first_quarantine"] for lie in LIARS]
+            out.append(f"| {r['engine']} CPU, {r['dtype']} | {d['abs_mean']:.2e} / {d['abs_p99']:.2e} / {d['worst']:.2e} | "
+                       f"{rule} | {h['quarantines']} ({r['honest_rollouts']}) | "
+                       + " | ".join("not caught" if c is None else str(c) for c in caught) + " |")
+    return "\n".join(out)

@@ -60,7 +60,7 @@ def rl(a):
 def audit(a):
     """The audit's calibration and cost: honest runs at each audited share."""
     from hilo.ops.bench.audit import AuditBenchConfig, main
-    return main(config_from_args(AuditBenchConfig, a, shares=tuple(a.shares)), a.json, a.out)
+    return main(config_from_args(AuditBenchConfig, a, shares=tuple(a.shares), served=tuple(a.served)), a.json, a.out)
 
 
 def replay(a):
@@ -277,12 +277,16 @@ def register(sub):
     r.add_argument("--json", action="store_true", help="print the results object (with `rows` per S and `runs`)")
     r.set_defaults(fn=rl)
     from hilo.ops.bench.audit import AuditBenchConfig
+    from hilo.schemas import options
     au = bsub.add_parser("audit", help="the trainer's audit on honest GRPO runs: per-token log-probability differences "
                          "(the tolerance's calibration) and the trainer's time per step at each audited share",
                          description="One `hilo rl` run per audited share (0, 10%, 100%), 2 honest sites on a vLLM server "
-                         "with fp32 adapters (ops/bench/audit.py).")
-    config_options(au, AuditBenchConfig, ("vllm", "base", "steps", "batch_prompts", "samples", "seed"))
-    au.add_argument("--shares", type=lambda t: [float(x) for x in t.split(",")],
+                         "with fp32 adapters (ops/bench/audit.py); with --served, the audit where sites serve: per served dtype, honest "
+                         "noise, each liar's rollouts to quarantine, false quarantines over N honest rollouts (ops/bench/audit_noise.py).")
+    config_options(au, AuditBenchConfig, ("vllm", "base", "steps", "batch_prompts", "samples", "seed", "honest", "liar"))
+    au.add_argument("--served", type=lambda t: [x for x in t.split(",") if x], default="", metavar="URL=DTYPE,...",
+                    help=options.help_of(AuditBenchConfig.__dataclass_fields__["served"]))
+    au.add_argument("--shares", type=lambda t: [float(x) for x in t.split(",") if x],
                     default=",".join(map(str, AuditBenchConfig.shares)), help="comma list of shares (default: %(default)s)")
     au.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/audit-TIME)")
     au.add_argument("--json", action="store_true", help="print the results object (with `rows` per share)")

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from hilo.producer.audit_noise import honest_noise
 from tests.conftest import new_run
 from tests.helpers import hilo, reaped, wait_until
 
@@ -16,6 +17,7 @@ from tests.helpers import hilo, reaped, wait_until
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 # partial credit: the random tiny policy's samples differ, so every step moves it (with the 0/1 reward it stays put)
 REWARD = "hilo.ops.digit_task:partial_reward"
+TOLERANCE = honest_noise("vllm", "float32").tolerance  # the audit's default for these fp32 sites (audit_noise.py)
 RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")
 
 
@@ -58,12 +60,11 @@ def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
     # (on one machine the first site to start often answers every prompt of a short run)
     assert res["ok"] and audit["share"] == 1.0 and audit["sites"] and set(audit["sites"]) <= {"site-1", "site-2"}
     for v in audit["sites"].values():
-        assert v["audited"] > 0 and v["failed"] == 0 and not v["quarantined"] and v["worst"] < audit["tolerance"], v
+        assert v["audited"] > 0 and v["failed"] == 0 and not v["quarantined"] and v["worst"] < TOLERANCE, v
     worst = max(v["worst"] for v in audit["sites"].values())
     assert re.search(r"audit site-\d: \d+ audited, \d+ passed, 0 failed, worst difference", err), err[-2000:]
     assert all(r["audit_s"] >= 0 for r in res["steps"]) and audit["seconds"] > 0
-    print(f"honest worst per-token difference {worst:.3g}, tolerance {audit['tolerance']:g}: margin "
-          f"{audit['tolerance'] / max(worst, 1e-12):.0f}x")
+    print(f"honest worst per-token difference {worst:.3g}, tolerance {TOLERANCE:g}: margin {TOLERANCE / max(worst, 1e-12):.0f}x")
 
 
 @pytest.mark.parametrize("lie, extra, lr", [
@@ -86,7 +87,8 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
         digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
     res = json.loads(out)
     liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
-    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] == 2, liar  # at its 2nd failure
+    # at its 2nd failure (the probe, on by default, counts its failures after that too)
+    assert liar["quarantined"] and liar["evidence"].startswith("2 of ") and liar["failed"] >= 2, liar
     assert honest["failed"] == 0 and not honest["quarantined"], honest
     assert res["dropped"].get("quarantined", 0) + res["dropped"].get("audit-failed", 0) > 0, res["dropped"]
     said = [line for line in err.splitlines() if "QUARANTINED site liar" in line]
@@ -166,7 +168,7 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     print(f"span: liar refused {liar['refused']}, audited {liar['audited']} ({liar['spanning']} spanning), failed "
           f"{liar['failed']}: {liar['evidence']}\n  honest: audited {honest['audited']}, worst {honest['worst']:.3g}, served by "
           f"{honest['served']}; dropped {first['dropped']}, after the restart {second['dropped']}")
-    assert liar["quarantined"] and liar["failed"] == 2 and liar["refused"] + liar["audited"] >= 2, liar
+    assert liar["quarantined"] and liar["failed"] >= 2 and liar["refused"] + liar["audited"] >= 2, liar
     assert ("is not published" in liar["evidence"] or "claims v" in liar["evidence"]) and liar["served"].startswith("vllm ")
     assert first["dropped"].get("bad-stamp", 0) + first["dropped"].get("audit-failed", 0) >= 2, first["dropped"]
     assert honest["audited"] > 0 and honest["failed"] == 0 and not honest["quarantined"], honest
@@ -179,3 +181,72 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     assert any("site liar stays quarantined" in line for line in err2.splitlines()), err2[-3000:]
     assert second["dropped"].get("quarantined", 0) > 0 and second["version"] == steps, second["dropped"]
     assert all(m is not None and m.group(1) == second["trainer_digest"] for m in digests.values()), digests
+
+
+def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_time_bound(vllm, tmp_path):
+    """The probe is on by default: a site quarantined for made-up log-probabilities, restarted honest by its operator
+    (same name, same state dir), passes release_after audited rollouts in a row and is released by itself; the run then
+    finishes on it. Probe audits took at most probe_share of the trainer's time (its own accounting, in the summary).
+    The sampling test's minimum is lowered to fit a short run."""
+    url, _ = vllm
+    log, run, steps = f"file://{tmp_path}/log", new_run("auditprobe"), 2
+    with open(tmp_path / "trainer.log", "w") as stderr:
+        trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share",
+                       "1", "--audit-sampling-min-tokens", "32", *RL, stderr=stderr)
+    liar = _site(log, run, "s", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="logprobs"))
+    sites = {"liar": liar}
+    with reaped(trainer, sites):
+        wait_until(lambda: "QUARANTINED site s" in (tmp_path / "trainer.log").read_text() or trainer.poll() is not None, 600,
+                   "the liar is quarantined")
+        liar.terminate()
+        liar.wait(timeout=120)
+        sites["honest"] = _site(log, run, "s", tmp_path, url, steps)  # the operator fixed it: same site, same state dir
+        out, _ = trainer.communicate(timeout=900)
+        err = (tmp_path / "trainer.log").read_text()
+        assert trainer.returncode == 0, err[-3000:]
+        sites["honest"].communicate(timeout=300)
+    res = json.loads(out)
+    audit, v = res["audit"], res["audit"]["sites"]["s"]
+    released = [line for line in err.splitlines() if "site s released from quarantine (it passed its probe" in line]
+    print(f"probe: {audit['probe_seconds']:.3f} s of probes, budget {audit['probe_budget_s']:.3f} s, longest "
+          f"{audit['probe_longest_s']:.3f} s, {audit['probes_skipped']} skipped\n  {released}")
+    assert len(released) == 1 and not v["quarantined"] and res["version"] == steps, (released, v)
+    assert 0 < audit["probe_seconds"] <= audit["probe_budget_s"] + audit["probe_longest_s"], audit
+
+
+def _served(dtype):
+    """(URL, base) of a vLLM server of the tiny base serving `dtype`: the tests' own for float32, HILO_VLLM_BF16 for
+    bfloat16 (ops/vllm/start.sh BASE --max-lora-rank 16 --dtype bfloat16 on another port; CI starts none: skipped)."""
+    if dtype == "float32":
+        return os.environ.get("HILO_VLLM")
+    url = os.environ.get("HILO_VLLM_BF16")
+    if not url:
+        pytest.skip("no bf16 vLLM server (HILO_VLLM_BF16): `hilo bench audit --served` measures bf16 (docs/benchmarks.md)")
+    return url
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_audit_served_quick_the_statistical_verdict_keeps_honest_sites_and_catches_liars(vllm, tmp_path, dtype):
+    """`hilo bench audit --served` at a small N: an honest site at the served dtype is never quarantined; one serving v-1
+    is caught. At fp32 a perturbed block (x 1 + 1e-3) moves each token by ~6e-6, under the per-token tolerance (1e-4):
+    only the statistical verdict catches it. At bf16 made-up log-probabilities pass the per-token tolerance; the
+    statistical verdict catches them."""
+    url = _served(dtype)
+    p = hilo("bench", "audit", "--served", f"{url}={dtype}", "--shares", "", "--honest", "48", "--liar", "16", "--json",
+             "--out", str(tmp_path))
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    row = json.loads(out)["served"][0]
+    stat, per_token = row["liars"]["statistical"], row["liars"]["per-token"]
+    print(f"{dtype}: honest |d| mean {row['differences']['abs_mean']:.2e} worst {row['differences']['worst']:.2e}; "
+          f"statistical: {({k: v['first_quarantine'] for k, v in stat.items()})}; per-token: "
+          f"{({k: v['first_quarantine'] for k, v in per_token.items()})}")
+    assert all(h["quarantines"] == 0 for h in row["honest"].values()), row["honest"]
+    assert stat["previous"]["first_quarantine"] is not None, stat
+    if dtype == "float32":
+        assert stat["logprobs"]["first_quarantine"] is not None, stat
+        assert stat["perturb"]["first_quarantine"] is not None and per_token["perturb"]["first_quarantine"] is None, stat
+    else:  # x 0.99 is ~2e-2 a token, under bf16's tolerance: caught by the statistics (within 16 rollouts at headroom 1;
+        # at the default 10, by the 80th: docs/benchmarks.md); a perturbed block is below bf16's noise, caught by nothing
+        assert per_token["logprobs"]["first_quarantine"] is None, per_token
+        assert row["liars"]["statistical, headroom 1"]["logprobs"]["first_quarantine"] is not None, row["liars"]

@@ -6,6 +6,7 @@ is audited at, and verdicts survive a restart.
 The same audit against a real vLLM server: tests/ops/test_audit.py."""
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -105,7 +106,7 @@ def test_a_quarantined_site_is_released_by_a_probe_of_passed_rollouts_in_a_row_a
     row (with enough tokens for its sampling test) release it. With release_after = 0 only an operator does."""
     manifest, vs = versions(model)
     names = lora_names(model, manifest)
-    a = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=3, sampling_min_tokens=8)
+    a = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=3, sampling_min_tokens=8, probe_share=1.0)
     stale = sample(model, names, vs[1], seed=7)
     assert a.judge(record("x0", 0, "s", 2, *stale), prompt(0)) == "audit-failed" and a.verdicts["s"].quarantined
     a.cfg = dataclasses.replace(a.cfg, share=0.0)  # no rollout is drawn now: a probe audits all the same
@@ -173,6 +174,43 @@ def test_sampling_from_another_policy_with_the_right_logprobs_is_caught_statisti
     assert honest.failed == sharp.failed == 0                    # every log-probability was right
     assert abs(honest.z) < 4 and not honest.quarantined, honest
     assert sharp.quarantined and sharp.z < -5 and "standardized surprisal" in sharp.evidence, sharp
+
+
+def test_differences_each_within_the_tolerance_but_above_honest_noise_quarantine_by_the_statistical_verdict(model):
+    """Log-probabilities each 1e-5 off (10x under the fp32 tolerance, 50x the honest mean |difference| measured on vLLM
+    CPU): every rollout passes the per-token check, and the site is quarantined once its tokens' summed excess is past
+    noise_z_limit; the honest site's z stays below 0."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    a = auditor(model, manifest, vs, quarantine_after=1)
+    got = {"off": [], "honest": []}
+    for i in range(8):
+        ids, lps = sample(model, names, vs[2], seed=40 + i)
+        got["honest"].append(a.judge(record(f"h{i}", 0, "honest", 2, ids, lps), prompt(i)))
+        got["off"].append(a.judge(record(f"o{i}", 0, "off", 2, ids, tuple(x - 1e-5 for x in lps)), prompt(i)))
+    off, honest = a.verdicts["off"], a.verdicts["honest"]
+    assert off.quarantined and off.failed == 0 and off.noise_z > a.cfg.noise_z_limit and "differ from the versions" in off.evidence
+    assert got["off"].index("quarantined") == off.noise_tokens // 4 - 1 and got["off"][0] is None, (got, off)
+    assert not honest.quarantined and honest.noise_z < 0 and set(got["honest"]) == {None}, honest
+
+
+def test_probes_stay_within_their_share_of_the_trainers_time(model):
+    """By default a quarantined site is probed, but its probe audits take at most probe_share of the time since the audit
+    started (its own accounting): a site answering as fast as it can gets the rest dropped unaudited, not audited."""
+    manifest, vs = versions(model)
+    names = lora_names(model, manifest)
+    a = auditor(model, manifest, vs, quarantine_after=1, sampling_min_tokens=8, probe_share=0.02)
+    assert a.cfg.release_after == AuditConfig().release_after > 0  # the probe is on by default
+    a.judge(record("x0", 0, "s", 2, *sample(model, names, vs[1], seed=7)), prompt(0))
+    honest = [sample(model, names, vs[2], seed=20 + i) for i in range(4)]
+    longest = 0.0
+    for i in range(60):
+        before = a.probe_seconds
+        assert a.judge(record(f"h{i}", 0, "s", 2, *honest[i % 4]), prompt(i)) == "quarantined"
+        longest = max(longest, a.probe_seconds - before)
+        assert a.probe_seconds <= a.cfg.probe_share * (time.perf_counter() - a.started) + longest
+    v = a.verdicts["s"]
+    assert a.probes_skipped > 0 and v.audited == 1 + 60 - a.probes_skipped and v.probation == v.audited - 1, (a.probes_skipped, v)
 
 
 def test_the_book_drops_a_failed_group_and_a_quarantined_sites_waiting_samples():
