@@ -214,6 +214,9 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
         extra = check() if check is not None else None
         if config.publish_rank >= ranks.world:
             raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are 0..{ranks.world - 1}")
+        if config.pipeline:
+            raise ConfigError("ProducerConfig.pipeline: a torch.distributed job publishes in line (each rank applies the version "
+                              "once the publishing rank has committed it); pipelining across ranks is not built yet")
         if config.mode != "gradient":
             raise ConfigError(f"ProducerConfig.mode = {config.mode!r}: a torch.distributed job runs mode 'gradient' only (delta "
                               f"mode's master copy, which the model trains on, is not replicated across ranks yet)")

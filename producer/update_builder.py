@@ -5,6 +5,7 @@ it puts in the message is the digest every site must reach. Propose, then commit
 `propose` computes the message, the next replica state and the next encoder state in new buffers and
 mutates nothing; `commit` adopts them after the log has acknowledged the message.
 """
+import collections
 import time
 from dataclasses import dataclass
 
@@ -78,6 +79,21 @@ class UpdateBuilder:
                               f"(parent {proposal.message.parent_digest.hex()[:12]}, replica {self.replica.digest.hex()[:12]})")
         self.replica.commit(proposal.state, proposal.message.digest)
         self.encoder.commit(proposal.encoding)
+
+    def adopt(self, proposal: Proposal) -> tuple:
+        """Commit a proposal whose message the log does not hold yet (a pipelined publish, producer/inflight.py);
+        returns what `revert` needs to take it back if the log never does."""
+        r = self.replica
+        undo = (r.state, r.digest, collections.OrderedDict(r.recent), self.encoder.state_dict())
+        self.commit(proposal)
+        return undo
+
+    def revert(self, undo: tuple) -> None:
+        """Take back an adopted proposal: the replica and the encoder return to the state `adopt` found."""
+        r = self.replica
+        r.state, r.digest, r.recent, encoder_state = undo
+        for name, value in encoder_state.items():
+            setattr(self.encoder, name, value)
 
     def step(self, grads: list, hparams: dict | None = None, meta: dict | None = None) -> UpdateMessage:
         """propose + commit with no log in between (benchmarks and tests that hold the only copy)."""
