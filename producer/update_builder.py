@@ -46,6 +46,7 @@ class UpdateBuilder:
         self.replica = replica
         self.encoder = encoder
         self.optimizer = get_optimizer(replica.state.optimizer)
+        self.on_encoded = None  # a multi-rank job's: sends each message to the other ranks before the apply (distributed.py)
 
     def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None, target: list | None = None) -> Proposal:
         """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated. With `target`
@@ -62,6 +63,8 @@ class UpdateBuilder:
         r = self.replica
         msg = UpdateMessage(r.run, r.version + 1, r.digest, ZERO_DIGEST, r.manifest.manifest_id, self.encoder.name,
                             enc.params, self.optimizer.name, h, enc.blocks, dict(meta or {}))
+        if self.on_encoded is not None:  # the other ranks apply it while this one does (its digest follows)
+            self.on_encoded(msg)
         state = r.compute(msg, f"trainer v{msg.version}", enc.decoded)
         if target is not None:
             msg.meta["lag"] = relative_lag(target, state.params)
