@@ -31,7 +31,7 @@ JOBS = (("adamw", 1, False), ("file", 1, False), ("file", 1, True), ("kafka", 1,
         ("adamw", 2, False), ("file", 2, False), ("kafka", 2, False))  # (log, ranks, pipelined)
 
 
-def _stepper(model, log: str, pipeline: bool, log_dir: str, kafka: str):
+def _stepper(model, log: str, pipeline: bool, log_dir: str, kafka: str, run: str):
     """(step(), timings() -> {encode_s, apply_s}, close()) for one job's kind of trainer."""
     if log == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -40,14 +40,14 @@ def _stepper(model, log: str, pipeline: bool, log_dir: str, kafka: str):
     from hilo.producer.producer import HiLoProducer
     from hilo.replica.codecs import DEFAULT_BUDGET
     url = f"file://{log_dir}" if log == "file" else kafka
-    config = ProducerConfig(run=f"bench-trainer-{uuid.uuid4().hex[:8]}", log=url, codec="spar4", budget=DEFAULT_BUDGET,
+    config = ProducerConfig(run=run, log=url, codec="spar4", budget=DEFAULT_BUDGET,
                             checkpoint_every=1000, pipeline=pipeline)
     producer = HiLoProducer.open(model, config)
     timings = lambda: {k: producer.last_step.get(k) for k in ("encode_s", "apply_s", "wait_s")}  # noqa: E731
     return lambda: producer.step(lr=1e-4), timings, producer.close
 
 
-def rank_main(shape: str, log: str, pipeline: bool, steps: int, log_dir: str, kafka: str, out: str) -> None:
+def rank_main(shape: str, log: str, pipeline: bool, steps: int, log_dir: str, kafka: str, run: str, out: str) -> None:
     """One rank (or the lone process) of one job: `steps` + 2 steps; writes OUT/rank{R}.json."""
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -57,7 +57,7 @@ def rank_main(shape: str, log: str, pipeline: bool, steps: int, log_dir: str, ka
     manifest = qwen3_manifest(shape)
     model = LoraShell(manifest)
     grads = GradientStream(manifest, seed=0).next()
-    step, timings, close = _stepper(model, log, pipeline, log_dir, kafka)
+    step, timings, close = _stepper(model, log, pipeline, log_dir, kafka, run)
     params, opened, step_s, parts = list(model.parameters()), [], [], []
     for _ in range(steps + 2):
         for p, g in zip(params, grads, strict=True):
@@ -117,17 +117,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the JSON")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)  # one rank of a job (this module, relaunched)
     ap.add_argument("--kind", help=argparse.SUPPRESS)
+    ap.add_argument("--run", help=argparse.SUPPRESS)  # the job's run, the same on every rank
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--log-dir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rank_job:
-        rank_main(a.shape, a.kind, a.pipeline, a.steps, a.log_dir, a.kafka, a.out)
+        rank_main(a.shape, a.kind, a.pipeline, a.steps, a.log_dir, a.kafka, a.run, a.out)
         return 0
     rows = []
     for log, world, pipeline in JOBS:
         print(f"bench trainer: {log}, {world} rank(s){', pipelined' if pipeline else ''}, {a.shape}, {a.steps} steps",
               file=sys.stderr, flush=True)
-        args = ["--shape", a.shape, "--steps", str(a.steps), "--kind", log, "--kafka", a.kafka] + (["--pipeline"] if pipeline else [])
+        args = ["--shape", a.shape, "--steps", str(a.steps), "--kind", log, "--kafka", a.kafka,
+                "--run", f"bench-trainer-{uuid.uuid4().hex[:8]}"] + (["--pipeline"] if pipeline else [])
         rows.append(row(log, world, pipeline, launch("hilo.ops.bench.trainer", world, args)[0]))
     res = {"shape": a.shape, "steps": a.steps, "threads_per_rank": 1, "cores": os.cpu_count(), "rows": rows,
            "not_run": "Kafka behind 50/150 ms emulated RTT: ops/wan/ needs root network namespaces (sudo hilo bench wan)"}
