@@ -117,19 +117,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the JSON")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)  # one rank of a job (this module, relaunched)
     ap.add_argument("--kind", help=argparse.SUPPRESS)
-    ap.add_argument("--run", help=argparse.SUPPRESS)  # the job's run, the same on every rank
+    ap.add_argument("--bench-run", help=argparse.SUPPRESS)  # the job's run, the same on every rank
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--log-dir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rank_job:
-        rank_main(a.shape, a.kind, a.pipeline, a.steps, a.log_dir, a.kafka, a.run, a.out)
+        rank_main(a.shape, a.kind, a.pipeline, a.steps, a.log_dir, a.kafka, a.bench_run, a.out)
         return 0
     rows = []
     for log, world, pipeline in JOBS:
         print(f"bench trainer: {log}, {world} rank(s){', pipelined' if pipeline else ''}, {a.shape}, {a.steps} steps",
               file=sys.stderr, flush=True)
         args = ["--shape", a.shape, "--steps", str(a.steps), "--kind", log, "--kafka", a.kafka,
-                "--run", f"bench-trainer-{uuid.uuid4().hex[:8]}"] + (["--pipeline"] if pipeline else [])
+                "--bench-run", f"bench-trainer-{uuid.uuid4().hex[:8]}"] + (["--pipeline"] if pipeline else [])
         rows.append(row(log, world, pipeline, launch("hilo.ops.bench.trainer", world, args)[0]))
     res = {"shape": a.shape, "steps": a.steps, "threads_per_rank": 1, "cores": os.cpu_count(), "rows": rows,
            "not_run": "Kafka behind 50/150 ms emulated RTT: ops/wan/ needs root network namespaces (sudo hilo bench wan)"}
