@@ -18,7 +18,7 @@ lowest=$("$HILO_VENV/bin/python" -c 'import re, tomllib; print(re.search(r"3\.\d
 # A venv for the lowest and the highest Python the package claims (cached): tests/ops/test_install.py installs the wheel there.
 ops/pythons.sh >/dev/null
 started=0 vllm_started=0 bf16_started=0
-BF16=(env HILO_VLLM_PORT=${HILO_VLLM_BF16_PORT:-8012} HILO_VLLM_DIR=${HILO_CACHE:-$HOME/.cache/hilo-sync}/vllm-run-bf16)
+BF16=(env HILO_VLLM_PORT=${HILO_VLLM_BF16_PORT:-8015} HILO_VLLM_DIR=${HILO_CACHE:-$HOME/.cache/hilo-sync}/vllm-run-bf16)
 trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; [ $bf16_started = 1 ] && "${BF16[@]}" ops/vllm/stop.sh; true' EXIT
 if ! ops/kafka/wait.sh --timeout 1 >/dev/null 2>&1; then
   ops/kafka/start.sh
@@ -32,12 +32,12 @@ if ! ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
   ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16
   vllm_started=1
 fi
-# A second server of the same base in bf16, as GPU sites serve it: the audit's bf16 tests (tests/ops/test_audit.py).
+# A second server of the same base in bf16, as GPU sites serve it, on 8015 (8012 is the refused-server test's): the audit's bf16 tests.
 if ! "${BF16[@]}" ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
   "${BF16[@]}" ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16 --dtype bfloat16
   bf16_started=1
 fi
-export HILO_VLLM_BF16=http://$VLLM_HOST:${HILO_VLLM_BF16_PORT:-8012}
+export HILO_VLLM_BF16=http://$VLLM_HOST:${HILO_VLLM_BF16_PORT:-8015}
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
 export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
 # Parallel workers (HILO_TEST_WORKERS, default 3; 0: one process) with --dist loadgroup: the tests of one xdist_group

@@ -58,8 +58,9 @@ def test_a_run_the_product_writes_now_replays_to_every_digest(name, tmp_path):
 
 
 @pytest.mark.kafka
-def test_a_signed_run_with_a_rotation_on_kafka_replays_to_every_digest(tmp_path):
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_run_the_product_writes_to_kafka_now_replays_to_every_digest(name, tmp_path):
     run = new_run("conform")
-    expected = produce("adamw-spar4-rotation", tmp_path, log_url=KAFKA_URL, run=run)
+    expected = produce(name, tmp_path, log_url=KAFKA_URL, run=run)
     # the trainer deletes all but its newest 3 checkpoints (genesis included): the replay starts at v2's
     check(expected, replay(KAFKA_URL, run, expected["trusted_key"]), since=3)  # (or earlier, if not deleted yet)

@@ -218,12 +218,12 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
 
 def _served(dtype):
     """(URL, base) of a vLLM server of the tiny base serving `dtype`: the tests' own for float32, HILO_VLLM_BF16 for
-    bfloat16 (ops/test.sh starts it: ops/vllm/start.sh BASE --max-lora-rank 16 --dtype bfloat16 on port 8012)."""
+    bfloat16 (ops/test.sh starts it: ops/vllm/start.sh BASE --max-lora-rank 16 --dtype bfloat16 on port 8015)."""
     if dtype == "float32":
         return os.environ.get("HILO_VLLM")
     url = os.environ.get("HILO_VLLM_BF16")
     if not url:
-        pytest.fail("no bf16 vLLM server: HILO_VLLM_BF16 is unset (ops/test.sh starts one on port 8012)")
+        pytest.fail("no bf16 vLLM server: HILO_VLLM_BF16 is unset (ops/test.sh starts one on port 8015)")
     return url
 
 
