@@ -141,6 +141,7 @@ def test_a_broker_outage_during_a_multi_rank_step_stops_every_rank_with_the_same
     rc, out, (r0, r1) = torchrun("outage", url, run, tmp_path, 3, HILO_KAFKA_PORT=env["HILO_KAFKA_PORT"],
                                  HILO_KAFKA_DIR=env["HILO_KAFKA_DIR"])
     assert rc != 0
+    assert r0 and r1, out[-6000:]  # each rank wrote its report (one killed by torchrun writes none)
     assert r0["stopped"] == r1["stopped"] and r0["in_doubt"] == r1["in_doubt"], (r0, r1)
     assert r0["stopped"].startswith("NotPublished: ") and "\n" not in r0["stopped"], r0["stopped"]
     subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)

@@ -176,10 +176,11 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     said = [line for line in err.splitlines() if "site honest serves vllm" in line]
     assert len(said) == 1 and "not the float32 adapters this trainer assumed" in said[0], said
     # restarted: the verdict came back from the state dir, and the liar's rollouts are dropped (the probe, on by
-    # default, may audit a few more of them: each fails, and none releases it)
+    # default, may audit or refuse a few more of them: each fails, none passes, and none releases it)
     kept = second["audit"]["sites"]["liar"]
     assert kept["quarantined"] and kept["evidence"] == liar["evidence"], kept
-    assert kept["audited"] - liar["audited"] == kept["failed"] - liar["failed"] >= 0, (kept, liar)
+    assert kept["passed"] == liar["passed"] == 0 and kept["failed"] >= liar["failed"], (kept, liar)
+    assert kept["failed"] - liar["failed"] <= (kept["audited"] - liar["audited"]) + (kept["refused"] - liar["refused"])
     assert any("site liar stays quarantined" in line for line in err2.splitlines()), err2[-3000:]
     assert second["dropped"].get("quarantined", 0) > 0 and second["version"] == steps, second["dropped"]
     assert all(m is not None and m.group(1) == second["trainer_digest"] for m in digests.values()), digests

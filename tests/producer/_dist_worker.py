@@ -34,6 +34,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 scenario, url, run, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4]), int(sys.argv[5])
 rank = int(os.environ["RANK"])
@@ -51,10 +52,27 @@ from hilo.producer.optimizer import HiLoOptimizer  # noqa: E402
 from hilo.replica.codecs import Budget  # noqa: E402
 
 report = {"rank": rank, "errors": []}
+pids = []  # every rank's pid, once the job is joined (wait_for_the_others)
 
 
 def write():
     (out / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def _alive(pid: int) -> bool:
+    try:  # a SIGKILLed rank started by the test stays a zombie until the test reaps it
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_for_the_others(pids: list, within_s: float = 60.0) -> None:
+    """Before a failing rank exits, each other rank's report is written (or that rank is gone): torchrun stops the
+    survivors the moment one rank exits, and a rank still unwinding its error would leave no report."""
+    deadline = time.monotonic() + within_s
+    for r, pid in enumerate(pids):
+        while r != rank and not (out / f"rank{r}.json").exists() and _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 class AdditionData(torch.utils.data.Dataset):
@@ -163,6 +181,8 @@ def fsdp_loop(opt, model, steps):
 
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    pids.extend([None] * dist.get_world_size())
+    dist.all_gather_object(pids, os.getpid())
     other = rank != 0
     model = build_model(seed=0, rank=4 if scenario == "layout" and other else 8, hidden=64, layers=2)
     if other:
@@ -218,5 +238,6 @@ if __name__ == "__main__":
         report["stopped"] = f"{type(e).__name__}: {e}"
         report["in_doubt"] = getattr(e, "in_doubt", None)
         write()
+        wait_for_the_others(pids)
         raise
     write()
