@@ -29,6 +29,9 @@ POINTS = {
     "trainer.encoded": "a version proposed (encoded, applied to a copy), nothing published (mid-encode)",
     "trainer.in-transaction": "a version's records sent, its transaction not committed (mid-transaction)",
     "trainer.committed": "a version's transaction committed, the trainer's state not yet advanced (before write-back)",
+    # the trainer with ProducerConfig.pipeline (producer/inflight.py)
+    "trainer.ahead": "a version applied locally and its publish started on its thread; step() about to return",
+    "trainer.awaiting": "the next step (or flush, close) about to wait for the version in flight, the next one proposed",
 }
 SITE_POINTS = tuple(p for p in POINTS if not p.startswith(("trainer.", "generate.")))
 GENERATE_POINTS = tuple(p for p in POINTS if p.startswith("generate."))

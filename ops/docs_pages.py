@@ -283,6 +283,7 @@ REGIONS = {
     "snapshot": _bench("snapshot", "table", f"{RESULTS}/snapshot.json"),
     "pace": _bench("pace", "table", f"{RESULTS}/pace.json"),
     "ranks": _bench("ranks", "table", f"{RESULTS}/ranks.json"),
+    "trainer": _bench("trainer", "table", f"{RESULTS}/trainer.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
     "measured-on": Region(measured_on_table),  # reads every file the other regions read
 }
@@ -328,7 +329,8 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "scrape", "startup", "measured-on")
+              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "trainer", "scrape",
+              "startup", "measured-on")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
 # returns the whole text.

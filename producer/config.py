@@ -62,6 +62,10 @@ class ProducerConfig:
                                     "saying so once and then every minute. Past it step() raises one line and the trainer "
                                     "stays at its last committed version; a restart resumes exactly. A single broker's "
                                     "restart takes about a minute, a 3-node rolling upgrade a few")
+    pipeline: bool = opt(False, "publish off the critical path: step() returns once the version is applied locally and its "
+                         "publish is under way on a background thread; the next step() (or flush(), close()) waits for it "
+                         "before it publishes, and raises its failure, the trainer back at the last version the log holds "
+                         "(producer/inflight.py). Gradient mode, one rank")
     publish_rank: int = opt(0, "in a torch.distributed job (torchrun, accelerate launch): the one rank that opens the log and "
                             "publishes. Every rank constructs the same optimizer; the others apply each message it publishes and "
                             "hold the same bits (producer/distributed.py)")
@@ -96,6 +100,9 @@ class ProducerConfig:
             raise ConfigError(f"ProducerConfig.chunk_bytes = {self.chunk_bytes}: must be in [1 KiB, 64 MiB]")
         if self.mode not in MODES:
             raise ConfigError(f"ProducerConfig.mode = {self.mode!r}: expected one of {list(MODES)}")
+        if self.pipeline and self.mode != "gradient":
+            raise ConfigError(f"ProducerConfig.pipeline with mode = {self.mode!r}: a pipelined publish runs mode 'gradient' only "
+                              f"(delta mode's master copy is not taken back when a version is not published)")
         if not 0 <= self.flush_lag < 1:
             raise ConfigError(f"ProducerConfig.flush_lag = {self.flush_lag}: must be in [0, 1)")
         if self.flush_max < 0:

@@ -9,11 +9,14 @@ job's backend, every collective bounded by rank_timeout_s):
   optimizer lacks) and a fingerprint of its config and LoRA layout; any refusal or difference is raised, the same
   line on every rank, before the log is opened. The publishing rank then opens the run (genesis, its snapshot or
   the log head) and broadcasts the outcome and its replica's checkpoint bytes; the others start from them.
-- step: the publishing rank encodes its gradients (DDP: already all-reduced), publishes and commits as a lone
-  trainer does, then broadcasts a frame: the outcome (an error's type and line) and how its replica moved (the
-  encoded message; a checkpoint where it moved otherwise, as when a resync adopted an in-doubt version). The others
-  apply the message with the same CPU arithmetic (its digest proves the bits), write the params into their model,
-  and raise the publishing rank's error, if any, word for word. A step not published moves no rank.
+- step, propose then commit: the publishing rank encodes its gradients (DDP: already all-reduced) and broadcasts
+  the encoded message at once (a "proposed" frame, before its own apply; its digest is not known yet). Every rank
+  then computes the step from it, the others while the publishing rank applies and publishes as a lone trainer
+  does. Then the publishing rank broadcasts the outcome frame: committed (the version and digest the others'
+  computed state must have; the digest proves the bits), or an error's type and line, or how its replica moved
+  otherwise (a checkpoint, as when a resync adopted an in-doubt version). The others adopt their computed state
+  only on a commit, write the params into their model, and raise the publishing rank's error, if any, word for
+  word. A step not published moves no rank; the apply of the other ranks is off the job's critical path.
 - the encoder's error feedback is trainer-only state: it lives on the publishing rank (its snapshot, its
   state_dict), as the log writer does. Sending it each step would cost an fp32 adapter per step per rank.
 
@@ -214,6 +217,9 @@ def open_producer(open_here, model, config, log_backend=None, metrics=None, chec
         extra = check() if check is not None else None
         if config.publish_rank >= ranks.world:
             raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are 0..{ranks.world - 1}")
+        if config.pipeline:
+            raise ConfigError("ProducerConfig.pipeline: a torch.distributed job publishes in line (each rank applies the version "
+                              "once the publishing rank has committed it); pipelining across ranks is not built yet")
         if config.mode != "gradient":
             raise ConfigError(f"ProducerConfig.mode = {config.mode!r}: a torch.distributed job runs mode 'gradient' only (delta "
                               f"mode's master copy, which the model trains on, is not replicated across ranks yet)")
@@ -294,6 +300,13 @@ class RankProducer:
         self.follow_s = 0.0  # a non-publishing rank's last step: the broadcast message's decode, apply and write-back
         if inner is not None:
             inner.publisher = _Remembers(inner.publisher)
+            inner.builder.on_encoded = self._propose
+        self._proposed = None  # the publishing rank: the version whose message it sent before the apply
+
+    def _propose(self, msg) -> None:
+        """The publishing rank: send `msg` to the other ranks as soon as it is encoded (they compute its step meanwhile)."""
+        self.ranks.share(_pack({"proposed": msg.to_bytes()}), f"step (sending v{msg.version}'s message before its apply)")
+        self._proposed = msg.version
 
     def __getattr__(self, name):
         inner = self.__dict__.get("inner")
@@ -377,11 +390,14 @@ class RankProducer:
     def _together(self, what: str, fn) -> None:
         """Run `fn` on the publishing rank, then bring every rank to its replica and raise its error everywhere."""
         if self.inner is None:
-            frame = _unpack(self.ranks.share(None, what))
-            return self._follow(frame, what)
+            frame, proposal = _unpack(self.ranks.share(None, what)), None
+            while "proposed" in frame:  # compute its step while the publishing rank applies and publishes; adopt on commit
+                proposal = self._compute(frame["proposed"], what)
+                frame = _unpack(self.ranks.share(None, what))
+            return self._follow(frame, what, proposal)
         inner = self.inner
         before = (inner.version, inner.replica.digest)
-        inner.publisher.message = None
+        inner.publisher.message, self._proposed = None, None
         error = None
         try:
             fn()
@@ -404,16 +420,41 @@ class RankProducer:
             msg = inner.publisher.message
             if (msg is not None and msg.version == before[0] + 1 == r.version and msg.parent_digest == before[1]
                     and msg.digest == r.digest):
-                frame["message"] = msg.to_bytes()
+                if self._proposed == msg.version:
+                    frame["commit"] = True  # the others computed it from the proposed frame
+                else:
+                    frame["message"] = msg.to_bytes()
             else:  # the replica moved some other way (a resync adopted a version): send the whole state
                 frame["checkpoint"] = r.checkpoint().to_bytes()
         return frame
 
-    def _follow(self, frame: dict, what: str) -> None:
-        """Move this rank's replica as the publishing rank's moved, then raise its error (if any)."""
+    def _compute(self, data: bytes, what: str):
+        """A non-publishing rank: (message, the state it leads to) from the proposed frame's message, or the error
+        computing it raised (raised after the outcome frame, so that the ranks' collectives stay in step)."""
+        t0 = time.perf_counter()
+        where = f"rank {self.ranks.rank}: {what}, the message proposed by the publishing rank {self.ranks.publish_rank}"
+        try:
+            msg = self._replica.decode(data, where)
+            self._replica.classify(msg, where)
+            return msg, self._replica.compute(msg, where), time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001
+            return e
+
+    def _follow(self, frame: dict, what: str, proposal=None) -> None:
+        """Move this rank's replica as the publishing rank's moved (adopting `proposal`, what _compute made, on a
+        commit), then raise its error (if any)."""
         where = f"rank {self.ranks.rank}: {what} v{frame['version']} from the publishing rank {self.ranks.publish_rank}"
         t0 = time.perf_counter()
-        if "message" in frame:
+        if frame.get("commit"):
+            if isinstance(proposal, Exception):
+                raise proposal
+            msg, state, computed_s = proposal
+            t0, digest = t0 - computed_s, state.digest()
+            if (msg.version, digest) != (frame["version"], bytes(frame["digest"])):
+                raise DivergenceError(f"{where}: this rank computed v{msg.version} ({digest.hex()[:12]}), the publishing rank "
+                                      f"committed v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
+            self._replica.commit(state, digest)
+        elif "message" in frame:
             self._replica.apply(self._replica.decode(frame["message"], where), where)
         elif "checkpoint" in frame:
             older = [(v, d) for v, d in self._replica.recent.items()]
@@ -422,7 +463,7 @@ class RankProducer:
         if (self._replica.version, self._replica.digest) != (frame["version"], bytes(frame["digest"])):
             raise DivergenceError(f"{where}: this rank holds v{self._replica.version} ({self._replica.digest.hex()[:12]}), the "
                                   f"publishing rank v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
-        if "message" in frame or "checkpoint" in frame:
+        if frame.get("commit") or "message" in frame or "checkpoint" in frame:
             self.write_back()
         self.follow_s = time.perf_counter() - t0
         self._last_step, self._fenced = frame["last_step"], frame["fenced"]

@@ -9,6 +9,7 @@ The trainer is a replica: its LoRA params are whatever the decoded messages make
 that applies the same messages holds the same policy, bit for bit. Its parts: where it starts (resume.py),
 putting a version on the log (publisher.py), its checkpoints (checkpoints.py), what it proposes (update_builder.py).
 """
+import functools
 import logging
 import time
 
@@ -32,6 +33,7 @@ from .trainer_state import TrainerLedger
 from .checkpoints import Checkpoints
 from .config import ProducerConfig
 from .distributed import open_on_one_rank
+from .inflight import InFlight
 from .link_budget import LinkBudget
 from .lora_params import lora_gradients, lora_weights
 from .publisher import Publisher
@@ -93,6 +95,7 @@ class HiLoProducer:
         self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
         self.in_doubt = None  # a Proposal published with an unknown outcome; settled by the next resync
         self.pending = None   # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
+        self.inflight = None  # ProducerConfig.pipeline: the version whose publish runs on its thread (producer/inflight.py)
         self.last_step = {}
 
     @open_on_one_rank  # a classmethod; in a torch.distributed job the log is opened by one rank (producer/distributed.py)
@@ -150,15 +153,17 @@ class HiLoProducer:
 
     @property
     def version(self) -> int:
-        """Last published (committed) version."""
+        """The version the trainer holds: the last committed one (pipeline: the last applied, its publish maybe under way)."""
         return self.replica.version
 
     def save_snapshot(self):
         """The trainer's own snapshot: replica, position, and the trainer-only state (never published), atomically."""
+        self.settle()  # a snapshot holds committed versions only
         self.ledger.save(self.replica, self.builder.encoder, self.sync)
 
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
+        self.settle()
         pending, run = self.in_doubt, self.config.run
         follower, ours = self.publisher.replay(self.replica, self.ledger.position, pending, self.config.on_bad_record,
                                                self.signer and self.signer.verifier())
@@ -178,6 +183,7 @@ class HiLoProducer:
         follow), then a checkpoint signed by the new one (so a trainer restarted with the new key resumes from it)."""
         if self.signer is None:
             raise ConfigError(f"run {self.config.run}: rotate_key needs a signing_key to sign the rotation with")
+        self.settle()
         self.signer = Signer.load(new_key_path)
         self.ledger.moved(self.checkpoints.rotate_key(self.signer, self.replica, self.ledger.log_bytes))
         self.checkpoints.try_publish(self.replica, self.ledger.next_offset, self.ledger.log_bytes)
@@ -199,6 +205,7 @@ class HiLoProducer:
         if self.in_doubt is not None:
             self.resync()
         if self.link_budget is not None:  # fitted to the slowest site's link; the message's meta says why
+            self.settle()  # it reads the log, which only one thread uses at a time
             budget, why = self.link_budget.choose()
             self.builder.use_budget(budget)
             meta = dict(meta or {}) | {f"budget_{k}": v for k, v in why.items()}
@@ -206,7 +213,7 @@ class HiLoProducer:
         proposal, pending = self.sync.propose(self.builder, grads, self.config.hparams | hparams, meta)
         version = self._publish(proposal, pending, t0)
         if self.link_budget is not None:
-            self.link_budget.observe(self.builder.encoder.budget.fraction, self.last_step["encode_s"] + self.last_step["apply_s"])
+            self.link_budget.observe(self.builder.encoder.budget.fraction, proposal.timing["encode"] + proposal.timing["apply"])
         if zero_grad:
             self.weights.zero_grad()
         return version
@@ -215,6 +222,7 @@ class HiLoProducer:
         """Delta mode: publish messages carrying no new step until the sites trail the master by at most `lag`
         (default flush_lag), at most `max_messages` (default flush_max) of them; returns how many. Gradient mode
         sends nothing: every replica already holds the trainer's state."""
+        self.settle()
         if not self.sync.flushes:
             return 0
         tol = self.config.flush_lag if lag is None else lag
@@ -233,34 +241,70 @@ class HiLoProducer:
         return sent
 
     def _publish(self, proposal, pending, t0: float) -> int:
-        """Publish `proposal` (with its checkpoint when due), then commit it and `pending` (the sync mode's state)."""
+        """Publish `proposal` (with its checkpoint when due), then commit it and `pending` (the sync mode's state).
+        Pipeline: first settle the version in flight, then adopt `proposal` and start its publish on a thread."""
+        self.settle()  # the version before first: its failure is raised here, before anything newer is published
         self.pending, msg = pending, proposal.message
         crashpoints.reach("trainer.encoded")
         checkpoint = self.checkpoints.of(proposal, self.replica.genesis)  # None: this version carries none
+        send = functools.partial(self.publisher.publish, msg, self.signer, self.ledger.log_bytes, checkpoint, self.version)
+        if self.config.pipeline:
+            self.inflight = InFlight(proposal, self.builder.adopt(proposal), checkpoint is not None, t0, send)
+            self.write_back()
+            crashpoints.reach("trainer.ahead")
+            self.inflight.critical_s = time.perf_counter() - t0
+            return msg.version
         try:
-            published = self.publisher.publish(msg, self.signer, self.ledger.log_bytes, checkpoint, self.version)
+            published = send()
         except NotPublished as e:
             if e.in_doubt:
                 self.in_doubt = proposal
             raise
+        self.builder.commit(proposal)
+        self.write_back()
+        self._committed(proposal, published, checkpoint is not None, time.perf_counter() - t0)
+        return msg.version
+
+    def settle(self) -> None:
+        """Pipeline: wait for the version in flight (if any) and commit what its acknowledgement decides; if it is not
+        on the log, return the trainer to the last version that is, and raise its error."""
+        inflight, self.inflight = self.inflight, None
+        if inflight is None:
+            return
+        crashpoints.reach("trainer.awaiting")
+        t = time.perf_counter()
+        try:
+            published = inflight.outcome()
+        except BaseException as e:
+            self.builder.revert(inflight.undo)
+            self.write_back()
+            if isinstance(e, NotPublished) and e.in_doubt:
+                self.in_doubt = inflight.proposal  # as in line: the next step resyncs before anything else
+            else:
+                self.pending = None
+            raise
+        self._committed(inflight.proposal, published, inflight.wanted_checkpoint, inflight.critical_s,
+                        {"wait_s": time.perf_counter() - t, "publish_s": inflight.publish_s})
+
+    def _committed(self, proposal, published, wanted_checkpoint: bool, total_s: float, extra: dict | None = None) -> None:
+        """What the log's acknowledgement of `proposal` decides: the sync state, position, history, metrics, snapshot."""
+        msg = proposal.message
         observe_published(self.metrics, proposal, published.nbytes, self.manifest.adapter_bytes(), published.sign_s,
                           published.transaction_s)
-        self.builder.commit(proposal)
-        self.sync.commit(pending)
+        self.sync.commit(self.pending)
         self.pending = None
-        self.ledger.committed(self.replica, published.offsets[-1], published.nbytes)
-        self.write_back()
-        if self.checkpoints.settled(published, msg.version, wanted=checkpoint is not None):
+        self.ledger.committed(self.replica, published.offsets[-1], published.nbytes)  # pipeline: at it until the next adopt
+        if self.checkpoints.settled(published, msg.version, wanted=wanted_checkpoint):
             self.save_snapshot()
         self.last_step = {"version": msg.version, "bytes": published.nbytes, "chunks": len(published.offsets),
                           "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
-                          "total_s": time.perf_counter() - t0, "lag": msg.meta.get("lag", 0.0)}
-        return msg.version
+                          "total_s": total_s, "lag": msg.meta.get("lag", 0.0)} | (extra or {})
 
     def close(self, flush: bool = True):
         """Flush (delta mode, unless `flush=False`), save the trainer's snapshot (a clean stop leaves one at the head)
         and release the log."""
         try:
+            self.settle()
             if flush and self.in_doubt is None:
                 self.flush()
         finally:

@@ -5,6 +5,7 @@ it puts in the message is the digest every site must reach. Propose, then commit
 `propose` computes the message, the next replica state and the next encoder state in new buffers and
 mutates nothing; `commit` adopts them after the log has acknowledged the message.
 """
+import collections
 import time
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class UpdateBuilder:
         self.replica = replica
         self.encoder = encoder
         self.optimizer = get_optimizer(replica.state.optimizer)
+        self.on_encoded = None  # a multi-rank job's: sends each message to the other ranks before the apply (distributed.py)
 
     def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None, target: list | None = None) -> Proposal:
         """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated. With `target`
@@ -61,6 +63,8 @@ class UpdateBuilder:
         r = self.replica
         msg = UpdateMessage(r.run, r.version + 1, r.digest, ZERO_DIGEST, r.manifest.manifest_id, self.encoder.name,
                             enc.params, self.optimizer.name, h, enc.blocks, dict(meta or {}))
+        if self.on_encoded is not None:  # the other ranks apply it while this one does (its digest follows)
+            self.on_encoded(msg)
         state = r.compute(msg, f"trainer v{msg.version}", enc.decoded)
         if target is not None:
             msg.meta["lag"] = relative_lag(target, state.params)
@@ -78,6 +82,21 @@ class UpdateBuilder:
                               f"(parent {proposal.message.parent_digest.hex()[:12]}, replica {self.replica.digest.hex()[:12]})")
         self.replica.commit(proposal.state, proposal.message.digest)
         self.encoder.commit(proposal.encoding)
+
+    def adopt(self, proposal: Proposal) -> tuple:
+        """Commit a proposal whose message the log does not hold yet (a pipelined publish, producer/inflight.py);
+        returns what `revert` needs to take it back if the log never does."""
+        r = self.replica
+        undo = (r.state, r.digest, collections.OrderedDict(r.recent), self.encoder.state_dict())
+        self.commit(proposal)
+        return undo
+
+    def revert(self, undo: tuple) -> None:
+        """Take back an adopted proposal: the replica and the encoder return to the state `adopt` found."""
+        r = self.replica
+        r.state, r.digest, r.recent, encoder_state = undo
+        for name, value in encoder_state.items():
+            setattr(self.encoder, name, value)
 
     def step(self, grads: list, hparams: dict | None = None, meta: dict | None = None) -> UpdateMessage:
         """propose + commit with no log in between (benchmarks and tests that hold the only copy)."""

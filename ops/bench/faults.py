@@ -2,9 +2,10 @@
 
     hilo bench faults [--kills 200] [--trainer-kills 20] [--log kafka://127.0.0.1:9092] [--json]
 
-1. Trainer kills: `hilo produce` processes on one run, each armed (HILO_CRASH_AT) to SIGKILL itself at a
-   trainer point (mid-encode, mid-transaction, after the commit before write-back), cycling through them; the
-   next one resumes from the log. The last one runs to its end.
+1. Trainer kills: `hilo produce --pipeline` processes on one run, each armed (HILO_CRASH_AT) to SIGKILL itself at
+   a trainer point (mid-encode, mid-transaction on the publish thread, after the commit before write-back, a
+   version applied ahead of its commit, the next step about to wait for it), cycling through them; the next one
+   resumes from the log. The last one runs to its end.
 2. Site kills: a trainer in this process publishes while one site process after another is started on
    the same state dir and killed: at a named site point (mid-fetch, mid-apply, between the snapshot's
    renames, mid-export, mid-commit, ...) reached a random 1-3 times, or (one kill in four) at a random
@@ -47,7 +48,7 @@ def _cli(args, env_extra=None, **kw):
 def _trainer_kills(url, run, n, folder, rng, bar):
     """n trainer processes killed at trainer points, then one that finishes; per point counts."""
     common = ["produce", "--log", url, "--run", run, "--codec", "spar", "--budget", "25%", "--checkpoint-every", "5",
-              "--history", str(folder / "trainer.jsonl")]
+              "--history", str(folder / "trainer.jsonl"), "--pipeline"]  # pipelined: its points are the in-line ones and more
     counts = {p: 0 for p in TRAINER_POINTS}
     for i in range(n):
         point = TRAINER_POINTS[i % len(TRAINER_POINTS)]

@@ -90,9 +90,14 @@ def rank_main(shape: str, codec: str, steps: int, log_dir: str, out: str) -> Non
 
 def _job(world: int, shape: str, codec: str, steps: int) -> list:
     """Run one configuration; every rank's report."""
+    return launch("hilo.ops.bench.ranks", world, ["--shape", shape, "--codec", codec, "--steps", str(steps)])
+
+
+def launch(module: str, world: int, args: list) -> list:
+    """`python -m module --rank-job ARGS --log-dir TMP/log --out TMP` as one process or `world` torchrun ranks (one
+    thread each); every rank's report (TMP/rank{R}.json)."""
     with tempfile.TemporaryDirectory(prefix="hilo-ranks-") as tmp:
-        args = ["-m", "hilo.ops.bench.ranks", "--rank-job", "--shape", shape, "--codec", codec, "--steps", str(steps),
-                "--log-dir", f"{tmp}/log", "--out", tmp]
+        args = ["-m", module, "--rank-job", *args, "--log-dir", f"{tmp}/log", "--out", tmp]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} | {"OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, *args] if world == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                            "--nproc_per_node", str(world), *args]

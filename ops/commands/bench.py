@@ -96,6 +96,13 @@ def ranks(a):
                 + (["--json"] if a.json else []))
 
 
+def trainer(a):
+    """A step's cost with hilo-sync against plain AdamW: encode, apply, publish wait, step, on 1 and 2 ranks."""
+    from hilo.ops.bench.trainer import main
+    return main(["--shape", a.shape, "--steps", str(a.steps), "--kafka", a.kafka] + (["--out", a.out] if a.out else [])
+                + (["--json"] if a.json else []))
+
+
 def probe(a):
     """Per block and version: the compressed method's step against the uncompressed shadow's."""
     from hilo.ops.bench.probe import ProbeConfig, main
@@ -230,6 +237,15 @@ def register(sub):
     rk.add_argument("--json", action="store_true", help="print the JSON")
     rk.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     rk.set_defaults(fn=ranks)
+    tr = bsub.add_parser("trainer", help="what a training step costs with hilo-sync against plain torch AdamW, in one table: "
+                         "encode, apply, publish wait on the critical path, step; file log and Kafka, in line and pipelined; "
+                         "1 and 2 ranks")
+    tr.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
+    tr.add_argument("--steps", type=at_least(1), default=5, help="timed steps per job, after a warm-up (default: %(default)s)")
+    tr.add_argument("--kafka", default="kafka://127.0.0.1:9092", help="the loopback broker (default: %(default)s)")
+    tr.add_argument("--json", action="store_true", help="print the JSON")
+    tr.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")
+    tr.set_defaults(fn=trainer)
     pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,7 +3,7 @@ from . import COMMANDS
 from .args import at_least, budget, common, config_from_args, config_options, metrics_options, metrics_server
 
 FIELDS = ("budget", "codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history",
-          "on_bad_record", "publish_deadline_s")
+          "on_bad_record", "publish_deadline_s", "pipeline")
 
 
 def run(a):
@@ -21,7 +21,9 @@ def run(a):
     adapter = producer.manifest.adapter_bytes()
 
     def on_step(version, loss, compute_s, info):
-        print(f"v{version} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of adapter) "
+        if "bytes" not in info:  # --pipeline: nothing settled yet (info is the last version the log acknowledged)
+            return
+        print(f"v{info['version']} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of adapter) "
               f"chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms"
               + (f" lag {info['lag']:.2e}" if a.mode == "delta" else ""), flush=True)
     train(producer, a.steps, lr=a.lr, seed=a.seed, on_step=on_step)
