@@ -261,8 +261,8 @@ class HiLoProducer:
                 self.in_doubt = proposal
             raise
         self.builder.commit(proposal)
-        self.write_back()
         self._committed(proposal, published, checkpoint is not None, time.perf_counter() - t0)
+        self.write_back()  # after the commit: delta mode writes back the master, which the commit moves
         return msg.version
 
     def settle(self) -> None:
