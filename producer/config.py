@@ -68,7 +68,7 @@ class ProducerConfig:
                          "(producer/inflight.py). Gradient mode, one rank")
     publish_rank: int = opt(0, "in a torch.distributed job (torchrun, accelerate launch): the one rank that opens the log and "
                             "publishes. Every rank constructs the same optimizer; the others apply each message it publishes and "
-                            "hold the same bits (producer/distributed.py)")
+                            "hold the same bits (producer/rank_trainer.py)")
     rank_timeout_s: float | None = opt(None, "in a torch.distributed job: how long a rank waits for the others at start and for "
                                        "the publishing rank's step (its whole publish included) before the job stops with one "
                                        "line; must exceed publish_deadline_s (none: publish_deadline_s + 300)")

@@ -12,7 +12,7 @@ the message, so any LR scheduler drives it. A skipped step (a grad scaler that f
 delta mode the master's params and optimizer state: ProducerConfig(mode="delta")), so a
 framework's checkpoint/resume continues the same run: never a duplicate version, never a fork.
 In a torch.distributed job (torchrun, accelerate launch) construct it on every rank: one rank publishes and every
-rank's model holds the published params (producer/distributed.py).
+rank's model holds the published params (producer/rank_trainer.py).
 """
 import logging
 
@@ -22,7 +22,7 @@ from hilo.replica.optimizers import get_optimizer
 from hilo.schemas.errors import ConfigError, LogError
 
 from .config import ProducerConfig
-from .distributed import unwrap
+from .rank_launch import unwrap
 from .lora_params import lora_parameters
 from .producer import HiLoProducer
 
@@ -100,7 +100,7 @@ class HiLoOptimizer(torch.optim.Optimizer):
         sd = super().state_dict()
         p = self.producer
         sd["hilo"] = {"run": p.config.run, "version": p.version, "digest": p.replica.digest.hex()}
-        if p.builder is not None:  # a torch.distributed job: the publishing rank's alone (producer/distributed.py)
+        if p.builder is not None:  # a torch.distributed job: the publishing rank's alone (producer/rank_trainer.py)
             sd["hilo"]["encoder"] = p.builder.encoder.state_dict()
         if p.master is not None:
             sd["hilo"]["master"] = p.master.state_dict()

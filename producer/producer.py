@@ -32,13 +32,14 @@ from . import trainer_state
 from .trainer_state import TrainerLedger
 from .checkpoints import Checkpoints
 from .config import ProducerConfig
-from .distributed import open_on_one_rank
 from .inflight import InFlight
 from .link_budget import LinkBudget
 from .lora_params import lora_gradients, lora_weights
 from .publisher import Publisher
+from .rank_launch import open_trainer
 from .resume import Resumed, TrainerStart
 from .sync_mode import SYNC_MODES
+from .trainer import Trainer
 from .trainer_metrics import count_skips, observe_published
 from .update_builder import UpdateBuilder
 
@@ -98,13 +99,21 @@ class HiLoProducer:
         self.inflight = None  # ProducerConfig.pipeline: the version whose publish runs on its thread (producer/inflight.py)
         self.last_step = {}
 
-    @open_on_one_rank  # a classmethod; in a torch.distributed job the log is opened by one rank (producer/distributed.py)
+    @classmethod
     def open(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None,
-             lora: tuple | None = None) -> "HiLoProducer":
+             check=None) -> Trainer:
+        """The trainer of `model`: a HiLoProducer; in a torch.distributed job a RankProducer on every rank, the log
+        opened by the publishing rank alone (rank_launch.py). `metrics`: the registry to record into (one a metrics
+        endpoint already serves; served by `hilo produce --metrics-port` or ops/metrics_server.py). `check()`: the
+        caller's refusals, run on every rank first (HiLoOptimizer's)."""
+        return open_trainer(cls.open_alone, model, config, log_backend, metrics, check)
+
+    @classmethod
+    def open_alone(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None,
+                   lora: tuple | None = None) -> "HiLoProducer":
         """Open the log, make every refusal by reading it, fence earlier trainers of the run, start (genesis, the
-        trainer's snapshot, or the newest checkpoint) and catch up to the head. `metrics`: the registry to record into
-        (one a metrics endpoint already serves; served by `hilo produce --metrics-port` or ops/metrics_server.py).
-        `lora`: the adapter's (manifest, LoraWeights) where the caller has them (a multi-rank job's, gathered)."""
+        trainer's snapshot, or the newest checkpoint) and catch up to the head. `lora`: the adapter's (manifest,
+        LoraWeights) where the caller has them (a multi-rank job's, gathered)."""
         manifest, weights = lora or lora_weights(model, config.adapter)
         _check_room(config, manifest)
         signer = Signer.load(config.signing_key) if config.signing_key else None

@@ -65,6 +65,7 @@ class Publisher:
         self.log, self.run, self.updates, self.checkpoints = log, run, updates, checkpoints
         self.chunk_bytes, self.deadline_s, self.metrics, self.outage = chunk_bytes, deadline_s, metrics, outage
         self.fenced = False  # another trainer took the run over: nothing more is published
+        self.last_message = None  # the message of the last publish that returned (a multi-rank job's ranks apply it)
 
     def _fence(self, error: FencedError) -> FencedError:
         """Remember (and show) that another trainer writes the run; returns `error` to raise."""
@@ -113,6 +114,7 @@ class Publisher:
                                f"{self.deadline_s:g}s ({where}; last error: {e.args[0]}); the trainer stays at v{at_version}: "
                                f"the next step (or a restart) resumes from the log", in_doubt=doubt) from None
         self.outage.over()
+        self.last_message = msg
         return Published(published.offsets, published.checkpoint_offsets, len(data), t_tx - t_sign, time.perf_counter() - t_tx)
 
     def replay(self, replica, position, pending, on_bad_record, trust=None) -> tuple:

@@ -46,7 +46,7 @@ class UpdateBuilder:
         self.replica = replica
         self.encoder = encoder
         self.optimizer = get_optimizer(replica.state.optimizer)
-        self.on_encoded = None  # a multi-rank job's: sends each message to the other ranks before the apply (distributed.py)
+        self.on_encoded = None  # a multi-rank job's: sends each message to the other ranks before the apply (rank_trainer.py)
 
     def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None, target: list | None = None) -> Proposal:
         """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated. With `target`
