@@ -16,6 +16,8 @@ import requests
 
 from hilo.schemas.errors import HiloError
 
+from .engine import Engine
+
 logger = logging.getLogger(__name__)
 PLUGIN_MARKER = "(hilo-sync: in-place flag cleared)"  # what ops/vllm/plugin appends to a successful in-place load
 SUPPORTED = "0.32"  # the vLLM release the plugin patches (ops/vllm/env.sh installs 0.32.0)
@@ -30,8 +32,8 @@ class VllmDown(VllmError):
     """The server did not answer (connection refused, timeout, 5xx): worth retrying later."""
 
 
-class VllmServer:
-    """One vLLM OpenAI-compatible server, seen from a site.
+class VllmServer(Engine):
+    """One vLLM OpenAI-compatible server, seen from a site (the Engine of engine.py).
 
     url: base URL, e.g. http://127.0.0.1:8000
     lora_name: the adapter name rollout requests use. Default: policy

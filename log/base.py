@@ -3,6 +3,8 @@
 A topic here is always a single partition: offset order is the order of policy versions.
 """
 import re
+from abc import abstractmethod
+from typing import Protocol
 
 from hilo.schemas.chunks import Record  # noqa: F401  (part of the interface)
 from hilo.schemas.errors import ConfigError
@@ -71,8 +73,10 @@ class Transaction:
         return False
 
 
-class Log:
-    """append / read / offsets / group positions over single-partition topics."""
+class Log(Protocol):
+    """The log a run lives on: append / read / offsets / group positions over its topics. Two implementations:
+    FileLog (filelog.py, the embedded log) and KafkaLog (kafka/backend.py). Each subclasses this Protocol explicitly,
+    for the shared methods below; an abstract method it lacks is refused when it is constructed."""
 
     url = ""
     # Offsets a writer's commit can leave after its last record (Kafka: the transaction's marker). A position
@@ -83,77 +87,92 @@ class Log:
         """Whether reading `topic` from `offset` misses no record to retention."""
         return offset >= self.begin_offset(topic) - self.marker_offsets
 
+    @abstractmethod
     def create_topics(self, run: str, retention_ms: int = -1) -> list:
         """Create RUN.updates and RUN.checkpoints if missing; refuse existing misconfigured ones. Returns created names."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def create_rollout_topics(self, run: str, prompt_partitions: int, retention_ms: int = -1) -> list:
         """Create RUN.prompts (`prompt_partitions` partitions: prompts spread over the sites of one consumer group) and
         RUN.rollouts (1 partition) if missing; refuse existing misconfigured ones. Returns created names."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def check_topic(self, topic: str, partitions: int = 1) -> None:
         """Raise LogError unless `topic` exists with `partitions` partitions and cleanup.policy=delete."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def append(self, topic: str, records: list, partition: int = 0) -> list:
         """Append (key, value, headers) records in order to `partition` (RUN.prompts has several; every other topic
         one); durable when this returns. Returns their offsets."""
-        raise NotImplementedError
+        ...
 
     def partitions(self, topic: str) -> int:
         """How many partitions `topic` has (the embedded log: always 1)."""
         return 1
 
+    @abstractmethod
     def prompt_queue(self, run: str, site: str, lease_s: float):
         """`site`'s view of the run's prompts: take them, settle them with their rollouts (log/prompt_queue.py)."""
-        raise NotImplementedError
+        ...
 
     def transaction(self) -> Transaction:
         """A context whose appends commit together when it exits cleanly (and are discarded when it raises)."""
         return Transaction(self)
 
+    @abstractmethod
     def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20, partition: int = 0) -> Batch:
         """Records of `partition` at offsets >= `offset` (possibly none within `timeout_s`), in order, as a Batch."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def begin_offset(self, topic: str) -> int:
         """Oldest offset still retained."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def end_offset(self, topic: str, partition: int = 0) -> int:
         """Offset after the last committed record of `partition`: a reader that reaches it has seen everything
         (Kafka: the last stable offset)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def retention(self, topic: str) -> dict:
         """How the backend retains `topic`: {"retention.ms", "retention.bytes"} on Kafka; the file log keeps everything."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def become_writer(self, run: str, version: int):
         """Make this client the run's only writer: an earlier writer's next append raises FencedError. Returns
         the fencing token (file log) or None (Kafka: the producer epoch is the broker's)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def trim(self, topic: str, before: int) -> bool:
         """Delete the records before offset `before` (as retention would); False where the backend keeps everything."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def commit(self, group: str, topic: str, offset: int, metadata: str) -> None:
         """Store a group's next offset with a metadata string."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def committed(self, group: str, topic: str):
         """(offset, metadata) last committed by `group`, or None."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def runs(self) -> list:
         """Run ids with an updates topic on this log, sorted (nothing is created)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def groups(self, prefix: str) -> list:
         """Group ids starting with `prefix`."""
-        raise NotImplementedError
+        ...
 
     def close(self) -> None:
         """Release connections and files."""

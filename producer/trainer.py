@@ -17,6 +17,10 @@ class Trainer(Protocol):
 
     config: ProducerConfig
     params: list  # the training model's LoRA parameters, in manifest order
+    last_step: dict  # the last step's account: version, bytes, chunks, seconds
+    rule: object  # the optimizer that step()'s hyperparameters are for (the run's, or delta mode's master's)
+    master: object  # delta mode's master copy (None in gradient mode, and in a job of several ranks)
+    builder: object  # the UpdateBuilder (encoder, error feedback) of the rank that publishes; None on the others
 
     @property
     def replica(self) -> PolicyReplica:
@@ -29,22 +33,6 @@ class Trainer(Protocol):
     @property
     def fenced(self) -> bool:
         """Whether another trainer took the run over (nothing more is published)."""
-
-    @property
-    def last_step(self) -> dict:
-        """The last step's account: version, bytes, chunks, seconds."""
-
-    @property
-    def rule(self):
-        """The optimizer that step()'s hyperparameters are for (the run's, or delta mode's master's)."""
-
-    @property
-    def master(self):
-        """Delta mode's master copy (None in gradient mode, and on every rank of a job)."""
-
-    @property
-    def builder(self):
-        """The UpdateBuilder (encoder and error feedback) of the rank that publishes; None on the others."""
 
     def step(self, meta: dict | None = None, zero_grad: bool = True, **hparams) -> int:
         """Encode the LoRA gradients, publish, commit; returns the version (an error leaves every rank unchanged)."""
