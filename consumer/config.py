@@ -6,7 +6,7 @@ from hilo.replay.bad_records import OnBadRecord
 from hilo.replica.forward import LOGPROB_TOLERANCE
 from hilo.replica.kernels import MODES as APPLY_MODES
 from hilo.schemas.errors import ConfigError
-from hilo.schemas.options import opt
+from hilo.schemas.options import derived, opt
 
 from .adapter_export import DTYPES
 
@@ -69,6 +69,9 @@ class SiteConfig:
                      "the same bits, slower); kernel-only: refuse to start without a kernel for the run's optimizer")
     prefetch: bool = opt(True, "fetch the next version while this one is verified, decoded and applied (a second log "
                          "client, one thread; over a slow link the fetch then costs nothing a version waits for)")
+
+    target: LogTarget = derived("log, run and kafka_config, checked together by the one rule trainer and sites share "
+                                "(log/target.py); what open_log takes")
 
     def __post_init__(self):
         # set once here (the dataclass is frozen): the site opens target, checked by the rule the trainer uses too

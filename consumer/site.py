@@ -65,7 +65,7 @@ class Site:
     def open(cls, cfg: SiteConfig, log_backend=None, clock=time.time, metrics: Metrics | None = None) -> "Site":
         """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM.
         `metrics`: the registry to record into (one a metrics endpoint already serves); default: a new one."""
-        log = log_backend or open_log(cfg.log, kafka_config=cfg.kafka_config)
+        log = log_backend or open_log(cfg.target)
         verifier = Verifier.load(cfg.trust) if cfg.trust else None
         made = not pathlib.Path(cfg.state_dir).exists()  # a start refused leaves no state dir it made (nothing in it)
         site = cls(cfg, log, SnapshotStore(cfg.state_dir), None, verifier, clock, metrics,

@@ -79,7 +79,7 @@ class SiteStart:
             pos = replace(pos, next_offset=cfg.from_offset)
         logger.info("site %s: bootstrapped v%d (digest %s) from %s; reading %s from offset %d",
                     cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
-        reader = Prefetcher(open_log(cfg.log, kafka_config=cfg.kafka_config), updates_topic(cfg.run)) if cfg.prefetch else None
+        reader = Prefetcher(open_log(cfg.target), updates_topic(cfg.run)) if cfg.prefetch else None
         # a snapshot was checked when its versions were applied; what follows is checked now, by the follower
         return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader, trust=self.verifier)
 

@@ -8,9 +8,9 @@ from hilo.replica.codecs.budget import AutoBudget, Budget
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
 from hilo.schemas.errors import ConfigError
-from hilo.schemas.options import opt
+from hilo.schemas.options import derived, opt
 
-from .delta import MODES
+from .sync_mode import SYNC_MODES
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ProducerConfig:
                                    "plaintext)")
     history: str | None = opt(None, "append (version, digest, offset) of every acknowledged version to this file "
                               "(replay/history.py)")
-    mode: str = opt("gradient", "what a message carries (MODES). gradient: the compressed gradient; every replica runs "
+    mode: str = opt("gradient", "what a message carries (SYNC_MODES). gradient: the compressed gradient; every replica runs "
                     "`optimizer` on it. delta: the trainer runs `optimizer` on its own master copy and publishes the "
                     "compressed difference between the master and the sites' copy; sites apply it with the stateless "
                     "\"add\" step (no optimizer state; their policy trails the master by the lag each message reports)")
@@ -73,6 +73,9 @@ class ProducerConfig:
                                        "the publishing rank's step (its whole publish included) before the job stops with one "
                                        "line; must exceed publish_deadline_s (none: publish_deadline_s + 300)")
 
+    target: LogTarget = derived("log, run and kafka_config, checked together by the one rule trainer and sites share "
+                                "(log/target.py); what open_log takes")
+
     def __post_init__(self):
         # set once here (the dataclass is frozen): the producer opens target, so log, run and kafka_config are
         # checked by the one rule the site uses too, and a bad one is named as ProducerConfig's field
@@ -98,8 +101,8 @@ class ProducerConfig:
             raise ConfigError(f"ProducerConfig.checkpoint_every = {self.checkpoint_every}: must be >= 1")
         if not 1024 <= self.chunk_bytes <= 64 << 20:
             raise ConfigError(f"ProducerConfig.chunk_bytes = {self.chunk_bytes}: must be in [1 KiB, 64 MiB]")
-        if self.mode not in MODES:
-            raise ConfigError(f"ProducerConfig.mode = {self.mode!r}: expected one of {list(MODES)}")
+        if self.mode not in SYNC_MODES:
+            raise ConfigError(f"ProducerConfig.mode = {self.mode!r}: expected one of {list(SYNC_MODES)}")
         if self.pipeline and self.mode != "gradient":
             raise ConfigError(f"ProducerConfig.pipeline with mode = {self.mode!r}: a pipelined publish runs mode 'gradient' only "
                               f"(delta mode's master copy is not taken back when a version is not published)")

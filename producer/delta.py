@@ -15,9 +15,6 @@ from hilo.replica.optimizers import get_optimizer
 from hilo.replica.optimizers.add import Add
 from hilo.schemas.errors import ConfigError
 
-# What a message carries (ProducerConfig.mode); the CLI's --mode reads this table
-MODES = {"gradient": "the compressed gradient; every replica runs the optimizer on it (the default)",
-         "delta": "the compressed master - site difference; the trainer's master runs the optimizer, sites only add"}
 ADD = Add.name  # the sites' step in delta mode
 
 

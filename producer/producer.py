@@ -118,7 +118,7 @@ class HiLoProducer:
         _check_room(config, manifest)
         signer = Signer.load(config.signing_key) if config.signing_key else None
         metrics = metrics or Metrics("trainer", run=config.run)
-        log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes, kafka_config=config.kafka_config)
+        log = log_backend or open_log(config.target, chunk_bytes=config.chunk_bytes)
         try:
             log.create_topics(config.run)
             checkpoints = Checkpoints(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,

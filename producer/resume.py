@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from hilo.log import checkpoints_topic, updates_topic
 from hilo.log.site_reports import site_reports
 from hilo.log.tail import head
+from hilo.replay.bad_records import OnBadRecord
 from hilo.replay.follower import Follower
 from hilo.replay.start import Source, Start, choose_start
 from hilo.replica.replica import PolicyReplica
@@ -41,7 +42,7 @@ class Resumed:
     checkpoint: bool = False    # the caller publishes a checkpoint of `replica` at `position` before anything else
 
 
-def catch_up(log, run: str, replica, position: Position, on_bad_record: str = "skip", trust=None) -> Follower:
+def catch_up(log, run: str, replica, position: Position, on_bad_record: OnBadRecord = OnBadRecord.SKIP, trust=None) -> Follower:
     """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
     duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer).
     `trust`: the key the trainer signs with (a signed run applies only what it signed)."""
@@ -67,7 +68,8 @@ class TrainerStart:
     `decide` makes every refusal by reading the log only, so a trainer that would be refused is refused before it
     fences the one that runs; `run` then (after fencing) catches up and says which checkpoint the start needs."""
 
-    def __init__(self, log, run: str, manifest, site_optimizer: str, new_history: bool = False, on_bad_record="skip"):
+    def __init__(self, log, run: str, manifest, site_optimizer: str, new_history: bool = False,
+                 on_bad_record: OnBadRecord = OnBadRecord.SKIP):
         self.log, self.run_id, self.manifest, self.site_optimizer = log, run, manifest, site_optimizer
         self.new_history, self.on_bad_record = new_history, on_bad_record
         self.updates, self.checkpoints = updates_topic(run), checkpoints_topic(run)

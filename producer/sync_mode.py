@@ -16,6 +16,7 @@ class GradientSync:
     """Gradient mode (HiLo proper)."""
 
     name = "gradient"
+    description = "the compressed gradient; every replica runs the optimizer on it (the default)"
     master = None
     flushes = False          # whether flush() has anything to send
     STATE_FILES = ()         # trainer-only snapshot files (state_files' keys)
@@ -64,6 +65,7 @@ class DeltaSync(GradientSync):
     """Delta mode: the trainer's master copy runs the optimizer; replicas add the compressed difference."""
 
     name = "delta"
+    description = "the compressed master - site difference; the trainer's master runs the optimizer, sites only add"
     flushes = True
     STATE_FILES = ("master.pt",)
     lost_on_restart = " and the master from the sites' params with fresh optimizer state"
@@ -112,4 +114,4 @@ class DeltaSync(GradientSync):
         self.master.load_state_dict(objs["master.pt"], f"{where}/master.pt")
 
 
-SYNC_MODES = {cls.name: cls for cls in (GradientSync, DeltaSync)}
+SYNC_MODES = {cls.name: cls for cls in (GradientSync, DeltaSync)}  # the one table: ProducerConfig.mode, --mode

@@ -111,12 +111,12 @@ class Follower:
     Each message is classified as a replica does: the next version is applied, a harmless duplicate of an
     applied one is skipped, a fork or divergence stops it (raises). A record that cannot be a valid message of
     this run (bad_records.py) is skipped with one warning and handed to the caller as a Skipped, so one stray or
-    hostile write does not halt every site and the trainer; with on_bad_record="stop" it raises instead. A gap
+    hostile write does not halt every site and the trainer; with on_bad_record=OnBadRecord.STOP it raises instead. A gap
     right after a skip stops with a line that names the skipped record.
     """
 
     def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position,
-                 on_bad_record: OnBadRecord | str = OnBadRecord.SKIP, reader=None, trust: Verifier | None = None):
+                 on_bad_record: OnBadRecord = OnBadRecord.SKIP, reader=None, trust: Verifier | None = None):
         """`trust`: the run's key as configured (None: an unsigned run). The follower owns what the replica trusts:
         the newest key rotation `position` records (this reader verified it before a restart), else `trust`; then
         every rotation it applies."""
@@ -132,9 +132,9 @@ class Follower:
         self.log_bytes = position.log_bytes  # cumulative bytes of update messages through the replica's version
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = update_reassembler(run, self.topic, replica.manifest)
-        # checked where it was configured (SiteConfig, ProducerConfig); a string is taken as its enum value because
-        # producer/resume.py's catch_up still passes "skip" by default
-        self.on_bad_record = OnBadRecord(on_bad_record)
+        if not isinstance(on_bad_record, OnBadRecord):  # converted once, where it was configured (OnBadRecord.of)
+            raise TypeError(f"Follower: on_bad_record = {on_bad_record!r}: an OnBadRecord (OnBadRecord.of converts a string)")
+        self.on_bad_record = on_bad_record
         self.skips = collections.Counter()  # reason -> records skipped
         self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
         self.fetch_s = 0.0                 # time in reads that returned records since the last applied version

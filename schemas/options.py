@@ -14,6 +14,11 @@ def opt(default=MISSING, help: str = "", *, factory=MISSING):
     return field(default=default, default_factory=factory, metadata={HELP: help})
 
 
+def derived(help: str):
+    """A field its dataclass computes in __post_init__ from other fields (not a constructor argument), with its help."""
+    return field(init=False, repr=False, compare=False, metadata={HELP: help})
+
+
 def help_of(f: Field) -> str | None:
     """The help text a field declares, or None."""
     return f.metadata.get(HELP)

@@ -36,7 +36,7 @@ def run(a):
 
 def register(sub):
     """The produce parser; codec, optimizer and mode choices come from their registries."""
-    from hilo.producer.delta import MODES
+    from hilo.producer.sync_mode import SYNC_MODES
     from hilo.producer.config import ProducerConfig
     from hilo.replay.bad_records import OnBadRecord
     from hilo.replica.codecs import CODECS
@@ -44,7 +44,7 @@ def register(sub):
     p = sub.add_parser("produce", help=COMMANDS["produce"][1])
     common(p)
     config_options(p, ProducerConfig, FIELDS, types={"budget": budget},
-                   choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(MODES),
+                   choices={"codec": list(CODECS), "optimizer": list(OPTIMIZERS), "mode": list(SYNC_MODES),
                             "on_bad_record": [o.value for o in OnBadRecord]})
     metrics_options(p)
     p.add_argument("--steps", type=at_least(1), default=100, help="training steps to run (default: %(default)s)")

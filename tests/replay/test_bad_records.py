@@ -138,8 +138,8 @@ def test_on_bad_record_is_an_enum_that_configs_coerce_from_text():
         SiteConfig(**site, on_bad_record="STOP")
 
 
-def test_the_follower_takes_the_enum_or_its_text(tmp_path, manifest):
-    """Follower no longer checks the policy (its config did); "stop" from an older caller still means STOP."""
+def test_the_follower_takes_the_enum_its_config_converted(tmp_path, manifest):
+    """The string is converted once, where it was configured (SiteConfig, ProducerConfig: OnBadRecord.of)."""
     from hilo.replay.bad_records import OnBadRecord
     from hilo.schemas.position import Position
     from tests.conftest import genesis
@@ -147,4 +147,6 @@ def test_the_follower_takes_the_enum_or_its_text(tmp_path, manifest):
     log = open_log(f"file://{tmp_path}/log")
     log.create_topics(replica.run)
     assert Follower(log, replica.run, replica, Position(0)).on_bad_record is OnBadRecord.SKIP
-    assert Follower(log, replica.run, replica, Position(0), "stop").on_bad_record is OnBadRecord.STOP
+    assert Follower(log, replica.run, replica, Position(0), OnBadRecord.STOP).on_bad_record is OnBadRecord.STOP
+    with pytest.raises(TypeError, match="on_bad_record = 'stop': an OnBadRecord"):
+        Follower(log, replica.run, replica, Position(0), "stop")
