@@ -15,7 +15,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from hilo.log import crashpoints, retry
+from hilo.log import retry
+from hilo.schemas import crash_points
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError, NoSuchTopic
 from hilo.schemas.framing import split_trailer
@@ -104,7 +105,7 @@ class Generator:
         lease = self.queue.take(self.cfg.batch_prompts, timeout_s)
         if not lease.records:
             return 0
-        crashpoints.reach("generate.taken")
+        crash_points.reach("generate.taken")
         parsed = [(r, self._prompt(r)) for r in lease.records]
         later = [(r, p) for r, p in parsed if p is not None and p.min_version > version]
         if later:  # asked for a policy this site has not applied yet: those wait, the rest is answered now
@@ -132,7 +133,7 @@ class Generator:
                     # this prompt only (too long for the model, say): settled unanswered
                     self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")
                 if i == 0:
-                    crashpoints.reach("generate.generating")
+                    crash_points.reach("generate.generating")
         except VllmDown as e:
             self.queue.release(lease)
             self._pause(f"vLLM cannot generate ({e}); {len(lease)} prompts given back")
@@ -146,7 +147,7 @@ class Generator:
             logger.warning("site %s: settling failed (%s); the prompts are read again", self.site, e)  # it was, and they are not)
             self.queue.release(lease)
             return 0
-        crashpoints.reach("generate.settled")
+        crash_points.reach("generate.settled")
         self.settled += len(lease)
         self.rollouts += len(out)
         if self.metrics is not None:

@@ -14,12 +14,13 @@ import time
 
 from tqdm import tqdm
 
-from hilo.log import crashpoints, open_log, site_group, updates_topic
+from hilo.log import open_log, site_group, updates_topic
 from hilo.log.outage import Outage
 from hilo.replay.bad_records import Skipped
 from hilo.replay.follower import Applied, Follower
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
+from hilo.schemas import crash_points
 from hilo.schemas.errors import ConfigError, Expired, HiloError, LogUnavailable
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.signing import Signer, Verifier
@@ -145,7 +146,7 @@ class Site:
         f, bps = self.follower, self.link.bps
         report = SiteReport(self.cfg.site, f.replica.version, f.replica.digest.hex(), f.log_bytes, round(self.clock(), 3),
                             self.serving.version, None if bps is None else round(bps))  # link: what `--budget auto` sizes by
-        crashpoints.reach("site.committing")
+        crash_points.reach("site.committing")
         if self.committer is None:
             self.committer = GroupCommitter(self.log, site_group(self.cfg.run, self.cfg.site), updates_topic(self.cfg.run),
                                             self.cfg.site)
