@@ -23,7 +23,6 @@ from hilo.schemas.framing import split_trailer
 from hilo.schemas.options import opt
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
-from .lies import made_up, sharpened
 from .vllm_serving import VllmDown, VllmError
 
 logger = logging.getLogger(__name__)
@@ -70,7 +69,8 @@ class Generator:
     succeed (`healthy`); the generator reads nothing else of the site. A site whose vLLM stops answering (a
     request fails, or a load does) says so once, gives its prompts back and leaves the queue (on Kafka its
     partitions go to the other sites); it checks the server again with a backoff (2 s doubling to 60 s) and takes
-    prompts again once it answers.
+    prompts again once it answers. `sample` is a seam: a fault-injection harness (ops/faults/lies.py) overrides it in
+    a subclass to make a site report rollouts other than what it served.
     """
 
     def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, verifier=None, signer=None, metrics=None,
@@ -209,15 +209,11 @@ class Generator:
     def _answer(self, p: PromptRecord, version: int) -> list:
         """The n rollouts of one prompt, as (key, value, headers) records."""
         t0 = time.perf_counter()
-        lying = self.serving.lie  # a test hook (consumer/lies.py); None: honest
-        samples = self.server.complete(p.token_ids, sharpened(p.sampling) if lying == "sharpen" else p.sampling)
+        samples, end = self.sample(p, version)
         t1 = time.perf_counter()
-        end = version + 1 if lying == "span" else self.serving.version
         engine = f"vllm {self.server.version}" if self.server.version else None  # what served it, for the trainer's audit
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
-            if lying in ("logprobs", "span"):
-                logprobs = made_up(logprobs)
             reward = float(self.reward(p.token_ids, ids))
             r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
                               finish if finish in ("stop", "length") else "abort",
@@ -225,6 +221,11 @@ class Generator:
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
                         {H.RUN: self.run, H.KIND: "rollout", H.PROMPT: p.prompt_id, H.SITE: self.site, H.VERSION: str(version)}))
         return out
+
+    def sample(self, p: PromptRecord, version: int) -> tuple:
+        """(samples, version served at the end) of prompt `p`, started at `version`: each sample is (token ids, behaviour
+        log-probabilities, finish reason) as vLLM gave them. A seam (see the class)."""
+        return self.server.complete(p.token_ids, p.sampling), self.serving.version
 
     def _count(self, reason, n, detail=None):
         first = reason not in self.refused
