@@ -13,7 +13,7 @@ import shutil
 import torch
 from safetensors.torch import save_file
 
-from hilo.log import crashpoints
+from hilo.schemas import crash_points
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -42,7 +42,7 @@ def export_adapter(replica, out_root, dtype: str = "bfloat16", keep: int = 3, pr
         "format": "pt", "hilo_version": str(replica.version), "hilo_digest": replica.digest.hex()})
     (tmp / "adapter_config.json").write_text(json.dumps(adapter_config(replica.manifest), indent=2))
     shutil.rmtree(final, ignore_errors=True)
-    crashpoints.reach("export.written")
+    crash_points.reach("export.written")
     os.replace(tmp, final)
     prune_adapters(root, keep, (*protect, final))  # never the directory about to be loaded, whatever else is there
     return final

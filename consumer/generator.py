@@ -15,14 +15,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from hilo.log import crashpoints, retry
+from hilo.log import retry
+from hilo.schemas import crash_points
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LeaseLost, LogError, NoSuchTopic
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.options import opt
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
 
-from .lies import made_up, sharpened
 from .vllm_serving import VllmDown, VllmError
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class Generator:
     succeed (`healthy`); the generator reads nothing else of the site. A site whose vLLM stops answering (a
     request fails, or a load does) says so once, gives its prompts back and leaves the queue (on Kafka its
     partitions go to the other sites); it checks the server again with a backoff (2 s doubling to 60 s) and takes
-    prompts again once it answers.
+    prompts again once it answers. `sample` is a seam: a fault-injection harness (ops/faults/lies.py) overrides it in
+    a subclass to make a site report rollouts other than what it served.
     """
 
     def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, verifier=None, signer=None, metrics=None,
@@ -104,7 +105,7 @@ class Generator:
         lease = self.queue.take(self.cfg.batch_prompts, timeout_s)
         if not lease.records:
             return 0
-        crashpoints.reach("generate.taken")
+        crash_points.reach("generate.taken")
         parsed = [(r, self._prompt(r)) for r in lease.records]
         later = [(r, p) for r, p in parsed if p is not None and p.min_version > version]
         if later:  # asked for a policy this site has not applied yet: those wait, the rest is answered now
@@ -132,7 +133,7 @@ class Generator:
                     # this prompt only (too long for the model, say): settled unanswered
                     self._count("engine-refused", 1, f"prompt {p.prompt_id}: {e}")
                 if i == 0:
-                    crashpoints.reach("generate.generating")
+                    crash_points.reach("generate.generating")
         except VllmDown as e:
             self.queue.release(lease)
             self._pause(f"vLLM cannot generate ({e}); {len(lease)} prompts given back")
@@ -146,7 +147,7 @@ class Generator:
             logger.warning("site %s: settling failed (%s); the prompts are read again", self.site, e)  # it was, and they are not)
             self.queue.release(lease)
             return 0
-        crashpoints.reach("generate.settled")
+        crash_points.reach("generate.settled")
         self.settled += len(lease)
         self.rollouts += len(out)
         if self.metrics is not None:
@@ -208,15 +209,11 @@ class Generator:
     def _answer(self, p: PromptRecord, version: int) -> list:
         """The n rollouts of one prompt, as (key, value, headers) records."""
         t0 = time.perf_counter()
-        lying = self.serving.lie  # a test hook (consumer/lies.py); None: honest
-        samples = self.server.complete(p.token_ids, sharpened(p.sampling) if lying == "sharpen" else p.sampling)
+        samples, end = self.sample(p, version)
         t1 = time.perf_counter()
-        end = version + 1 if lying == "span" else self.serving.version
         engine = f"vllm {self.server.version}" if self.server.version else None  # what served it, for the trainer's audit
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
-            if lying in ("logprobs", "span"):
-                logprobs = made_up(logprobs)
             reward = float(self.reward(p.token_ids, ids))
             r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
                               finish if finish in ("stop", "length") else "abort",
@@ -224,6 +221,11 @@ class Generator:
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
                         {H.RUN: self.run, H.KIND: "rollout", H.PROMPT: p.prompt_id, H.SITE: self.site, H.VERSION: str(version)}))
         return out
+
+    def sample(self, p: PromptRecord, version: int) -> tuple:
+        """(samples, version served at the end) of prompt `p`, started at `version`: each sample is (token ids, behaviour
+        log-probabilities, finish reason) as vLLM gave them. A seam (see the class)."""
+        return self.server.complete(p.token_ids, p.sampling), self.serving.version
 
     def _count(self, reason, n, detail=None):
         first = reason not in self.refused

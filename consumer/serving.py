@@ -8,7 +8,6 @@ import logging
 import time
 
 from .adapter_export import discard_beyond, export_adapter, prune_adapters
-from .lies import lie, perturb_adapter
 from .self_check import SelfCheck, SelfCheckFailed
 from .serving_state import ServingState
 from .shell_hook import run_hook
@@ -19,8 +18,9 @@ logger = logging.getLogger(__name__)
 
 class Serving:
     """One site's adapter exports and its vLLM server (None: export and hook only). The generator reads
-    `version` (what vLLM serves now, or None), `healthy` (its loads succeed and pass the self-check) and `lie` (a
-    test hook, consumer/lies.py) and nothing else of the site."""
+    `version` (what vLLM serves now, or None) and `healthy` (its loads succeed and pass the self-check) and nothing
+    else of the site. `export_version` and `adapter_to_load` are seams: a fault-injection harness (ops/faults/lies.py)
+    overrides them in a subclass to make a site serve something other than its replica."""
 
     def __init__(self, cfg, metrics):
         self.site, self.export, self.dtype, self.keep, self.hook = cfg.site, cfg.export_adapters, cfg.export_dtype, \
@@ -29,7 +29,6 @@ class Serving:
         self.server = VllmServer(cfg.vllm, cfg.lora_name) if cfg.vllm else None
         self.checker = SelfCheck(self.server, cfg.self_check_base, cfg.export_dtype, cfg.self_check_tolerance) \
             if self.server is not None and cfg.self_check else None
-        self.lie = lie()  # a test hook (consumer/lies.py); None: honest
         self.state = ServingState(cfg.retry_serve_s)
         self.metrics = metrics
         self.timing = {}  # seconds the newest export and vLLM load took: {"version", "export_s", "load_s"}
@@ -77,9 +76,7 @@ class Serving:
         t0 = time.perf_counter()
         if self.state.needs_export(replica.version):
             keep = [self.state.serving[1]] if self.state.serving else []
-            out = export_adapter(replica, self.adapters_dir, self.dtype, self.keep, protect=keep)
-            if self.lie == "perturb":
-                perturb_adapter(out)
+            out = self.export_version(replica, keep)
             self.state.on_exported(replica.version, out)
             self.timing = {"version": replica.version, "export_s": time.perf_counter() - t0}
             self.metrics.observe("stage_seconds", self.timing["export_s"], stage="export")
@@ -88,9 +85,7 @@ class Serving:
         if self.server is None or not self.state.needs_load(replica.version):
             return False
         version, out = self.state.exported
-        loaded = out
-        if self.lie == "previous" and self.state.serving:
-            loaded = self.state.serving[1]  # the adapter loaded before, under the new version
+        loaded = self.adapter_to_load(out)
         t1 = time.perf_counter()
         try:
             if self.server.version is None:
@@ -120,6 +115,14 @@ class Serving:
         self.metrics.set("serving_version", version)
         prune_adapters(out.parent, self.keep, protect=[out, loaded])  # the previously served one may go now
         return True
+
+    def export_version(self, replica, protect: list):
+        """Write `replica`'s adapter dir (pruning old ones but `protect`); its path. A seam (see the class)."""
+        return export_adapter(replica, self.adapters_dir, self.dtype, self.keep, protect=protect)
+
+    def adapter_to_load(self, exported):
+        """The adapter dir to load into vLLM for the newest exported version: `exported` itself. A seam (see the class)."""
+        return exported
 
     def _retry_later(self, error) -> None:
         wait = self.state.on_failed(time.monotonic())

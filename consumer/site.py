@@ -14,18 +14,20 @@ import time
 
 from tqdm import tqdm
 
-from hilo.log import crashpoints, open_log, site_group, updates_topic
+from hilo.log import open_log, site_group, updates_topic
 from hilo.log.outage import Outage
 from hilo.replay.bad_records import Skipped
 from hilo.replay.follower import Applied, Follower
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
+from hilo.schemas import crash_points
 from hilo.schemas.errors import ConfigError, Expired, HiloError, LogUnavailable
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.signing import Signer, Verifier
 from hilo.schemas.site_report import SiteReport
 
 from .config import SiteConfig
+from .generator import Generator
 from .group_commit import GroupCommitter
 from .head_watch import HeadWatch
 from .lag_view import LagView
@@ -41,13 +43,17 @@ class Site:
     """One site's follower plus its side effects (serving, snapshots, group commit), and its loop. Building one does
     no I/O; `Site.open(config)` opens the log, waits for the run, bootstraps and checks vLLM."""
 
+    # seams: the classes a site builds its serving and generator from; ops/faults/lies.py sets lying subclasses, the product never
+    serving_type = Serving
+    generator_type = Generator
+
     def __init__(self, cfg: SiteConfig, log, store: SnapshotStore, follower: Follower, verifier=None, clock=time.time,
                  metrics: Metrics | None = None, history: HistoryWriter | None = None):
         self.cfg, self.clock = cfg, clock
         self.log, self.store, self.follower, self.verifier, self.history = log, store, follower, verifier, history
         self.committer = None         # the background group committer, started by the first commit
         self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
-        self.serving = Serving(cfg, self.metrics)
+        self.serving = self.serving_type(cfg, self.metrics)
         self.snapshots = Snapshots(store, cfg.snapshot_every, self.metrics, cfg.snapshot_every_s)
         self.start = SiteStart(cfg, log, store, verifier, self.metrics)
         self.heads = HeadWatch(log, cfg.run)
@@ -94,10 +100,9 @@ class Site:
 
     def generate(self, cfg) -> None:
         """Also answer the run's prompts (a GenerateConfig) with the policy vLLM serves, between versions."""
-        from .generator import Generator
         if self.serving.server is None:
             raise ConfigError(f"site {self.cfg.site}: generating needs a vLLM server (--vllm URL)")
-        self.generator = Generator(cfg, self.log, self.serving, self.cfg.run, self.cfg.site, self.verifier,
+        self.generator = self.generator_type(cfg, self.log, self.serving, self.cfg.run, self.cfg.site, self.verifier,
                                    Signer.load(cfg.signing_key) if cfg.signing_key else None, self.metrics)
         logger.info("site %s: generating for run %s (reward %s, %d prompts at a time)", self.cfg.site, self.cfg.run,
                     cfg.reward, cfg.batch_prompts)
@@ -145,7 +150,7 @@ class Site:
         f, bps = self.follower, self.link.bps
         report = SiteReport(self.cfg.site, f.replica.version, f.replica.digest.hex(), f.log_bytes, round(self.clock(), 3),
                             self.serving.version, None if bps is None else round(bps))  # link: what `--budget auto` sizes by
-        crashpoints.reach("site.committing")
+        crash_points.reach("site.committing")
         if self.committer is None:
             self.committer = GroupCommitter(self.log, site_group(self.cfg.run, self.cfg.site), updates_topic(self.cfg.run),
                                             self.cfg.site)

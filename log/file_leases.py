@@ -19,7 +19,7 @@ import uuid
 from hilo.schemas import headers as H
 from hilo.schemas.errors import LeaseLost
 
-from . import crashpoints
+from hilo.schemas import crash_points
 from .base import prompts_topic, rollouts_topic
 from .prompt_queue import DEFAULT_LEASE_S, Lease, PromptQueue
 
@@ -103,7 +103,7 @@ class FilePromptQueue(PromptQueue):
                 raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site}: the lease on prompts at offsets {want} ran out "
                                 f"and another site took them; these {len(records)} rollouts are discarded")
             offsets = self.log.append(self.rollouts, [(k, v, h | {H.LEASE: lease.handle}) for k, v, h in records])
-            crashpoints.reach("generate.in-transaction")  # appended (the commit), the table not yet updated
+            crash_points.reach("generate.in-transaction")  # appended (the commit), the table not yet updated
             del st["leases"][lease.handle]
             st["answered"].extend(want)
             st["scanned"] = offsets[-1] + 1 if offsets else st["scanned"]

@@ -121,7 +121,7 @@ def serve_table(root: pathlib.Path) -> str:
 
 def faults_table(root: pathlib.Path) -> str:
     """Every SIGKILL of `hilo bench faults` by crash point, then what the history check found."""
-    from hilo.log.crashpoints import POINTS
+    from hilo.schemas.crash_points import POINTS
     res = _load(root, f"{RESULTS}/faults.json")
     rows = ["| process | crash point | where it dies | SIGKILLs |", "|---|---|---|---:|"]
     for who, kills in (("trainer", res["trainer_kills"]), ("site", res["site_kills"])):

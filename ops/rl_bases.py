@@ -4,7 +4,7 @@
 
 tiny     the seeded random tiny Qwen3 (what the tests and `ops/rl.sh` serve): it never answers an addition
          correctly, so its reward stays near 0; it exercises the machinery, not learning.
-student  the same architecture pretrained on the digit task (ops/bench/pretrain.RL_STUDENT; greedy test accuracy 0.63,
+student  the same architecture pretrained on the digit task (ops/pretrain.RL_STUDENT; greedy test accuracy 0.63,
          sampled at temperature 1 0.39):
          GRPO has something to improve, so `hilo bench rl` compares reward on it.
 """
@@ -26,15 +26,15 @@ class Base:
     def model(self):
         """The base model (transformers Qwen3ForCausalLM, float32, eval mode)."""
         if self.name == "student":
-            from hilo.ops.bench.pretrain import RL_STUDENT, pretrained
+            from hilo.ops.pretrain import RL_STUDENT, pretrained
             return pretrained(RL_STUDENT, log=lambda *a: None)
         from hilo.ops.tiny_trainer import build_base
         return build_base(seed=0)
 
 
 def _student_dir() -> str:
-    from hilo.ops.bench.pretrain import RL_STUDENT, _cache_path
-    return _cache_path(RL_STUDENT).stem  # the spec's hash is in it: a changed student is a new directory
+    from hilo.ops.pretrain import RL_STUDENT, cache_path
+    return cache_path(RL_STUDENT).stem  # the spec's hash is in it: a changed student is a new directory
 
 
 BASES = {b.name: b for b in (

@@ -15,13 +15,14 @@ import time
 
 import torch
 
-from hilo.log import checkpoints_topic, crashpoints, open_log, updates_topic
+from hilo.log import checkpoints_topic, open_log, updates_topic
 from hilo.log.outage import Outage
 from hilo.log.tail import head
 from hilo.replay.history import HistoryWriter
 from hilo.replay.snapshot import SnapshotStore
 from hilo.replica.codecs import AutoBudget, Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
+from hilo.schemas import crash_points
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, NotPublished
 from hilo.schemas.metrics import Metrics
@@ -254,13 +255,13 @@ class HiLoProducer:
         Pipeline: first settle the version in flight, then adopt `proposal` and start its publish on a thread."""
         self.settle()  # the version before first: its failure is raised here, before anything newer is published
         self.pending, msg = pending, proposal.message
-        crashpoints.reach("trainer.encoded")
+        crash_points.reach("trainer.encoded")
         checkpoint = self.checkpoints.of(proposal, self.replica.genesis)  # None: this version carries none
         send = functools.partial(self.publisher.publish, msg, self.signer, self.ledger.log_bytes, checkpoint, self.version)
         if self.config.pipeline:
             self.inflight = InFlight(proposal, self.builder.adopt(proposal), checkpoint is not None, t0, send)
             self.write_back()
-            crashpoints.reach("trainer.ahead")
+            crash_points.reach("trainer.ahead")
             self.inflight.critical_s = time.perf_counter() - t0
             return msg.version
         try:
@@ -280,7 +281,7 @@ class HiLoProducer:
         inflight, self.inflight = self.inflight, None
         if inflight is None:
             return
-        crashpoints.reach("trainer.awaiting")
+        crash_points.reach("trainer.awaiting")
         t = time.perf_counter()
         try:
             published = inflight.outcome()

@@ -11,8 +11,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from hilo.log import crashpoints, retry
+from hilo.log import retry
 from hilo.log.tail import head
+from hilo.schemas import crash_points
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import split
 from hilo.schemas.errors import FencedError, NotPublished
@@ -137,8 +138,8 @@ class Publisher:
             offsets = tx.append(self.updates, split(data, self.run, "update", msg.version, self.chunk_bytes, extra))
             if checkpoint_records is not None:
                 checkpoint_offsets = tx.append(self.checkpoints, checkpoint_records(offsets[-1] + 1))
-            crashpoints.reach("trainer.in-transaction")
-        crashpoints.reach("trainer.committed")
+            crash_points.reach("trainer.in-transaction")
+        crash_points.reach("trainer.committed")
         return Published(offsets, checkpoint_offsets)
 
     def settle(self, msg, error: Exception, deadline: float, at_version: int) -> tuple:

@@ -18,7 +18,7 @@ from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 from hilo.schemas.signing import SignatureError, Verifier
 
-from hilo.log import crashpoints
+from hilo.schemas import crash_points
 from hilo.log.base import checkpoints_topic, updates_topic
 from hilo.log.tail import last_message, locate
 
@@ -173,7 +173,7 @@ class Follower:
         self._read_start, self._read_wall = getattr(batch, "started", self._read_start), getattr(batch, "fetched", self._read_wall)
         if batch:
             self.fetch_s += time.perf_counter() - t0
-            crashpoints.reach("follower.fetched")
+            crash_points.reach("follower.fetched")
         finished = False
         try:
             for rec in batch:
@@ -245,14 +245,14 @@ class Follower:
             return None
         timing = {"fetch": self.fetch_s}
         upd: UpdateMessage = unframe_update(self.replica, msg, what, timing)  # the checks `hilo inspect` runs too
-        crashpoints.reach("follower.applying")
+        crash_points.reach("follower.applying")
         t2 = time.perf_counter()
         if not self.replica.apply(upd, what):  # a duplicate of an applied version
             self.next_offset = max(self.next_offset, msg.last_offset + 1)
             return None
         timing["apply"] = time.perf_counter() - t2
         self.fetch_s = 0.0
-        crashpoints.reach("follower.applied")
+        crash_points.reach("follower.applied")
         said = msg.parsed.log_bytes  # a verified message's; absent only from writers before the header existed
         self.log_bytes = said if said is not None else self.log_bytes + len(msg.data)
         self.next_offset = msg.last_offset + 1

@@ -36,7 +36,7 @@ from hilo.schemas.limits import DEFAULT_LIMITS
 from hilo.schemas.position import Position
 from hilo.schemas.records import DIGEST_BYTES, NONCE_BYTES, Checkpoint, Manifest, decode_record, history_id
 
-from hilo.log import crashpoints
+from hilo.schemas import crash_points
 
 # Named crash points of `save`, in order (tests stop a save at each one, as a crash there would).
 CRASH_POINTS = ("written", "old-moved", "new-in-place")
@@ -128,7 +128,7 @@ class SnapshotStore:
     """save(replica, position) / load() -> (replica, position) for one state directory.
 
     failpoint: called with each name of CRASH_POINTS as `save` passes it (tests raise there, or hold the save).
-    Default: the named crash points (log/crashpoints.py). fmt: "raw" (default) or "ckpt" (format 1, for comparison).
+    Default: the named crash points (schemas/crash_points.py). fmt: "raw" (default) or "ckpt" (format 1, for comparison).
     """
 
     def __init__(self, state_dir, failpoint=None, fmt: str = "raw"):
@@ -137,7 +137,7 @@ class SnapshotStore:
         self.dir = pathlib.Path(state_dir)
         self.path = self.dir / "snapshot"
         self.fmt = fmt
-        self.failpoint = failpoint or (lambda point: crashpoints.reach(f"snapshot.{point}"))
+        self.failpoint = failpoint or (lambda point: crash_points.reach(f"snapshot.{point}"))
         ensure_writable_dir(self.dir, "state dir")
         remove_stale_temps(self.dir)
 

@@ -19,10 +19,17 @@ def wait_until(cond, timeout_s: float, what: str, every_s: float = 0.05):
         time.sleep(every_s)
 
 
+PIPED = {"stderr": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+
+
 def hilo(*args, **kw) -> subprocess.Popen:
     """`hilo ARGS` as a separate process, stdout and stderr piped as text (unless `kw` says otherwise)."""
-    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", *args], **({"stderr": subprocess.PIPE, "stdout": subprocess.PIPE,
-                                                                             "text": True} | kw))
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", *args], **(PIPED | kw))
+
+
+def lying_site(lie: str, *args, **kw) -> subprocess.Popen:
+    """`hilo consume ARGS` telling the lie `lie` (ops/faults/lies.py) as a separate process, piped as `hilo`'s."""
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.faults.lying_site", lie, *args], **(PIPED | kw))
 
 
 def wait_for_line(proc, pattern, timeout_s=120):

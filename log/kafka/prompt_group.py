@@ -15,7 +15,7 @@ import time
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
 
-from hilo.log import crashpoints
+from hilo.schemas import crash_points
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.prompt_queue import Lease, PromptQueue, generate_group
 from hilo.schemas.chunks import Record
@@ -153,7 +153,7 @@ class KafkaPromptQueue(PromptQueue):
             # settle met a broker restart waited there forever, silent (a stuck site's stack, test_outage's hilo rl run)
             call_within(lambda: p.send_offsets_to_transaction(offsets, group), ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
             p.flush(timeout=ATTEMPT_TIMEOUT_S)
-            crashpoints.reach("generate.in-transaction")  # the rollouts are on the brokers, uncommitted
+            crash_points.reach("generate.in-transaction")  # the rollouts are on the brokers, uncommitted
             call_within(p.commit_transaction, ATTEMPT_TIMEOUT_S, on_abandon=self._drop)
             return [f.get(timeout=ATTEMPT_TIMEOUT_S).offset for f in futures]
         except KafkaError as e:

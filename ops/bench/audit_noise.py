@@ -7,7 +7,7 @@ the adapter of 3 versions (v0, then 2 steps of AdamW's first-step size, lr x sig
 site with `--export-dtype DTYPE` does, loads each into the server and samples rollouts of digit-task prompts with their
 behaviour log-probabilities. The trainer's real Auditor (share 1, every default but the ones the bench compares) judges
 them: the honest per-token differences (signed, |.| by quantile), false quarantines over N honest rollouts, and for
-each liar of consumer/lies.py, rollouts until its site is quarantined: `previous` (v1 served, v2 claimed), `perturb`
+each liar of ops/faults/lies.py, rollouts until its site is quarantined: `previous` (v1 served, v2 claimed), `perturb`
 (v2's largest lora_B block x (1 + 1e-3)), `logprobs` (x 0.99) and `sharpen` (temperature x 0.25). Each is judged by
 the per-token rule alone (noise_z_limit off) and with the statistical verdict (audit_noise.py), so the table shows
 what the statistics add.
@@ -22,9 +22,9 @@ import types
 import torch
 
 from hilo.consumer.adapter_export import export_adapter
-from hilo.consumer.lies import made_up, perturb_adapter, sharpened
 from hilo.consumer.vllm_serving import VllmServer
 from hilo.ops import digit_task
+from hilo.ops.faults.lies import made_up, perturb_adapter, sharpened
 from hilo.ops.rl_bases import base as rl_base
 from hilo.ops.tiny_trainer import with_lora
 from hilo.producer.lora_params import lora_parameters

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from hilo.consumer.config import SiteConfig
 from hilo.consumer.site import Site
 from hilo.log import open_log, threads
-from hilo.log.crashpoints import SITE_POINTS, TRAINER_POINTS
+from hilo.schemas.crash_points import SITE_POINTS, TRAINER_POINTS
 from hilo.ops.bench.report import results_dir, save
 from hilo.ops.tiny_trainer import build_model
 from hilo.producer.config import ProducerConfig

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hilo.ops.bench.baselines import lossless_delta_payload
-from hilo.ops.bench.pretrain import ANSWER_LEN, PROMPT_LEN, encode, pairs
+from hilo.ops.pretrain import ANSWER_LEN, PROMPT_LEN, encode, pairs
 from hilo.producer.delta import MasterCopy, MasterState, relative_lag
 from hilo.producer.lora_params import lora_parameters
 from hilo.producer.update_builder import UpdateBuilder

@@ -19,7 +19,7 @@ import torch
 
 from hilo.ops.bench.machine import measured_on
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, run
-from hilo.ops.bench.pretrain import STUDENTS, pretrained, teacher_of
+from hilo.ops.pretrain import STUDENTS, pretrained, teacher_of
 from hilo.replica.optimizers import OPTIMIZERS
 from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import opt

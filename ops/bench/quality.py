@@ -33,7 +33,7 @@ import torch
 
 from hilo.ops.bench.machine import measured_on
 from hilo.ops.bench.onpolicy import SYNCS, RunConfig, evaluate, run
-from hilo.ops.bench.pretrain import STUDENTS, greedy_accuracy, pretrained, teacher_of, weights_digest
+from hilo.ops.pretrain import STUDENTS, greedy_accuracy, pretrained, teacher_of, weights_digest
 from hilo.ops.bench.report import mean_ci
 from hilo.ops.bench.runstore import RunStore
 from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY

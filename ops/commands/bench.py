@@ -155,7 +155,7 @@ def register(sub):
     q.add_argument("--saved-only", action="store_true",
                    help="compute nothing: report the runs already saved under --out (a sweep in progress or stopped)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
-    from hilo.ops.bench.pretrain import STUDENTS
+    from hilo.ops.pretrain import STUDENTS
     q.add_argument("--student", choices=list(STUDENTS), help="the student's shape (default: smoke with --quick, a small pair "
                    "pretrained in a minute that checks the pipeline, not quality; h256-l4 otherwise)")
     q.add_argument("--lrs-from", metavar="QUALITY_JSON", help="take every cell's learning rate from an earlier sweep's "

@@ -20,9 +20,11 @@ import requests
 import torch
 
 from hilo.consumer.config import SiteConfig
+from hilo.consumer.site import Site
 from hilo.consumer.vllm_serving import VllmError
 from hilo.log import open_log
 from hilo.ops.cli import main
+from hilo.ops.faults.lies import lying
 from hilo.ops.lag import lag_rows
 from hilo.producer.producer import HiLoProducer
 from tests.conftest import new_run, producer_config, publish_random
@@ -304,9 +306,9 @@ def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_pa
 @pytest.mark.parametrize("lie", [None, "previous", "perturb"])
 def test_after_every_load_the_site_checks_that_vllm_serves_its_replica(vllm, tmp_path, monkeypatch, caplog, lie):
     """Honest: every load passes, the worst difference is recorded. A stale adapter under the new version (the
-    previously loaded one: HILO_LIE=previous) or a perturbed one (one block x (1 + 1e-3)): the load fails its
-    self-check, the site says so in one line naming the version and the difference, counts it and keeps not
-    generating with it (the generator reads `healthy`)."""
+    previously loaded one: the lie `previous` of ops/faults/lies.py, installed through Site's seam) or a perturbed one
+    (one block x (1 + 1e-3), `perturb`): the load fails its self-check, the site says so in one line naming the
+    version and the difference, counts it and keeps not generating with it (the generator reads `healthy`)."""
     import logging
     vllm_url, _ = vllm
     url, run = f"file://{tmp_path}/log", new_run("selfcheck")
@@ -317,7 +319,7 @@ def test_after_every_load_the_site_checks_that_vllm_serves_its_replica(vllm, tmp
             p.grad = torch.randn(p.shape, generator=gen)
         producer.step(lr=3e-2)
     if lie:
-        monkeypatch.setenv("HILO_LIE", lie)
+        monkeypatch.setattr(Site, "serving_type", lying(lie)[0])  # what `python -m hilo.ops.faults.lying_site` installs
     # the tiny random base's own tolerance (its honest differences stay under 1e-6): a perturbed block moves it ~1e-5
     s = make_site(url, run, tmp_path, vllm_url, until_version=3, self_check_tolerance=1e-5)  # v0 at start, then v3
     with caplog.at_level(logging.WARNING, logger="hilo.consumer.serving"):

@@ -95,7 +95,7 @@ def test_every_named_crash_point_loses_nothing(tmp_path):
     """`hilo bench faults` at CI size: every trainer point once, every site point once (plus random instants);
     each kill is a real SIGKILL of a real process (HILO_CRASH_AT), then the history check over every session."""
     import json
-    from hilo.log.crashpoints import SITE_POINTS, TRAINER_POINTS
+    from hilo.schemas.crash_points import SITE_POINTS, TRAINER_POINTS
     from hilo.ops.bench.faults import main
     kills = len(SITE_POINTS) + len(SITE_POINTS) // 3 + 1  # one in four launches is a random-instant kill
     assert main(False, KAFKA_URL, kills, len(TRAINER_POINTS), str(tmp_path)) == 0

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hilo.log.crashpoints import GENERATE_POINTS
+from hilo.schemas.crash_points import GENERATE_POINTS
 from hilo.ops.digit_task import prompts
 from hilo.producer.producer import HiLoProducer
 from hilo.producer.rollout_book import RolloutPolicy

@@ -1,8 +1,10 @@
 """The trainer's audit over real `hilo rl` runs with a real vLLM CPU server: honest sites pass every audit (the margin to
 the tolerance is reported); a site that serves v-1 while claiming v, one that serves a perturbed adapter, and one that
 makes up its log-probabilities are each quarantined while the honest site carries the run to the trainer's digest; one
-that stamps its made-up rollouts as spanning two versions is too, and stays quarantined across a trainer restart.
-The liars run with HILO_LIE (consumer/lies.py) and, where their own self-check would stop them, --no-self-check."""
+that stamps its made-up rollouts as spanning two versions is too, and stays quarantined across a trainer restart. The
+liars run as `python -m hilo.ops.faults.lying_site LIE ...` (ops/faults/lies.py) and, where their own self-check would
+stop them, --no-self-check."""
+import functools
 import json
 import os
 import re
@@ -11,7 +13,7 @@ import pytest
 
 from hilo.producer.audit_noise import honest_noise
 from tests.conftest import new_run
-from tests.helpers import hilo, reaped, wait_until
+from tests.helpers import hilo, lying_site, reaped, wait_until
 
 # one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
@@ -21,13 +23,15 @@ TOLERANCE = honest_noise("vllm", "float32").tolerance  # the audit's default for
 RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", REWARD, "--json")
 
 
-def _site(log, run, name, tmp_path, vllm_url, steps, *extra, env=None, dtype="float32"):
-    """A generating site of `run` that exits at v`steps`, exporting adapters in `dtype`; its stderr in tmp_path/NAME.log."""
+def _site(log, run, name, tmp_path, vllm_url, steps, *extra, lie=None, dtype="float32"):
+    """A generating site of `run` that exits at v`steps`, exporting adapters in `dtype`; its stderr in tmp_path/NAME.log.
+    `lie`: one of ops/faults/lies.py that the site tells (None: honest)."""
+    start = functools.partial(lying_site, lie) if lie else functools.partial(hilo, "consume")
     with open(tmp_path / f"{name}.log", "w") as stderr:  # the child holds its own copy
-        return hilo("consume", "--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
-                    vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", dtype, "--generate", "--reward", REWARD,
-                    "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
-                    stderr=stderr, env=env)
+        return start("--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
+                     vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", dtype, "--generate", "--reward", REWARD,
+                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
+                     stderr=stderr)
 
 
 def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra, until=None, honest_dtype="float32"):
@@ -35,7 +39,7 @@ def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra,
     liar answers prompts however slowly the machine starts processes (the honest site alone once took every prompt).
     The trainer stops at v`steps`, the sites at v`until` (default: the same)."""
     until = steps if until is None else until
-    sites = {"liar": _site(log, run, "liar", tmp_path, url, until, *extra, env=dict(os.environ, HILO_LIE=lie))}
+    sites = {"liar": _site(log, run, "liar", tmp_path, url, until, *extra, lie=lie)}
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), *trainer_args)
     try:
         wait_until(lambda: "now serves v0" in (tmp_path / "liar.log").read_text() or sites["liar"].poll() is not None, 600,
@@ -104,7 +108,7 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
     """A site serving v-1 under v with its self-check on: it stops itself before the trainer has to."""
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run("selfcheck"), 2
-    site = _site(log, run, "s", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="previous"))
+    site = _site(log, run, "s", tmp_path, url, steps, lie="previous")
     honest = _site(log, run, "h", tmp_path, url, steps)
     trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
                    *RL)
@@ -124,7 +128,7 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
 
 
 def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught_by_the_sampling_test(vllm, tmp_path):
-    """HILO_LIE=sharpen: the site asks vLLM for a quarter of the prompt's temperature and reports vLLM's log-probabilities
+    """The lie `sharpen`: the site asks vLLM for a quarter of the prompt's temperature and reports vLLM's log-probabilities
     of what it sampled, which are right: every per-token check passes. The standardized surprisal sum of its tokens
     drifts (an honest site's stays near 0) and quarantines it. The limits are lowered to fit a short run."""
     url, _ = vllm
@@ -146,7 +150,7 @@ def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught
 
 
 def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a_bf16_site_is_one_line(vllm, tmp_path):
-    """HILO_LIE=span: made-up log-probabilities on rollouts stamped version_end = version_start + 1 (all of them were
+    """The lie `span`: made-up log-probabilities on rollouts stamped version_end = version_start + 1 (all of them were
     accepted unaudited before). Such a stamp names a version the trainer has not published (refused, `bad-stamp`) or,
     from a site behind the head, is audited across the span: the liar is quarantined. Beside it an honest site
     exporting bf16 adapters (`hilo consume`'s default; the trainer assumes float32): one warning line, audited at bf16,
@@ -196,7 +200,7 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
     with open(tmp_path / "trainer.log", "w") as stderr:
         trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share",
                        "1", "--audit-sampling-min-tokens", "32", *RL, stderr=stderr)
-    liar = _site(log, run, "s", tmp_path, url, steps, env=dict(os.environ, HILO_LIE="logprobs"))
+    liar = _site(log, run, "s", tmp_path, url, steps, lie="logprobs")
     sites = {"liar": liar}
     with reaped(trainer, sites):
         wait_until(lambda: "QUARANTINED site s" in (tmp_path / "trainer.log").read_text() or trainer.poll() is not None, 600,

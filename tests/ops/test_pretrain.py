@@ -1,5 +1,5 @@
 """The quality benchmark's data splits: held-out problems must come from the training distribution."""
-from hilo.ops.bench.pretrain import pairs
+from hilo.ops.pretrain import pairs
 
 
 def test_splits_partition_all_pairs_about_80_10_10():

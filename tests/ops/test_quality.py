@@ -36,7 +36,7 @@ def test_lossless_delta_counts_changed_bf16_elements():
 @pytest.mark.heavy  # a pool of 2 processes (tests/heavy.py)
 @pytest.mark.xdist_group("heavy")
 def test_quick_quality_run(tmp_path, capsys):
-    from hilo.ops.bench.pretrain import SMOKE_STUDENT
+    from hilo.ops.pretrain import SMOKE_STUDENT
     from hilo.ops.bench.quality import SweepConfig, main
     # `--quick`'s plan (both tasks, every quick sync) at 2 optimizers and 4 steps: the suite's share of its time
     cfg = SweepConfig(quick=True, optimizers=("adamw", "muon"), steps=4, student="smoke")
@@ -183,7 +183,7 @@ def test_tuning_rule_never_picks_the_rate_below_a_collapse():
 
 def test_a_run_is_identified_by_its_base_models_weights_not_only_their_specs():
     from hilo.ops.bench.onpolicy import RunConfig
-    from hilo.ops.bench.pretrain import weights_digest
+    from hilo.ops.pretrain import weights_digest
     from hilo.ops.bench.quality import _run_id
     from hilo.ops.tiny_trainer import build_base
     a, b = build_base(seed=1, hidden=32, layers=1), build_base(seed=1, hidden=32, layers=1)
@@ -218,7 +218,7 @@ def test_probe_sees_full_sync_step_exactly_as_the_shadow_and_spar4_part_from_it(
 @pytest.mark.slow
 def test_post_mode_sites_add_the_trainers_compressed_step_and_stay_identical():
     from hilo.ops.bench.onpolicy import RunConfig, run
-    from hilo.ops.bench.pretrain import SMOKE_STUDENT, SMOKE_TEACHER, pretrained
+    from hilo.ops.pretrain import SMOKE_STUDENT, SMOKE_TEACHER, pretrained
     student, teacher = pretrained(SMOKE_STUDENT), pretrained(SMOKE_TEACHER)
     probes = []
     r = run(RunConfig("rl", "muon", "post", 1e-3, seed=1000, steps=3, eval_split="val", eval_samples=4, eval_problems=64),
@@ -263,7 +263,7 @@ def test_a_report_of_saved_runs_leaves_out_only_the_cells_whose_tuning_is_unfini
     from dataclasses import replace
 
     from hilo.ops.bench.onpolicy import RunConfig
-    from hilo.ops.bench.pretrain import STUDENTS
+    from hilo.ops.pretrain import STUDENTS
     from hilo.ops.bench.quality import TUNE_SEEDS, _run_id, _tune
     from hilo.ops.bench.runstore import RunStore
     store, bases = RunStore(tmp_path), {"student": "s", "teacher": "t"}

@@ -24,7 +24,7 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   trainer     transformers Trainer to global step STEPS (a restarted job resumes from its newest save)
   accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
               whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
-HILO_TEST_CRASH=RANK:POINT:N arms HILO_CRASH_AT=POINT:N (log/crashpoints.py) on that rank only.
+HILO_TEST_CRASH=RANK:POINT:N arms HILO_CRASH_AT=POINT:N (schemas/crash_points.py) on that rank only.
 """
 import datetime
 import hashlib
@@ -40,7 +40,7 @@ scenario, url, run, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.
 rank = int(os.environ["RANK"])
 crash = os.environ.pop("HILO_TEST_CRASH", "")
 if crash and int(crash.split(":", 1)[0]) == rank:
-    os.environ["HILO_CRASH_AT"] = crash.split(":", 1)[1]  # read when hilo.log.crashpoints is imported
+    os.environ["HILO_CRASH_AT"] = crash.split(":", 1)[1]  # read when hilo.schemas.crash_points is imported
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

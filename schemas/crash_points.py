@@ -3,7 +3,9 @@
     HILO_CRASH_AT=follower.applying:3 hilo consume ...   # dies the 3rd time a version is about to be applied
 
 Unset (the normal case) every `reach` is one dict lookup. The points are a table, so the fault tests and
-`hilo bench faults` iterate the same names the code passes.
+`hilo bench faults` iterate the same names the code passes. It lives in schemas/, the lowest layer, so every layer
+(the follower, the snapshot store, the log's prompt queues, the trainer, the site) may mark a point without an upward
+import; it is no part of the wire format.
 """
 import os
 import signal

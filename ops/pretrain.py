@@ -1,6 +1,8 @@
-"""Student and teacher for the quality benchmark: tiny Qwen3 models pretrained on 2-digit addition.
+"""The digit task's pretrained bases: tiny Qwen3 models pretrained on 2-digit addition. The quality benchmark's
+students and teacher, and `hilo rl --base student`'s base (ops/rl_bases.py): a product command and the benches both
+build them here, so no product command imports bench code.
 
-    python -m hilo.ops.bench.pretrain     # builds (or finds) both, prints their held-out accuracy
+    python -m hilo.ops.pretrain     # builds (or finds) both, prints their held-out accuracy
 
 Deterministic (seeded data, seeded init, one torch thread while training) and cached under
 $HILO_CACHE/models (default ~/.cache/hilo-sync/models); a run rebuilds only what is missing. The teacher
@@ -90,7 +92,8 @@ def encode(ab: torch.Tensor) -> tuple:
     return ids[:, :PROMPT_LEN], ids[:, PROMPT_LEN:]
 
 
-def _cache_path(spec: PretrainSpec) -> pathlib.Path:
+def cache_path(spec: PretrainSpec) -> pathlib.Path:
+    """Where the model `spec` makes is cached: $HILO_CACHE/models/NAME-HASH.pt (the hash of the spec and VERSION)."""
     root = pathlib.Path(os.environ.get("HILO_CACHE", pathlib.Path.home() / ".cache/hilo-sync")) / "models"
     ident = {k: v for k, v in asdict(spec).items() if not (k == "until_val_acc" and v is None)}  # older specs keep their key
     key = hashlib.sha256(json.dumps(ident | {"v": VERSION}, sort_keys=True).encode()).hexdigest()[:12]
@@ -100,7 +103,7 @@ def _cache_path(spec: PretrainSpec) -> pathlib.Path:
 def pretrained(spec: PretrainSpec, log=print):
     """The base model of `spec`, from the cache or trained now (full fine-tune, AdamW, answer-only loss)."""
     model = build_base(spec.seed, spec.hidden, spec.layers)
-    path = _cache_path(spec)
+    path = cache_path(spec)
     if path.exists():
         model.load_state_dict(torch.load(path, weights_only=True))
         return model.eval()
@@ -164,4 +167,4 @@ def greedy_accuracy(model, split: str = "test") -> float:
 if __name__ == "__main__":
     for s in (STUDENT, TEACHER):
         m = pretrained(s)
-        print(f"{s.name}: greedy test accuracy {greedy_accuracy(m):.3f} ({_cache_path(s)})")
+        print(f"{s.name}: greedy test accuracy {greedy_accuracy(m):.3f} ({cache_path(s)})")
