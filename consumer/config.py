@@ -1,5 +1,5 @@
 """SiteConfig: everything a rollout site is told, checked once, at construction."""
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from hilo.log.target import LogTarget
 from hilo.replay.bad_records import OnBadRecord
@@ -9,6 +9,25 @@ from hilo.schemas.errors import ConfigError
 from hilo.schemas.options import derived, opt
 
 from .adapter_export import DTYPES
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """What serving reads of a SiteConfig (serving.py): where adapters are exported and how, the vLLM server and its
+    self-check, the shell hook, the retry pace. Derived by SiteConfig (its `serving`), which checks each field."""
+
+    site: str
+    state_dir: str
+    export_adapters: bool
+    export_dtype: str
+    keep_adapters: int
+    on_version: str | None
+    vllm: str | None
+    lora_name: str
+    self_check: bool
+    self_check_base: str | None
+    self_check_tolerance: float
+    retry_serve_s: float
 
 
 @dataclass(frozen=True)
@@ -72,12 +91,14 @@ class SiteConfig:
 
     target: LogTarget = derived("log, run and kafka_config, checked together by the one rule trainer and sites share "
                                 "(log/target.py); what open_log takes")
+    serving: ServingConfig = derived("the fields serving reads (ServingConfig), handed to Serving whole")
 
     def __post_init__(self):
         # set once here (the dataclass is frozen): the site opens target, checked by the rule the trainer uses too
         object.__setattr__(self, "target", LogTarget(self.log, self.run, self.kafka_config, what="SiteConfig"))
         # a str ("skip", from the CLI or an older caller) becomes the enum
         object.__setattr__(self, "on_bad_record", OnBadRecord.of(self.on_bad_record, "SiteConfig.on_bad_record"))
+        object.__setattr__(self, "serving", ServingConfig(**{f.name: getattr(self, f.name) for f in fields(ServingConfig)}))
         if self.snapshot_every < 1:
             raise ConfigError(f"SiteConfig.snapshot_every = {self.snapshot_every}: must be >= 1")
         if self.snapshot_every_s is not None and not self.snapshot_every_s > 0:  # `not >`: NaN is refused too

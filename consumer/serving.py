@@ -8,6 +8,7 @@ import logging
 import time
 
 from .adapter_export import discard_beyond, export_adapter, prune_adapters
+from .config import ServingConfig
 from .self_check import SelfCheck, SelfCheckFailed
 from .serving_state import ServingState
 from .shell_hook import run_hook
@@ -22,7 +23,7 @@ class Serving:
     else of the site. `export_version` and `adapter_to_load` are seams: a fault-injection harness (ops/faults/lies.py)
     overrides them in a subclass to make a site serve something other than its replica."""
 
-    def __init__(self, cfg, metrics):
+    def __init__(self, cfg: ServingConfig, metrics):
         self.site, self.export, self.dtype, self.keep, self.hook = cfg.site, cfg.export_adapters, cfg.export_dtype, \
             cfg.keep_adapters, cfg.on_version
         self.adapters_dir = f"{cfg.state_dir}/adapters"

@@ -53,7 +53,7 @@ class Site:
         self.log, self.store, self.follower, self.verifier, self.history = log, store, follower, verifier, history
         self.committer = None         # the background group committer, started by the first commit
         self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
-        self.serving = self.serving_type(cfg, self.metrics)
+        self.serving = self.serving_type(cfg.serving, self.metrics)
         self.snapshots = Snapshots(store, cfg.snapshot_every, self.metrics, cfg.snapshot_every_s)
         self.start = SiteStart(cfg, log, store, verifier, self.metrics)
         self.heads = HeadWatch(log, cfg.run)

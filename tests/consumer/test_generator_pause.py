@@ -23,7 +23,7 @@ def test_vllm_gone_before_the_queue_was_opened_is_said_once_and_checked_again_la
     run, clock = new_run("pause"), [100.0]
     cfg = SiteConfig(log=f"file://{tmp_path}/log", run=run, site="a", state_dir=str(tmp_path / "a"),
                      vllm=f"http://127.0.0.1:{_closed_port()}")
-    serving = Serving(cfg, Metrics("site", run=run, site="a"))
+    serving = Serving(cfg.serving, Metrics("site", run=run, site="a"))
     serving.state.on_exported(3, tmp_path / "a" / "adapters" / "v3")
     serving.state.on_loaded()                          # it served v3 ...
     serving.state.on_failed(0.0)                       # ... and vLLM did not take the next version
