@@ -61,25 +61,37 @@ def _finish(procs: list, what: str) -> list:
                 p.wait()
 
 
-def reports(out: pathlib.Path) -> list:
+def reports(out: pathlib.Path, world: int = 2) -> list:
     """Each rank's report (None for a rank that wrote none: one that was killed)."""
-    return [json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else None for r in range(2)]
+    return [json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else None for r in range(world)]
 
 
-def launch(launcher: list, script: str, args: list, out: pathlib.Path, **env) -> tuple:
-    """`launcher script args` (a 2-rank job): (exit status, its output, the ranks' reports)."""
+def launch(launcher: list, script: str, args: list, out: pathlib.Path, world: int = 2, nodes: int = 1, **env) -> tuple:
+    """`launcher script args`, once per node (a job of `world` ranks): (exit status, its output, the ranks' reports)."""
     for f in out.glob("rank*.json"):
         f.unlink()
-    proc = subprocess.Popen([sys.executable, "-m", *launcher, script, *map(str, args)], cwd=ROOT, env=_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    output, = _finish([proc], " ".join(launcher))
-    return proc.returncode, output, reports(out)
+    procs = [subprocess.Popen([sys.executable, "-m", *launcher, script, *map(str, args)], cwd=ROOT,
+                              env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for n in range(nodes)]
+    outputs = _finish(procs, " ".join(launcher))
+    return max(p.returncode for p in procs), "\n".join(outputs), reports(out, world)
 
 
-def torchrun(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
-    """`torchrun --standalone --nproc_per_node 2 _dist_worker.py SCENARIO ...`."""
-    return launch(["torch.distributed.run", "--standalone", "--nproc_per_node", "2"], WORKER, [scenario, url, run, out, steps],
-                  out, **env)
+def torchrun(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, nproc: int = 2, **env) -> tuple:
+    """`torchrun --standalone --nproc_per_node NPROC _dist_worker.py SCENARIO ...`."""
+    return launch(["torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)], WORKER,
+                  [scenario, url, run, out, steps], out, nproc, **env)
+
+
+def torchrun_nodes(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, nodes: int = 2) -> tuple:
+    """A job of `nodes` nodes x 1 rank, as a multi-node job starts: one torchrun per node, meeting at a c10d
+    rendezvous (here every node on 127.0.0.1)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = ["torch.distributed.run", "--nnodes", str(nodes), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"hilo-{port}", "--local_addr", "127.0.0.1"]
+    return launch(launcher, WORKER, [scenario, url, run, out, steps], out, nodes, nodes)
 
 
 def ranks_by_hand(scenario: str, url: str, run: str, out: pathlib.Path, steps: int, **env) -> tuple:
@@ -95,6 +107,12 @@ def ranks_by_hand(scenario: str, url: str, run: str, out: pathlib.Path, steps: i
              for r in range(2)]
     outputs = _finish(procs, f"the ranks of {scenario}")
     return [p.returncode for p in procs], outputs, reports(out)
+
+
+def assert_every_rank_holds_the_replica(reps: list, version: int):
+    """Every rank's report against rank 0's (the publishing rank's), as assert_ranks_hold_the_replica."""
+    for r in reps[1:]:
+        assert_ranks_hold_the_replica(reps[0], r, version)
 
 
 def assert_ranks_hold_the_replica(r0: dict, r1: dict, version: int):
@@ -126,6 +144,25 @@ def test_a_ddp_job_publishes_through_one_rank_and_a_restart_continues_the_run(tm
         assert_ranks_hold_the_replica(r0, r1, 5)
         assert [m.version for m in published(url, run)] == [1, 2, 3, 4, 5]  # no duplicate, no fork
         assert follower.digest() == r0["digest"]
+
+
+@pytest.mark.parametrize("job", ["4 ranks", "2 nodes x 1 rank"])
+def test_a_larger_job_publishes_through_one_rank_and_every_rank_holds_the_replica(tmp_path, job):
+    """The 2-rank job's checks on a 4-rank job, and on 2 nodes of 1 rank each (two torchrun launches, c10d rendezvous):
+    one writer, every rank bit-equal to the replica, DDP's gradients the same everywhere, a site at the digest."""
+    url, run = f"file://{tmp_path}/log", "larger"
+    follower = Follow(url, run, tmp_path, 2)
+    with reaped(follower.proc):
+        if job == "4 ranks":
+            rc, out, reps = torchrun("train", url, run, tmp_path, 2, nproc=4)
+        else:
+            rc, out, reps = torchrun_nodes("train", url, run, tmp_path, 2)
+        assert rc == 0 and all(reps), out[-4000:]
+        assert [r["rank"] for r in reps] == list(range(len(reps))) and all(r["start_version"] == 0 for r in reps)
+        assert_every_rank_holds_the_replica(reps, 2)
+        assert len({tuple(r["grads_sha256"]) for r in reps}) == 1  # each rank its own batches, all-reduced
+        assert [m.version for m in published(url, run)] == [1, 2]  # one writer: one message per version
+        assert follower.digest() == reps[0]["digest"]
 
 
 def test_accelerate_in_a_2_rank_job_and_a_step_the_grad_scaler_skips_on_every_rank(tmp_path):
