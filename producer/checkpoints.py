@@ -21,16 +21,23 @@ logger = logging.getLogger(__name__)
 class Checkpoints:
     """Cadence, records and trimming of one run's checkpoints; `signer` signs them (and the run's updates)."""
 
-    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, signer, metrics):
+    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, signer, metrics, retention: RetentionGuard):
+        """Store the parts (no I/O); `Checkpoints.open` is how a trainer makes one."""
         self.log, self.run, self.every, self.keep, self.chunk_bytes = log, run, every, keep, chunk_bytes
         self.signer, self.metrics = signer, metrics
         self.topic, self.updates = checkpoints_topic(run), updates_topic(run)
-        self.retention = RetentionGuard(log, run)  # checkpoints before it, or the updates it needs, expire
-        metrics.set_function("joinable", self.retention.joinable)
-        metrics.set_function("joinable_until_timestamp_seconds", self.retention.joinable_until)
+        self.retention = retention  # checkpoints before it, or the updates it needs, expire
         self.retry_due = False   # a checkpoint publish failed; retried with the next version
         self.starts = []         # first offsets of the checkpoints this process published (for trimming)
         self.last_bytes = None   # bytes of the newest checkpoint record made
+
+    @classmethod
+    def open(cls, log, run: str, every: int, keep: int, chunk_bytes: int, signer, metrics) -> "Checkpoints":
+        """Read both topics' retention limits from `log` and register the `joinable` gauges in `metrics`."""
+        retention = RetentionGuard(log, run)
+        metrics.set_function("joinable", retention.joinable)
+        metrics.set_function("joinable_until_timestamp_seconds", retention.joinable_until)
+        return cls(log, run, every, keep, chunk_bytes, signer, metrics, retention)
 
     def due(self, version: int) -> bool:
         """Whether `version` carries a checkpoint (its cadence, one failed before, or retention)."""

@@ -112,7 +112,7 @@ class HiLoProducer:
         log = log_backend or open_log(config.log, chunk_bytes=config.chunk_bytes, kafka_config=config.kafka_config)
         try:
             log.create_topics(config.run)
-            checkpoints = Checkpoints(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
+            checkpoints = Checkpoints.open(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
                                       signer, metrics)
             store, started, token = _start(log, config, manifest, weights.values(), signer, checkpoints)
             ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),

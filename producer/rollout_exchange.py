@@ -1,6 +1,6 @@
 """The trainer's end of the return path: prompts out (admission control), rollouts in, complete groups to train on.
 
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4))
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4))
     exchange.issue(prompt_source)                      # as many prompts as (S + 1) * B allows
     groups = exchange.poll(producer.version, most=8)   # complete groups to train at this version, stale ones dropped
     for g in groups: weights = exchange.weights(g, my_logprobs_of(g))
@@ -54,15 +54,15 @@ def _stamps(r) -> str:
 class RolloutExchange:
     """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
 
-    def __init__(self, log, run: str, policy, trusted_sites: dict | None = None, signer=None, rollouts_from: int = 0,
-                 prompt_partitions: int = 4, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
+    def __init__(self, log, run: str, policy, partitions: int, trusted_sites: dict | None = None, signer=None,
+                 rollouts_from: int = 0, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
+        """Store the parts (no I/O); `RolloutExchange.open` is how a trainer makes one. `partitions`: RUN.prompts'."""
         self.log, self.run, self.signer, self.metrics, self.ledger, self.clock = log, run, signer, metrics, ledger, clock
         self.auditor = auditor              # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
-        log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
-        self.partitions = log.partitions(self.prompts)
+        self.partitions = partitions
         self.next_offset = rollouts_from    # RUN.rollouts read position
         self.issued = 0
         self.unsent = None                  # a prompt whose publish failed (the log was away): sent first next time
@@ -71,6 +71,12 @@ class RolloutExchange:
         self._warned = {}                   # reason -> when it was last said
         self._retired_recorded = set()      # prompt ids the ledger already lists as retired
         self.restored = {}                  # what `restore` rebuilt: {"trained", "retired", "in_flight", "rollouts"}
+
+    @classmethod
+    def open(cls, log, run: str, policy, prompt_partitions: int = 4, **parts) -> "RolloutExchange":
+        """Make (or check) the return path's topics on `log`, then the exchange; `parts`: the constructor's keywords."""
+        log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
+        return cls(log, run, policy, log.partitions(prompts_topic(run)), **parts)
 
     def restore(self, trainer_version: int) -> dict:
         """After a restart at `trainer_version`: every prompt issued before (all partitions of RUN.prompts) is trained,

@@ -139,7 +139,7 @@ def follow(cfg: PaceConfig, v0: PolicyReplica, messages: list, work: pathlib.Pat
     site = None
     try:
         log.create_topics(RUN)
-        Checkpoints(log, RUN, 1 << 30, 1, CHUNK_BYTES, None, Metrics("trainer", run=RUN)).publish(v0, 0, 0)
+        Checkpoints.open(log, RUN, 1 << 30, 1, CHUNK_BYTES, None, Metrics("trainer", run=RUN)).publish(v0, 0, 0)
         site = _Site(work, url, cfg.versions)
         site.wait(lambda: bool(site.history()), "following", cfg.ready_s)
         _say(f"bench pace: the site follows; appending {cfg.versions} versions, one per {cfg.interval_s} s")
