@@ -222,7 +222,7 @@ class Generator:
                               finish if finish in ("stop", "length") else "abort",
                               {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}, self.serving.dtype, engine)
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
-                        {H.RUN: self.run, H.KIND: "rollout", H.PROMPT: p.prompt_id, H.SITE: self.site, H.VERSION: str(version)}))
+                        H.rollout_headers(self.run, p.prompt_id, self.site, version)))
         return out
 
     def _count(self, reason, n, detail=None):

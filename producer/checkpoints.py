@@ -75,8 +75,7 @@ class Checkpoints:
         """The chunk records of checkpoint `ckpt`, whose replay starts at `updates_offset` of the updates topic."""
         data = ckpt.to_bytes(self.signer)
         self.last_bytes = len(data)
-        extra = {H.DIGEST: ckpt.digest.hex(), H.UPDATES_OFFSET: str(updates_offset), H.LOG_BYTES: str(log_bytes),
-                 H.GENESIS: ckpt.genesis.hex()}
+        extra = H.checkpoint_headers(ckpt.digest, updates_offset, log_bytes, ckpt.genesis)
         return split(data, self.run, "checkpoint", ckpt.version, self.chunk_bytes, extra)
 
     def publish(self, replica, updates_offset: int, log_bytes: int) -> None:
@@ -122,7 +121,7 @@ class Checkpoints:
         """Move the run to signer `new`: a 'next key' record signed by the current key (sites that trust it follow),
         then (by the caller, at the returned updates end offset) a checkpoint signed by the new one."""
         rot = KeyRotation(self.run, replica.version + 1, new.public_bytes())
-        extra = {H.DIGEST: replica.digest.hex(), H.LOG_BYTES: str(log_bytes)}  # what `head` readers expect
+        extra = H.key_headers(replica.digest, log_bytes)
         self.log.append(self.updates, split(rot.to_bytes(self.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
         logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(),
                        self.signer.key_id.hex())

@@ -44,10 +44,7 @@ class Published:
 
 def update_headers(msg, log_bytes: int) -> dict:
     """The position headers of update `msg`, `log_bytes` through it: what readers of the tail need undecoded."""
-    extra = {H.DIGEST: msg.digest.hex(), H.LOG_BYTES: str(log_bytes)}
-    if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
-        extra[H.LAG] = H.lag_text(msg.meta["lag"])
-    return extra
+    return H.update_headers(msg.digest, log_bytes, msg.meta.get("lag"))  # `hilo lag` reads the lag from the head's headers
 
 
 class _NotOnLog(Exception):

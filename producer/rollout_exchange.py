@@ -141,7 +141,7 @@ class RolloutExchange:
                 prompt = self.unsent = dataclasses.replace(prompt, rollouts_from=since)
                 # published, then in the book (a failed publish leaves the book as it was, and the prompt to send next)
                 self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer),
-                                                {H.RUN: self.run, H.KIND: "prompt", H.PROMPT: prompt.prompt_id})],
+                                                H.prompt_headers(self.run, prompt.prompt_id))],
                                 self.issued % self.partitions)
             except LogUnavailable as e:  # the caller's loop goes on (the trainer's publish waits out the outage)
                 self.outage.failed(e)

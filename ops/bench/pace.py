@@ -148,7 +148,7 @@ def follow(cfg: PaceConfig, v0: PolicyReplica, messages: list, work: pathlib.Pat
             time.sleep(max(0.0, t_next - time.monotonic()))  # the cadence under test, not synchronisation
             t_next += cfg.interval_s
             log_bytes += len(data)
-            log.append(topic, split(data, RUN, "update", v, CHUNK_BYTES, {H.DIGEST: digest.hex(), H.LOG_BYTES: str(log_bytes)}))
+            log.append(topic, split(data, RUN, "update", v, CHUNK_BYTES, H.update_headers(digest, log_bytes)))
             appended[v] = time.time()
             if v % 50 == 0:
                 _say(f"bench pace: appended v{v}")
