@@ -19,12 +19,12 @@ logger = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Cadence, records and trimming of one run's checkpoints; `signer` signs them (and the run's updates)."""
+    """Cadence, records and trimming of one run's checkpoints; they are signed with `keyring`'s signer (the trainer's)."""
 
-    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, signer, metrics, retention: RetentionGuard):
-        """Store the parts (no I/O); `Checkpoints.open` is how a trainer makes one."""
+    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, keyring, metrics, retention: RetentionGuard):
+        """Store the parts (no I/O); `Checkpoints.open` is how a trainer makes one. `keyring`: a schemas.keyring.Keyring."""
         self.log, self.run, self.every, self.keep, self.chunk_bytes = log, run, every, keep, chunk_bytes
-        self.signer, self.metrics = signer, metrics
+        self.keyring, self.metrics = keyring, metrics
         self.topic, self.updates = checkpoints_topic(run), updates_topic(run)
         self.retention = retention  # checkpoints before it, or the updates it needs, expire
         self.retry_due = False   # a checkpoint publish failed; retried with the next version
@@ -32,12 +32,17 @@ class Checkpoints:
         self.last_bytes = None   # bytes of the newest checkpoint record made
 
     @classmethod
-    def open(cls, log, run: str, every: int, keep: int, chunk_bytes: int, signer, metrics) -> "Checkpoints":
+    def open(cls, log, run: str, every: int, keep: int, chunk_bytes: int, keyring, metrics) -> "Checkpoints":
         """Read both topics' retention limits from `log` and register the `joinable` gauges in `metrics`."""
         retention = RetentionGuard(log, run)
         metrics.set_function("joinable", retention.joinable)
         metrics.set_function("joinable_until_timestamp_seconds", retention.joinable_until)
-        return cls(log, run, every, keep, chunk_bytes, signer, metrics, retention)
+        return cls(log, run, every, keep, chunk_bytes, keyring, metrics, retention)
+
+    @property
+    def signer(self):
+        """The key checkpoints are signed with now (the keyring's)."""
+        return self.keyring.signer
 
     def due(self, version: int) -> bool:
         """Whether `version` carries a checkpoint (its cadence, one failed before, or retention)."""
@@ -119,11 +124,11 @@ class Checkpoints:
 
     def rotate_key(self, new, replica, log_bytes: int) -> int:
         """Move the run to signer `new`: a 'next key' record signed by the current key (sites that trust it follow),
-        then (by the caller, at the returned updates end offset) a checkpoint signed by the new one."""
+        then the keyring's one rotation (everything holding it signs with `new`), then (by the caller, at the returned
+        updates end offset) a checkpoint signed by the new one."""
         rot = KeyRotation(self.run, replica.version + 1, new.public_bytes())
         extra = H.key_headers(replica.digest, log_bytes)
         self.log.append(self.updates, split(rot.to_bytes(self.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
-        logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(),
-                       self.signer.key_id.hex())
-        self.signer = new
+        old = self.keyring.rotate(new)
+        logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(), old.key_id.hex())
         return self.log.end_offset(self.updates)

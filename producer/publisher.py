@@ -114,7 +114,7 @@ class Publisher:
 
     def replay(self, replica, position, pending, on_bad_record, trust=None) -> tuple:
         """Settle an in-doubt publish of proposal `pending` by applying the log from `position` (the last committed) on
-        `replica` (signed runs: what `trust` verifies): (the follower, whether the log holds `pending`). FencedError
+        `replica` (signed runs: what `trust`, the trainer's keyring, verifies): (the follower, whether the log holds `pending`). FencedError
         when the log moved by another message."""
         before = replica.version
         follower = catch_up(self.log, self.run, replica, position, on_bad_record, trust)

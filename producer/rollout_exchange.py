@@ -54,10 +54,11 @@ def _stamps(r) -> str:
 class RolloutExchange:
     """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
 
-    def __init__(self, log, run: str, policy, partitions: int, trusted_sites: dict | None = None, signer=None,
+    def __init__(self, log, run: str, policy, partitions: int, trusted_sites: dict | None = None, keyring=None,
                  rollouts_from: int = 0, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
-        """Store the parts (no I/O); `RolloutExchange.open` is how a trainer makes one. `partitions`: RUN.prompts'."""
-        self.log, self.run, self.signer, self.metrics, self.ledger, self.clock = log, run, signer, metrics, ledger, clock
+        """Store the parts (no I/O); `RolloutExchange.open` is how a trainer makes one. `partitions`: RUN.prompts'.
+        `keyring`: the trainer's (producer.keyring): prompts are signed with its signer of the moment (None: unsigned)."""
+        self.log, self.run, self.keyring, self.metrics, self.ledger, self.clock = log, run, keyring, metrics, ledger, clock
         self.auditor = auditor              # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
@@ -77,6 +78,11 @@ class RolloutExchange:
         """Make (or check) the return path's topics on `log`, then the exchange; `parts`: the constructor's keywords."""
         log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
         return cls(log, run, policy, log.partitions(prompts_topic(run)), **parts)
+
+    @property
+    def signer(self):
+        """The key prompts are signed with now: the trainer keyring's (None: unsigned)."""
+        return self.keyring.signer if self.keyring is not None else None
 
     def restore(self, trainer_version: int) -> dict:
         """After a restart at `trainer_version`: every prompt issued before (all partitions of RUN.prompts) is trained,
