@@ -39,11 +39,6 @@ class Checkpoints:
         metrics.set_function("joinable_until_timestamp_seconds", retention.joinable_until)
         return cls(log, run, every, keep, chunk_bytes, keyring, metrics, retention)
 
-    @property
-    def signer(self):
-        """The key checkpoints are signed with now (the keyring's)."""
-        return self.keyring.signer
-
     def due(self, version: int) -> bool:
         """Whether `version` carries a checkpoint (its cadence, one failed before, or retention)."""
         if version % self.every == 0 or self.retry_due:
@@ -78,7 +73,7 @@ class Checkpoints:
 
     def records(self, ckpt, updates_offset: int, log_bytes: int) -> list:
         """The chunk records of checkpoint `ckpt`, whose replay starts at `updates_offset` of the updates topic."""
-        data = ckpt.to_bytes(self.signer)
+        data = ckpt.to_bytes(self.keyring.signer)
         self.last_bytes = len(data)
         extra = H.checkpoint_headers(ckpt.digest, updates_offset, log_bytes, ckpt.genesis)
         return split(data, self.run, "checkpoint", ckpt.version, self.chunk_bytes, extra)
@@ -128,7 +123,7 @@ class Checkpoints:
         updates end offset) a checkpoint signed by the new one."""
         rot = KeyRotation(self.run, replica.version + 1, new.public_bytes())
         extra = H.key_headers(replica.digest, log_bytes)
-        self.log.append(self.updates, split(rot.to_bytes(self.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
+        self.log.append(self.updates, split(rot.to_bytes(self.keyring.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
         old = self.keyring.rotate(new)
         logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(), old.key_id.hex())
         return self.log.end_offset(self.updates)

@@ -90,6 +90,7 @@ class HiLoProducer:
         self.publisher = Publisher(log, config.run, updates_topic(config.run), checkpoints_topic(config.run),
                                    config.chunk_bytes, config.publish_deadline_s, metrics, self.outage)
         replica = started.replica
+        replica.keyring = keyring  # the trainer's replica trusts what it signs with (a resync's follower shares it too)
         auto = isinstance(config.budget, AutoBudget)
         self.link_budget = LinkBudget(config.budget, log, config.run, self.manifest.adapter_bytes()) if auto else None
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest,
@@ -144,11 +145,6 @@ class HiLoProducer:
         return self.sync.master
 
     @property
-    def signer(self) -> Signer | None:
-        """The key the trainer signs with now (its keyring's)."""
-        return self.keyring.signer
-
-    @property
     def fenced(self) -> bool:
         """Whether another trainer took the run over (this one publishes nothing more)."""
         return self.publisher.fenced
@@ -188,7 +184,7 @@ class HiLoProducer:
     def rotate_key(self, new_key_path: str) -> None:
         """Move the run to a new signing key: a 'next key' record signed by the current key (sites that trust it
         follow), then a checkpoint signed by the new one (so a trainer restarted with the new key resumes from it)."""
-        if self.signer is None:
+        if self.keyring.signer is None:
             raise ConfigError(f"run {self.config.run}: rotate_key needs a signing_key to sign the rotation with")
         self.settle()
         self.ledger.moved(self.checkpoints.rotate_key(Signer.load(new_key_path), self.replica, self.ledger.log_bytes))
@@ -253,7 +249,7 @@ class HiLoProducer:
         self.pending, msg = pending, proposal.message
         crashpoints.reach("trainer.encoded")
         checkpoint = self.checkpoints.of(proposal, self.replica.genesis)  # None: this version carries none
-        send = functools.partial(self.publisher.publish, msg, self.signer, self.ledger.log_bytes, checkpoint, self.version)
+        send = functools.partial(self.publisher.publish, msg, self.keyring.signer, self.ledger.log_bytes, checkpoint, self.version)
         if self.config.pipeline:
             self.inflight = InFlight(proposal, self.builder.adopt(proposal), checkpoint is not None, t0, send)
             self.write_back()

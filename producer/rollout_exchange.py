@@ -27,6 +27,7 @@ from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable, NonFinite
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
+from hilo.schemas.keyring import Keyring
 from hilo.schemas.signing import SignatureError, Unsigned, Verifier
 
 from .importance import truncated_weights
@@ -46,6 +47,17 @@ def site_keys(directory) -> dict:
     return keys
 
 
+def verify_site(trusted: dict, value: bytes, what: str) -> None:
+    """Raise SignatureError unless `value` is signed by one of the `trusted` site keys ({key id: Verifier})."""
+    signed, trailer = split_trailer(value, what)
+    if trailer is None:
+        raise Unsigned(f"{what}: unsigned; this trainer trusts only its sites' keys")
+    verifier = trusted.get(bytes(trailer[:8]))
+    if verifier is None:
+        raise SignatureError(f"{what}: signed by key {bytes(trailer[:8]).hex()}, which no trusted site holds")
+    verifier.verify(signed, trailer, what)
+
+
 def _stamps(r) -> str:
     """A rollout's version stamps, as a refusal line shows them."""
     return f"v{r.version_start}" if r.version_end == r.version_start else f"v{r.version_start}..v{r.version_end}"
@@ -58,7 +70,8 @@ class RolloutExchange:
                  rollouts_from: int = 0, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
         """Store the parts (no I/O); `RolloutExchange.open` is how a trainer makes one. `partitions`: RUN.prompts'.
         `keyring`: the trainer's (producer.keyring): prompts are signed with its signer of the moment (None: unsigned)."""
-        self.log, self.run, self.keyring, self.metrics, self.ledger, self.clock = log, run, keyring, metrics, ledger, clock
+        self.log, self.run, self.metrics, self.ledger, self.clock = log, run, metrics, ledger, clock
+        self.keyring = keyring if keyring is not None else Keyring()
         self.auditor = auditor              # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
@@ -78,11 +91,6 @@ class RolloutExchange:
         """Make (or check) the return path's topics on `log`, then the exchange; `parts`: the constructor's keywords."""
         log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
         return cls(log, run, policy, log.partitions(prompts_topic(run)), **parts)
-
-    @property
-    def signer(self):
-        """The key prompts are signed with now: the trainer keyring's (None: unsigned)."""
-        return self.keyring.signer if self.keyring is not None else None
 
     def restore(self, trainer_version: int) -> dict:
         """After a restart at `trainer_version`: every prompt issued before (all partitions of RUN.prompts) is trained,
@@ -146,7 +154,7 @@ class RolloutExchange:
                     since = self.log.end_offset(self.rollouts)
                 prompt = self.unsent = dataclasses.replace(prompt, rollouts_from=since)
                 # published, then in the book (a failed publish leaves the book as it was, and the prompt to send next)
-                self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer),
+                self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.keyring.signer),
                                                 H.prompt_headers(self.run, prompt.prompt_id))],
                                 self.issued % self.partitions)
             except LogUnavailable as e:  # the caller's loop goes on (the trainer's publish waits out the outage)
@@ -215,13 +223,7 @@ class RolloutExchange:
         what = f"{self.rollouts} offset {rec.offset}"
         try:
             if self.trusted is not None:
-                signed, trailer = split_trailer(rec.value, what)
-                if trailer is None:
-                    raise Unsigned(f"{what}: unsigned; this trainer trusts only its sites' keys")
-                verifier = self.trusted.get(bytes(trailer[:8]))
-                if verifier is None:
-                    raise SignatureError(f"{what}: signed by key {bytes(trailer[:8]).hex()}, which no trusted site holds")
-                verifier.verify(signed, trailer, what)
+                verify_site(self.trusted, rec.value, what)
             r = decode_rollout_record(rec.value, what)
         except Unsigned as e:
             return self._refused("unsigned", e)

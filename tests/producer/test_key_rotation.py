@@ -29,12 +29,13 @@ def test_one_rotation_mid_run_moves_every_signer_and_verifier(tmp_path):
         site.follower.catch_up_all()
         follower = site.follower
         assert follower.replica.version == 2 and follower.keyring is site.keyring is follower.replica.keyring
-        signers = lambda: {producer.signer.key_id, producer.checkpoints.signer.key_id, exchange.signer.key_id}  # noqa: E731
+        assert producer.checkpoints.keyring is producer.keyring is exchange.keyring  # held, not copied
+        signers = lambda: {k.signer.key_id for k in (producer.keyring, producer.checkpoints.keyring, exchange.keyring)}  # noqa: E731
         assert signers() == {old_id} and follower.replica.verifier.key_id == old_id
 
         producer.rotate_key(str(new[0]))  # the one call
 
-        assert signers() == {new_id} and producer.keyring.verifier.key_id == new_id
+        assert signers() == {new_id} and producer.keyring.verifier.key_id == producer.replica.verifier.key_id == new_id
         assert producer.keyring.history == (old_id.hex(), new_id.hex())
         ckpt = last_message(producer.log, checkpoints_topic(run), run)  # the rotation's checkpoint: signed by the new key
         assert split_trailer(ckpt.data, "checkpoint")[1][:8] == new_id
