@@ -73,15 +73,17 @@ class Generator:
     a subclass to make a site report rollouts other than what it served.
     """
 
-    def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, verifier=None, signer=None, metrics=None,
+    def __init__(self, cfg: GenerateConfig, log, serving, run: str, site: str, keyring=None, signer=None, metrics=None,
                  clock=time.monotonic):
+        """`keyring`: the site's (schemas/keyring.py): prompts are verified with any trainer key it trusted so far;
+        `signer`: the site's own key, for its rollouts."""
         self.cfg, self.log, self.server, self.run, self.site = cfg, log, serving.server, run, site
         self.queue = None       # opened once the trainer has made the return path's topics
         self.clock, self.retry = clock, retry.Backoff(2.0, 60.0)
         self.retry_at = 0.0     # when to try opening the queue (again)
         self.paused = False     # left the queue because vLLM stopped answering
         self._said_waiting = False
-        self.serving, self.verifier, self.signer, self.metrics = serving, verifier, signer, metrics  # serving: read only
+        self.serving, self.keyring, self.signer, self.metrics = serving, keyring, signer, metrics  # serving: read only
         self.reward = load_reward(cfg.reward)
         self.reward_name = cfg.reward
         self.settled = self.rollouts = 0
@@ -195,8 +197,8 @@ class Generator:
         """The prompt record, or None (counted, warned) when it cannot be the trainer's prompt of this run."""
         what = f"{self.queue.prompts} offset {rec.offset}"
         try:
-            if self.verifier is not None:
-                self.verifier.verify(*split_trailer(rec.value, what), what)
+            if self.keyring is not None:
+                self.keyring.verify_any(*split_trailer(rec.value, what), what)
             p = decode_rollout_record(rec.value, what)
         except HiloError as e:
             self._count("malformed", 1, e)
@@ -219,7 +221,7 @@ class Generator:
                               finish if finish in ("stop", "length") else "abort",
                               {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}, self.serving.dtype, engine)
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
-                        {H.RUN: self.run, H.KIND: "rollout", H.PROMPT: p.prompt_id, H.SITE: self.site, H.VERSION: str(version)}))
+                        H.rollout_headers(self.run, p.prompt_id, self.site, version)))
         return out
 
     def sample(self, p: PromptRecord, version: int) -> tuple:

@@ -23,7 +23,8 @@ from hilo.replay.snapshot import SnapshotStore
 from hilo.schemas import crash_points
 from hilo.schemas.errors import ConfigError, Expired, HiloError, LogUnavailable
 from hilo.schemas.metrics import Metrics
-from hilo.schemas.signing import Signer, Verifier
+from hilo.schemas.keyring import Keyring
+from hilo.schemas.signing import Signer
 from hilo.schemas.site_report import SiteReport
 
 from .config import SiteConfig
@@ -47,15 +48,17 @@ class Site:
     serving_type = Serving
     generator_type = Generator
 
-    def __init__(self, cfg: SiteConfig, log, store: SnapshotStore, follower: Follower, verifier=None, clock=time.time,
-                 metrics: Metrics | None = None, history: HistoryWriter | None = None):
+    def __init__(self, cfg: SiteConfig, log, store: SnapshotStore, follower: Follower, keyring: Keyring | None = None,
+                 clock=time.time, metrics: Metrics | None = None, history: HistoryWriter | None = None):
+        """`keyring`: whom the site trusts (schemas/keyring.py), shared by its follower, replica and generator."""
         self.cfg, self.clock = cfg, clock
-        self.log, self.store, self.follower, self.verifier, self.history = log, store, follower, verifier, history
+        self.keyring = keyring if keyring is not None else Keyring()
+        self.log, self.store, self.follower, self.history = log, store, follower, history
         self.committer = None         # the background group committer, started by the first commit
         self.metrics = metrics or Metrics("site", run=cfg.run, site=cfg.site)
         self.serving = self.serving_type(cfg.serving, self.metrics)
         self.snapshots = Snapshots(store, cfg.snapshot_every, self.metrics, cfg.snapshot_every_s)
-        self.start = SiteStart(cfg, log, store, verifier, self.metrics)
+        self.start = SiteStart(cfg, log, store, self.keyring, self.metrics)
         self.heads = HeadWatch(log, cfg.run)
         self.stopping, self.stop_reason = False, None  # stop_reason: the error that stopped the site, once one has
         self.owns_log = False         # Site.open opened the log: close() closes it
@@ -72,9 +75,9 @@ class Site:
         """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM.
         `metrics`: the registry to record into (one a metrics endpoint already serves); default: a new one."""
         log = log_backend or open_log(cfg.target)
-        verifier = Verifier.load(cfg.trust) if cfg.trust else None
+        keyring = Keyring.load(trust=cfg.trust)
         made = not pathlib.Path(cfg.state_dir).exists()  # a start refused leaves no state dir it made (nothing in it)
-        site = cls(cfg, log, SnapshotStore(cfg.state_dir), None, verifier, clock, metrics,
+        site = cls(cfg, log, SnapshotStore(cfg.state_dir), None, keyring, clock, metrics,
                    HistoryWriter(cfg.history) if cfg.history else None)
         try:
             site.owns_log = log_backend is None
@@ -102,7 +105,7 @@ class Site:
         """Also answer the run's prompts (a GenerateConfig) with the policy vLLM serves, between versions."""
         if self.serving.server is None:
             raise ConfigError(f"site {self.cfg.site}: generating needs a vLLM server (--vllm URL)")
-        self.generator = self.generator_type(cfg, self.log, self.serving, self.cfg.run, self.cfg.site, self.verifier,
+        self.generator = self.generator_type(cfg, self.log, self.serving, self.cfg.run, self.cfg.site, self.keyring,
                                    Signer.load(cfg.signing_key) if cfg.signing_key else None, self.metrics)
         logger.info("site %s: generating for run %s (reward %s, %d prompts at a time)", self.cfg.site, self.cfg.run,
                     cfg.reward, cfg.batch_prompts)

@@ -28,10 +28,10 @@ class _NotYet(Exception):
 
 
 class SiteStart:
-    """Bootstraps site `cfg.site` (a SiteConfig) from `log`, its snapshot `store` and the run's `verifier`."""
+    """Bootstraps site `cfg.site` (a SiteConfig) from `log`, its snapshot `store` and the site's `keyring`."""
 
-    def __init__(self, cfg, log, store, verifier, metrics):
-        self.cfg, self.log, self.store, self.verifier, self.metrics = cfg, log, store, verifier, metrics
+    def __init__(self, cfg, log, store, keyring, metrics):
+        self.cfg, self.log, self.store, self.keyring, self.metrics = cfg, log, store, keyring, metrics
 
     def follower(self, held=None) -> Follower:
         """The follower to start with: from the snapshot, a checkpoint or --from-version at start; from the newest
@@ -48,7 +48,7 @@ class SiteStart:
                 self.not_past(local[0])
         else:
             local = held
-        start = choose_start(self.log, cfg.run, local, self.verifier, cfg.from_version if held is None else None,
+        start = choose_start(self.log, cfg.run, local, self.keyring.root, cfg.from_version if held is None else None,
                              cfg.until_version)
         replica, pos = start.replica, start.position
         self.metrics.set("bootstrap_info", 1, source=start.source.name.lower())
@@ -81,7 +81,7 @@ class SiteStart:
                     cfg.site, replica.version, replica.digest.hex()[:12], start.source.value, updates_topic(cfg.run), pos.next_offset)
         reader = Prefetcher(open_log(cfg.target), updates_topic(cfg.run)) if cfg.prefetch else None
         # a snapshot was checked when its versions were applied; what follows is checked now, by the follower
-        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader, trust=self.verifier)
+        return Follower(self.log, cfg.run, replica, pos, cfg.on_bad_record, reader, trust=self.keyring)
 
     def not_past(self, replica) -> None:
         """With --until-version N, a snapshot already past N is refused (PastVersion): a site never moves backwards."""

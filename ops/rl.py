@@ -194,8 +194,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
         store = VerdictStore(f"{cfg.state_dir}/audit.json") if cfg.state_dir else None  # a restart keeps the verdicts
         auditor = Auditor(cfg.audit, model, producer.manifest, cfg.staleness + 1, producer.metrics, store=store)
         auditor.remember(producer.version, producer.replica.state.params)
-    exchange = RolloutExchange(producer.log, run, policy, prompt_partitions=max(cfg.prompt_partitions, cfg.sites), metrics=producer.metrics,
-                               ledger=ledger, auditor=auditor)
+    exchange = RolloutExchange.open(producer.log, run, policy, prompt_partitions=max(cfg.prompt_partitions, cfg.sites),
+                                    metrics=producer.metrics, ledger=ledger, auditor=auditor)
     if ledger is not None:
         exchange.restore(producer.version)
     ready = []

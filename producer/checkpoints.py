@@ -19,18 +19,25 @@ logger = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Cadence, records and trimming of one run's checkpoints; `signer` signs them (and the run's updates)."""
+    """Cadence, records and trimming of one run's checkpoints; they are signed with `keyring`'s signer (the trainer's)."""
 
-    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, signer, metrics):
+    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, keyring, metrics, retention: RetentionGuard):
+        """Store the parts (no I/O); `Checkpoints.open` is how a trainer makes one. `keyring`: a schemas.keyring.Keyring."""
         self.log, self.run, self.every, self.keep, self.chunk_bytes = log, run, every, keep, chunk_bytes
-        self.signer, self.metrics = signer, metrics
+        self.keyring, self.metrics = keyring, metrics
         self.topic, self.updates = checkpoints_topic(run), updates_topic(run)
-        self.retention = RetentionGuard(log, run)  # checkpoints before it, or the updates it needs, expire
-        metrics.set_function("joinable", self.retention.joinable)
-        metrics.set_function("joinable_until_timestamp_seconds", self.retention.joinable_until)
+        self.retention = retention  # checkpoints before it, or the updates it needs, expire
         self.retry_due = False   # a checkpoint publish failed; retried with the next version
         self.starts = []         # first offsets of the checkpoints this process published (for trimming)
         self.last_bytes = None   # bytes of the newest checkpoint record made
+
+    @classmethod
+    def open(cls, log, run: str, every: int, keep: int, chunk_bytes: int, keyring, metrics) -> "Checkpoints":
+        """Read both topics' retention limits from `log` and register the `joinable` gauges in `metrics`."""
+        retention = RetentionGuard(log, run)
+        metrics.set_function("joinable", retention.joinable)
+        metrics.set_function("joinable_until_timestamp_seconds", retention.joinable_until)
+        return cls(log, run, every, keep, chunk_bytes, keyring, metrics, retention)
 
     def due(self, version: int) -> bool:
         """Whether `version` carries a checkpoint (its cadence, one failed before, or retention)."""
@@ -66,10 +73,9 @@ class Checkpoints:
 
     def records(self, ckpt, updates_offset: int, log_bytes: int) -> list:
         """The chunk records of checkpoint `ckpt`, whose replay starts at `updates_offset` of the updates topic."""
-        data = ckpt.to_bytes(self.signer)
+        data = ckpt.to_bytes(self.keyring.signer)
         self.last_bytes = len(data)
-        extra = {H.DIGEST: ckpt.digest.hex(), H.UPDATES_OFFSET: str(updates_offset), H.LOG_BYTES: str(log_bytes),
-                 H.GENESIS: ckpt.genesis.hex()}
+        extra = H.checkpoint_headers(ckpt.digest, updates_offset, log_bytes, ckpt.genesis)
         return split(data, self.run, "checkpoint", ckpt.version, self.chunk_bytes, extra)
 
     def publish(self, replica, updates_offset: int, log_bytes: int) -> None:
@@ -113,11 +119,11 @@ class Checkpoints:
 
     def rotate_key(self, new, replica, log_bytes: int) -> int:
         """Move the run to signer `new`: a 'next key' record signed by the current key (sites that trust it follow),
-        then (by the caller, at the returned updates end offset) a checkpoint signed by the new one."""
+        then the keyring's one rotation (everything holding it signs with `new`), then (by the caller, at the returned
+        updates end offset) a checkpoint signed by the new one."""
         rot = KeyRotation(self.run, replica.version + 1, new.public_bytes())
-        extra = {H.DIGEST: replica.digest.hex(), H.LOG_BYTES: str(log_bytes)}  # what `head` readers expect
-        self.log.append(self.updates, split(rot.to_bytes(self.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
-        logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(),
-                       self.signer.key_id.hex())
-        self.signer = new
+        extra = H.key_headers(replica.digest, log_bytes)
+        self.log.append(self.updates, split(rot.to_bytes(self.keyring.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
+        old = self.keyring.rotate(new)
+        logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(), old.key_id.hex())
         return self.log.end_offset(self.updates)

@@ -27,6 +27,7 @@ from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, NotPublished
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.position import Position
+from hilo.schemas.keyring import Keyring
 from hilo.schemas.signing import Signer
 
 from . import trainer_state
@@ -55,18 +56,18 @@ def _check_room(config: ProducerConfig, manifest) -> None:
                           f"{manifest.adapter_bytes()}-byte adapter leave {room} bytes of payload after the header; raise the budget")
 
 
-def _start(log, config: ProducerConfig, manifest, params: list, signer, checkpoints: Checkpoints) -> tuple:
+def _start(log, config: ProducerConfig, manifest, params: list, keyring: Keyring, checkpoints: Checkpoints) -> tuple:
     """(store, Resumed, fencing token). Every refusal first, by reading the log only: a trainer that would be refused
     (another model, optimizer, history or key) must not fence the one that runs. Then fence every earlier trainer of
     the run (Kafka: its open transaction is aborted), catch up to the head, and publish the checkpoint the start needs."""
     store = SnapshotStore(config.state_dir) if config.state_dir else None
-    snapshot, verifier = store.load() if store else None, signer and signer.verifier()
+    snapshot, verifier = store.load() if store else None, keyring.root
     site_optimizer = SYNC_MODES[config.mode].site_optimizer(config.optimizer)
     start = TrainerStart(log, config.run, manifest, site_optimizer, config.new_history, config.on_bad_record)
     decided = start.decide(snapshot, verifier)
     at = (head(log, updates_topic(config.run), config.run) or H.RecordHeaders()).version or 0  # a stray record may say anything
     token = log.become_writer(config.run, at)
-    started = start.run(snapshot, params, verifier, decided)
+    started = start.run(snapshot, params, keyring, decided)
     if started.checkpoint:
         checkpoints.publish(started.replica, started.position.next_offset, started.position.log_bytes)
     return store, started, token
@@ -79,10 +80,11 @@ class HiLoProducer:
     outcome cannot be told (the publish failed and the log cannot be read either), the trainer stays at its last
     committed version and the next `step()` first resyncs, adopting the proposal only if the log holds it."""
 
-    def __init__(self, model: torch.nn.Module, config: ProducerConfig, log, signer, metrics: Metrics, checkpoints: Checkpoints,
-                 started: Resumed, fencing_token: int, ledger: TrainerLedger, lora: tuple):
-        """Assemble a trainer that `started` (no I/O); `HiLoProducer.open` is how one is made. `lora`: (manifest, LoraWeights)."""
-        self.config, self.model, self.log, self.signer, self.metrics = config, model, log, signer, metrics
+    def __init__(self, model: torch.nn.Module, config: ProducerConfig, log, keyring: Keyring, metrics: Metrics,
+                 checkpoints: Checkpoints, started: Resumed, fencing_token: int, ledger: TrainerLedger, lora: tuple):
+        """Assemble a trainer that `started` (no I/O); `HiLoProducer.open` is how one is made. `lora`: (manifest, LoraWeights).
+        `keyring`: the run's signing keys, shared with its checkpoints (and a RolloutExchange given it): schemas/keyring.py."""
+        self.config, self.model, self.log, self.keyring, self.metrics = config, model, log, keyring, metrics
         self.checkpoints, self.fencing_token, self.ledger = checkpoints, fencing_token, ledger
         self.manifest, self.weights = lora
         self.params = self.weights.params
@@ -90,6 +92,7 @@ class HiLoProducer:
         self.publisher = Publisher(log, config.run, updates_topic(config.run), checkpoints_topic(config.run),
                                    config.chunk_bytes, config.publish_deadline_s, metrics, self.outage)
         replica = started.replica
+        replica.keyring = keyring  # the trainer's replica trusts what it signs with (a resync's follower shares it too)
         auto = isinstance(config.budget, AutoBudget)
         self.link_budget = LinkBudget(config.budget, log, config.run, self.manifest.adapter_bytes()) if auto else None
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest,
@@ -117,17 +120,17 @@ class HiLoProducer:
         LoraWeights) where the caller has them (a multi-rank job's, gathered)."""
         manifest, weights = lora or lora_weights(model, config.adapter)
         _check_room(config, manifest)
-        signer = Signer.load(config.signing_key) if config.signing_key else None
+        keyring = Keyring.load(signing_key=config.signing_key)
         metrics = metrics or Metrics("trainer", run=config.run)
         log = log_backend or open_log(config.target, chunk_bytes=config.chunk_bytes)
         try:
             log.create_topics(config.run)
-            checkpoints = Checkpoints(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
-                                      signer, metrics)
-            store, started, token = _start(log, config, manifest, weights.values(), signer, checkpoints)
+            checkpoints = Checkpoints.open(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
+                                           keyring, metrics)
+            store, started, token = _start(log, config, manifest, weights.values(), keyring, checkpoints)
             ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),
                                    HistoryWriter(config.history) if config.history else None, store)
-            producer = cls(model, config, log, signer, metrics, checkpoints, started, token, ledger, (started.replica.manifest, weights))
+            producer = cls(model, config, log, keyring, metrics, checkpoints, started, token, ledger, (started.replica.manifest, weights))
         except BaseException:
             if log_backend is None:
                 log.close()
@@ -176,7 +179,7 @@ class HiLoProducer:
         self.settle()
         pending, run = self.in_doubt, self.config.run
         follower, ours = self.publisher.replay(self.replica, self.ledger.position, pending, self.config.on_bad_record,
-                                               self.signer and self.signer.verifier())
+                                               self.keyring)
         self.ledger.caught_up(follower, self.replica, ours)
         count_skips(self.metrics, follower.skips)
         if ours:
@@ -191,11 +194,10 @@ class HiLoProducer:
     def rotate_key(self, new_key_path: str) -> None:
         """Move the run to a new signing key: a 'next key' record signed by the current key (sites that trust it
         follow), then a checkpoint signed by the new one (so a trainer restarted with the new key resumes from it)."""
-        if self.signer is None:
+        if self.keyring.signer is None:
             raise ConfigError(f"run {self.config.run}: rotate_key needs a signing_key to sign the rotation with")
         self.settle()
-        self.signer = Signer.load(new_key_path)
-        self.ledger.moved(self.checkpoints.rotate_key(self.signer, self.replica, self.ledger.log_bytes))
+        self.ledger.moved(self.checkpoints.rotate_key(Signer.load(new_key_path), self.replica, self.ledger.log_bytes))
         self.checkpoints.try_publish(self.replica, self.ledger.next_offset, self.ledger.log_bytes)
         self.save_snapshot()
 
@@ -257,7 +259,7 @@ class HiLoProducer:
         self.pending, msg = pending, proposal.message
         crash_points.reach("trainer.encoded")
         checkpoint = self.checkpoints.of(proposal, self.replica.genesis)  # None: this version carries none
-        send = functools.partial(self.publisher.publish, msg, self.signer, self.ledger.log_bytes, checkpoint, self.version)
+        send = functools.partial(self.publisher.publish, msg, self.keyring.signer, self.ledger.log_bytes, checkpoint, self.version)
         if self.config.pipeline:
             self.inflight = InFlight(proposal, self.builder.adopt(proposal), checkpoint is not None, t0, send)
             self.write_back()

@@ -45,10 +45,7 @@ class Published:
 
 def update_headers(msg, log_bytes: int) -> dict:
     """The position headers of update `msg`, `log_bytes` through it: what readers of the tail need undecoded."""
-    extra = {H.DIGEST: msg.digest.hex(), H.LOG_BYTES: str(log_bytes)}
-    if "lag" in msg.meta:  # `hilo lag` reads it from the head's headers
-        extra[H.LAG] = H.lag_text(msg.meta["lag"])
-    return extra
+    return H.update_headers(msg.digest, log_bytes, msg.meta.get("lag"))  # `hilo lag` reads the lag from the head's headers
 
 
 class _NotOnLog(Exception):
@@ -120,7 +117,7 @@ class Publisher:
 
     def replay(self, replica, position, pending, on_bad_record, trust=None) -> tuple:
         """Settle an in-doubt publish of proposal `pending` by applying the log from `position` (the last committed) on
-        `replica` (signed runs: what `trust` verifies): (the follower, whether the log holds `pending`). FencedError
+        `replica` (signed runs: what `trust`, the trainer's keyring, verifies): (the follower, whether the log holds `pending`). FencedError
         when the log moved by another message."""
         before = replica.version
         follower = catch_up(self.log, self.run, replica, position, on_bad_record, trust)

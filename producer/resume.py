@@ -45,7 +45,7 @@ class Resumed:
 def catch_up(log, run: str, replica, position: Position, on_bad_record: OnBadRecord = OnBadRecord.SKIP, trust=None) -> Follower:
     """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
     duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer).
-    `trust`: the key the trainer signs with (a signed run applies only what it signed)."""
+    `trust`: the trainer's keyring (a signed run applies only what its keys signed; the replica shares it)."""
     follower = Follower(log, run, replica, position, on_bad_record, trust=trust)
     follower.catch_up_all()
     return follower
@@ -114,13 +114,14 @@ class TrainerStart:
                                f"state dir, or start over with new_history=True (--new-history)")
         return Decision("resume", end, start)
 
-    def run(self, snapshot, params: list, verifier=None, decided: Decision | None = None) -> Resumed:
+    def run(self, snapshot, params: list, keyring=None, decided: Decision | None = None) -> Resumed:
         """Start from `snapshot` ((replica, Position) of the trainer's state dir, or None) and the model's `params`;
         `decided` (by `decide`, before fencing) is used when no checkpoint was published since, else decided again.
-        Writes nothing: where the start needs a checkpoint published, the result says so (Resumed.checkpoint)."""
+        Writes nothing: where the start needs a checkpoint published, the result says so (Resumed.checkpoint).
+        `keyring`: the trainer's (schemas/keyring.py; its replica shares it)."""
         run, log = self.run_id, self.log
         if decided is None or decided.checkpoints_end != log.end_offset(self.checkpoints):
-            decided = self.decide(snapshot, verifier)
+            decided = self.decide(snapshot, keyring.root if keyring is not None else None)
         if decided.how == "expired":
             return self._continue_expired(*snapshot)
         if decided.how == "genesis":
@@ -137,7 +138,7 @@ class TrainerStart:
         replica, position = start.replica, start.position
         snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
         # a signed run: the trainer applies only what its key signed, whatever it started from
-        follower = catch_up(log, run, replica, position, self.on_bad_record, trust=verifier)
+        follower = catch_up(log, run, replica, position, self.on_bad_record, trust=keyring)
         logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
         stale = not log.retained(self.updates, head(log, self.checkpoints, run).updates_offset or 0)  # no site could bootstrap from it
         if stale:

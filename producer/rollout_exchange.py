@@ -1,6 +1,6 @@
 """The trainer's end of the return path: prompts out (admission control), rollouts in, complete groups to train on.
 
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4))
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4))
     exchange.issue(prompt_source)                      # as many prompts as (S + 1) * B allows
     groups = exchange.poll(producer.version, most=8)   # complete groups to train at this version, stale ones dropped
     for g in groups: weights = exchange.weights(g, my_logprobs_of(g))
@@ -27,6 +27,7 @@ from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable, NonFinite
 from hilo.schemas.framing import split_trailer
 from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
+from hilo.schemas.keyring import Keyring
 from hilo.schemas.signing import SignatureError, Unsigned, Verifier
 
 from .importance import truncated_weights
@@ -46,6 +47,17 @@ def site_keys(directory) -> dict:
     return keys
 
 
+def verify_site(trusted: dict, value: bytes, what: str) -> None:
+    """Raise SignatureError unless `value` is signed by one of the `trusted` site keys ({key id: Verifier})."""
+    signed, trailer = split_trailer(value, what)
+    if trailer is None:
+        raise Unsigned(f"{what}: unsigned; this trainer trusts only its sites' keys")
+    verifier = trusted.get(bytes(trailer[:8]))
+    if verifier is None:
+        raise SignatureError(f"{what}: signed by key {bytes(trailer[:8]).hex()}, which no trusted site holds")
+    verifier.verify(signed, trailer, what)
+
+
 def _stamps(r) -> str:
     """A rollout's version stamps, as a refusal line shows them."""
     return f"v{r.version_start}" if r.version_end == r.version_start else f"v{r.version_start}..v{r.version_end}"
@@ -54,15 +66,17 @@ def _stamps(r) -> str:
 class RolloutExchange:
     """Issues `run`'s prompts on `log` and takes its rollouts back, with the bookkeeping of RolloutBook."""
 
-    def __init__(self, log, run: str, policy, trusted_sites: dict | None = None, signer=None, rollouts_from: int = 0,
-                 prompt_partitions: int = 4, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
-        self.log, self.run, self.signer, self.metrics, self.ledger, self.clock = log, run, signer, metrics, ledger, clock
+    def __init__(self, log, run: str, policy, partitions: int, trusted_sites: dict | None = None, keyring=None,
+                 rollouts_from: int = 0, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
+        """Store the parts (no I/O); `RolloutExchange.open` is how a trainer makes one. `partitions`: RUN.prompts'.
+        `keyring`: the trainer's (producer.keyring): prompts are signed with its signer of the moment (None: unsigned)."""
+        self.log, self.run, self.metrics, self.ledger, self.clock = log, run, metrics, ledger, clock
+        self.keyring = keyring if keyring is not None else Keyring()
         self.auditor = auditor              # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
-        log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
-        self.partitions = log.partitions(self.prompts)
+        self.partitions = partitions
         self.next_offset = rollouts_from    # RUN.rollouts read position
         self.issued = 0
         self.unsent = None                  # a prompt whose publish failed (the log was away): sent first next time
@@ -71,6 +85,12 @@ class RolloutExchange:
         self._warned = {}                   # reason -> when it was last said
         self._retired_recorded = set()      # prompt ids the ledger already lists as retired
         self.restored = {}                  # what `restore` rebuilt: {"trained", "retired", "in_flight", "rollouts"}
+
+    @classmethod
+    def open(cls, log, run: str, policy, prompt_partitions: int = 4, **parts) -> "RolloutExchange":
+        """Make (or check) the return path's topics on `log`, then the exchange; `parts`: the constructor's keywords."""
+        log.create_rollout_topics(run, prompt_partitions)  # checks existing ones (another partition count is refused)
+        return cls(log, run, policy, log.partitions(prompts_topic(run)), **parts)
 
     def restore(self, trainer_version: int) -> dict:
         """After a restart at `trainer_version`: every prompt issued before (all partitions of RUN.prompts) is trained,
@@ -134,8 +154,8 @@ class RolloutExchange:
                     since = self.log.end_offset(self.rollouts)
                 prompt = self.unsent = dataclasses.replace(prompt, rollouts_from=since)
                 # published, then in the book (a failed publish leaves the book as it was, and the prompt to send next)
-                self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.signer),
-                                                {H.RUN: self.run, H.KIND: "prompt", H.PROMPT: prompt.prompt_id})],
+                self.log.append(self.prompts, [(prompt.prompt_id.encode(), prompt.to_bytes(self.keyring.signer),
+                                                H.prompt_headers(self.run, prompt.prompt_id))],
                                 self.issued % self.partitions)
             except LogUnavailable as e:  # the caller's loop goes on (the trainer's publish waits out the outage)
                 self.outage.failed(e)
@@ -203,13 +223,7 @@ class RolloutExchange:
         what = f"{self.rollouts} offset {rec.offset}"
         try:
             if self.trusted is not None:
-                signed, trailer = split_trailer(rec.value, what)
-                if trailer is None:
-                    raise Unsigned(f"{what}: unsigned; this trainer trusts only its sites' keys")
-                verifier = self.trusted.get(bytes(trailer[:8]))
-                if verifier is None:
-                    raise SignatureError(f"{what}: signed by key {bytes(trailer[:8]).hex()}, which no trusted site holds")
-                verifier.verify(signed, trailer, what)
+                verify_site(self.trusted, rec.value, what)
             r = decode_rollout_record(rec.value, what)
         except Unsigned as e:
             return self._refused("unsigned", e)

@@ -70,13 +70,13 @@ def unframe_key(verifier, msg: Message, run: str, what: str) -> KeyRotation:
 
 def adopt_rotation(replica: PolicyReplica, msg: Message, what: str) -> KeyRotation | None:
     """Key record `msg` as a site takes it: verified with the key `replica` trusts now (raises what a site skips it for)
-    and, when it names a version past the replica's, trusted from then on (`replica.verifier` becomes the new key; a
+    and, when it names a version past the replica's, trusted from then on (`replica.keyring` trusts the new key; a
     replica that verifies nothing stays so). Returns the rotation, or None for one the replica is already past."""
     rot = unframe_key(replica.verifier, msg, replica.run, what)
     if rot.from_version <= replica.version:
         return None  # an old rotation this replica is already past (replaying): trust is already the new key
     if replica.verifier is not None:
-        replica.verifier = Verifier.from_raw(rot.public_key)
+        replica.keyring.trust(Verifier.from_raw(rot.public_key))
     return rot
 
 

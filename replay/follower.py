@@ -14,6 +14,7 @@ from hilo.replica.replica import PolicyReplica
 from hilo.schemas import headers as H
 from hilo.schemas.errors import DivergenceError, Expired, Gap, HiloError, LogError, MalformedMessage
 from hilo.schemas.framing import split_trailer
+from hilo.schemas.keyring import Keyring
 from hilo.schemas.position import Position
 from hilo.schemas.records import Checkpoint, UpdateMessage, decode_record
 from hilo.schemas.signing import SignatureError, Verifier
@@ -64,7 +65,7 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
             continue
         if skipped is not None:
             logger.warning("%s: bootstrapped from it instead (more versions to replay)", what)
-        replica.verifier = verifier
+        replica.keyring.trust(verifier)
         return replica, Position(msg.parsed.updates_offset, msg.parsed.log_bytes or 0)
 
 
@@ -116,12 +117,15 @@ class Follower:
     """
 
     def __init__(self, log_backend, run: str, replica: PolicyReplica, position: Position,
-                 on_bad_record: OnBadRecord = OnBadRecord.SKIP, reader=None, trust: Verifier | None = None):
-        """`trust`: the run's key as configured (None: an unsigned run). The follower owns what the replica trusts:
-        the newest key rotation `position` records (this reader verified it before a restart), else `trust`; then
-        every rotation it applies."""
+                 on_bad_record: OnBadRecord = OnBadRecord.SKIP, reader=None, trust: Keyring | Verifier | None = None):
+        """`trust`: the reader's keyring (a Verifier: the run's key as configured; None: an unsigned run). The replica
+        shares it, and trusts the newest key rotation `position` records (this reader verified it before a restart),
+        else the keyring's root (schemas/keyring.py); then every rotation the follower applies moves the keyring."""
         self.log, self.run, self.replica = log_backend, run, replica
-        replica.verifier = Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if trust is not None and position.keys else trust
+        self.keyring = trust if isinstance(trust, Keyring) else Keyring(trusted=trust)
+        root = self.keyring.root
+        self.keyring.trust(Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if root is not None and position.keys else root)
+        replica.keyring = self.keyring
         # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
         # offsets, heads and everything else come from log_backend
         self.reader = reader if reader is not None else log_backend

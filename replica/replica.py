@@ -6,6 +6,7 @@ import torch
 
 from hilo.schemas.errors import ConfigError, DivergenceError, Fork, Gap, MalformedMessage, OtherRun
 from hilo.schemas.framing import split_trailer
+from hilo.schemas.keyring import Keyring
 from hilo.schemas.limits import DEFAULT_LIMITS, Limits
 from hilo.schemas.records import Checkpoint, Manifest, UpdateMessage, decode_record, history_id
 
@@ -32,7 +33,7 @@ class PolicyReplica:
         # which history this is: the v0 digest hashed with the nonce the trainer drew (records.history_id)
         self.genesis = genesis if genesis is not None else history_id(self.digest, nonce)
         self.nonce = nonce    # kept at v0, so its checkpoint proves the history id
-        self.verifier = None  # signing.Verifier: when set, only records signed by the trusted key are parsed
+        self.keyring = Keyring()  # what it trusts (a follower's replica shares its reader's: schemas/keyring.py)
         self.recent = collections.OrderedDict({state.version: self.digest})
         # recycle: `compute` writes into the state the last commit replaced, and block temporaries into scratch kept
         # here, so a version allocates no adapter-sized tensors. Only for a replica whose every computed state is
@@ -41,6 +42,11 @@ class PolicyReplica:
         self.recycle = False
         self._spare, self._scratch = None, []
         self.apply_mode = apply
+
+    @property
+    def verifier(self):
+        """The key trusted now (its keyring's; None: unsigned): when set, only records it signed are parsed."""
+        return self.keyring.verifier
 
     @property
     def apply_mode(self) -> str:

@@ -49,8 +49,7 @@ class Message:
 def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:
     """(key, value, headers) per chunk; every chunk carries the whole message's size and checksum."""
     n = max(1, -(-len(data) // chunk_bytes))
-    common = {H.RUN: run, H.KIND: kind, H.VERSION: str(version),
-              H.SUM: xxhash.xxh3_64_hexdigest(data), H.SIZE: str(len(data))} | (extra or {})
+    common = H.chunk_headers(run, kind, version, xxhash.xxh3_64_hexdigest(data), len(data)) | (extra or {})
     key = str(version).encode()
     return [(key, data[i * chunk_bytes:(i + 1) * chunk_bytes], common | {H.CHUNK: f"{i}/{n}"}) for i in range(n)]
 

@@ -29,6 +29,41 @@ CHUNK_HEADERS = (RUN, KIND, VERSION, CHUNK, SIZE, SUM)
 ALL = CHUNK_HEADERS + (DIGEST, LOG_BYTES, UPDATES_OFFSET, GENESIS, LAG, PROMPT, SITE, LEASE)
 
 
+# -- written values -----------------------------------------------------------------------------------------------
+# One constructor per record kind: every writer builds its headers here, with the types `RecordHeaders` reads back.
+# Each returns name -> str in the order the writers have always used (the file log stores the dict as it is given).
+
+
+def chunk_headers(run: str, kind: str, version: int, checksum: str, size: int) -> dict:
+    """What every chunk of a message carries but its "i/n" (schemas/chunks.split adds that): `checksum` is xxh3-64 hex."""
+    return {RUN: run, KIND: kind, VERSION: str(version), SUM: checksum, SIZE: str(size)}
+
+
+def update_headers(digest: bytes, log_bytes: int, lag: float | None = None) -> dict:
+    """An update's position headers: the state digest after it, log bytes through it, and (delta mode) the sites' lag."""
+    return {DIGEST: digest.hex(), LOG_BYTES: str(log_bytes)} | ({} if lag is None else {LAG: lag_text(lag)})
+
+
+def checkpoint_headers(digest: bytes, updates_offset: int, log_bytes: int, genesis: bytes) -> dict:
+    """A checkpoint's position headers: its digest, the updates offset its replay starts at, log bytes, its history."""
+    return {DIGEST: digest.hex(), UPDATES_OFFSET: str(updates_offset), LOG_BYTES: str(log_bytes), GENESIS: genesis.hex()}
+
+
+def key_headers(digest: bytes, log_bytes: int) -> dict:
+    """A key-rotation record's position headers: those of the version it follows (what `head` readers expect)."""
+    return {DIGEST: digest.hex(), LOG_BYTES: str(log_bytes)}
+
+
+def prompt_headers(run: str, prompt_id: str) -> dict:
+    """A prompt record's headers (RUN.prompts)."""
+    return {RUN: run, KIND: "prompt", PROMPT: prompt_id}
+
+
+def rollout_headers(run: str, prompt_id: str, site: str, version: int) -> dict:
+    """A rollout record's headers (RUN.rollouts): the prompt it answers, the site and the version that generated it."""
+    return {RUN: run, KIND: "rollout", PROMPT: prompt_id, SITE: site, VERSION: str(version)}
+
+
 # -- parsed values ------------------------------------------------------------------------------------------------
 # Headers are read before anything is verified: a forged or garbled value must never raise or mislead a reader.
 # The one rule: a value that is not canonical (decimal digits, hex of the right length, a chunk "i/n" with i < n)

@@ -37,7 +37,7 @@ def bench_one(shape, codec, optimizer, steps, budget, seed=0):
     builder = UpdateBuilder(trainer, make_encoder(codec, manifest, budget))
     signer = Signer(Ed25519PrivateKey.generate())
     verifier = signer.verifier()
-    site.verifier = verifier  # the site applies only signed messages, as a --trust site does
+    site.keyring.trust(verifier)  # the site applies only signed messages, as a --trust site does
     enc_ms, app_ms, sizes, errs, sign_ms, verify_ms = [], [], [], [], [], []
     for step in range(steps + 1):
         grads = stream.next()

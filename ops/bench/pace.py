@@ -38,6 +38,7 @@ from hilo.replica.synthetic import QWEN3, GradientStream, initial_params, qwen3_
 from hilo.schemas import headers as H
 from hilo.schemas.chunks import split
 from hilo.schemas.errors import ConfigError
+from hilo.schemas.keyring import Keyring
 from hilo.schemas.options import opt
 
 CHUNK_BYTES = 900_000  # the producer's default record size
@@ -139,7 +140,7 @@ def follow(cfg: PaceConfig, v0: PolicyReplica, messages: list, work: pathlib.Pat
     site = None
     try:
         log.create_topics(RUN)
-        Checkpoints(log, RUN, 1 << 30, 1, CHUNK_BYTES, None, Metrics("trainer", run=RUN)).publish(v0, 0, 0)
+        Checkpoints.open(log, RUN, 1 << 30, 1, CHUNK_BYTES, Keyring(), Metrics("trainer", run=RUN)).publish(v0, 0, 0)
         site = _Site(work, url, cfg.versions)
         site.wait(lambda: bool(site.history()), "following", cfg.ready_s)
         _say(f"bench pace: the site follows; appending {cfg.versions} versions, one per {cfg.interval_s} s")
@@ -148,7 +149,7 @@ def follow(cfg: PaceConfig, v0: PolicyReplica, messages: list, work: pathlib.Pat
             time.sleep(max(0.0, t_next - time.monotonic()))  # the cadence under test, not synchronisation
             t_next += cfg.interval_s
             log_bytes += len(data)
-            log.append(topic, split(data, RUN, "update", v, CHUNK_BYTES, {H.DIGEST: digest.hex(), H.LOG_BYTES: str(log_bytes)}))
+            log.append(topic, split(data, RUN, "update", v, CHUNK_BYTES, H.update_headers(digest, log_bytes)))
             appended[v] = time.time()
             if v % 50 == 0:
                 _say(f"bench pace: appended v{v}")

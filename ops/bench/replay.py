@@ -61,7 +61,7 @@ def publish(log, run: str, shape: str, optimizer: str, versions: int) -> tuple:
         data = proposal.message.to_bytes()
         log_bytes += len(data)
         log.append(topic, split(data, run, "update", proposal.message.version, CHUNK_BYTES,
-                                {H.DIGEST: proposal.message.digest.hex(), H.LOG_BYTES: str(log_bytes)}))
+                                H.update_headers(proposal.message.digest, log_bytes)))
         sizes.append(len(data))
         encode.append(proposal.timing["encode"] + proposal.timing["apply"])
         alone.append(proposal.timing["encode"])

@@ -33,8 +33,8 @@ def _genesis(log, shape: str) -> None:
     """The checkpoint a site bootstraps from: the same genesis `publish` starts its trainer replica at."""
     replica = PolicyReplica.genesis(RUN, qwen3_manifest(shape), initial_params(qwen3_manifest(shape)), "adamw")
     ckpt = replica.checkpoint()
-    log.append(checkpoints_topic(RUN), split(ckpt.to_bytes(), RUN, "checkpoint", 0, CHUNK_BYTES, {
-        H.DIGEST: ckpt.digest.hex(), H.UPDATES_OFFSET: "0", H.LOG_BYTES: "0", H.GENESIS: ckpt.genesis.hex()}))
+    log.append(checkpoints_topic(RUN), split(ckpt.to_bytes(), RUN, "checkpoint", 0, CHUNK_BYTES,
+                                                H.checkpoint_headers(ckpt.digest, 0, 0, ckpt.genesis)))
 
 
 def _sample(families) -> dict:

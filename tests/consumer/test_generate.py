@@ -66,7 +66,7 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     vllm_url, _ = vllm
     url, run, model, producer, gen = _trainer_at_v1(tmp_path, "gen", seed=0)
     # README: rollouts
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
     source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
     # README: end
     S = 0
@@ -123,7 +123,7 @@ def test_a_prompt_for_a_newer_policy_does_not_hold_back_the_prompt_before_it(vll
     gen = torch.Generator().manual_seed(2)
     _train_step(producer, gen)  # the site will serve v1
     asks = iter([1, 2])
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=1), prompt_partitions=1)
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=1), prompt_partitions=1)
     sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
     assert exchange.issue(itertools.islice(prompts(run, sampling, min_version=lambda: next(asks)), 2)) == 2
     exchange.source = iter(())
@@ -169,7 +169,7 @@ def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(v
     vllm_url, _ = vllm
     url, run, model, producer, gen = _trainer_at_v1(tmp_path, "stale", seed=1)
     policy = RolloutPolicy(batch_prompts=2, max_staleness=1)
-    exchange = RolloutExchange(producer.log, run, policy)
+    exchange = RolloutExchange.open(producer.log, run, policy)
     source = prompts(run, Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
     sites = {name: hilo("consume", "--log", url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
                         vllm_url, "--lora-name", f"stale-{name}", "--export-dtype", "float32", "--generate", "--reward",
@@ -218,7 +218,7 @@ def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(v
 def test_a_prompt_vllm_refuses_is_counted_and_the_site_keeps_answering(vllm, tmp_path):
     vllm_url, _ = vllm
     url, run, _, producer, _ = _trainer_at_v1(tmp_path, "refused", seed=2)
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
     sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
     too_long = PromptRecord(run, "long", tuple([1] * 40), sampling, 1)  # the server's context is 32 tokens
     assert exchange.issue(iter([too_long])) == 1

@@ -45,7 +45,7 @@ def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rol
     run = new_run("genkill")
     producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
     publish_random(producer, 1)
-    exchange = RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4), prompt_partitions=2)
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4), prompt_partitions=2)
     source = itertools.islice(prompts(run, Sampling(N, 1.0, 1.0, 3, 0)), PROMPTS)
     exchange.issue(source)
     groups, deadline = [], time.monotonic() + 600

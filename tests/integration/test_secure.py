@@ -100,7 +100,7 @@ def test_the_site_principal_cannot_write_an_update(secure, tmp_path, logs):
     # refused by the broker (the site may write RUN.rollouts only), in one line
     assert re.search(r"the broker refused it: this principal is not authorised on the (topic|cluster) "
                      r"\((TopicAuthorizationFailedError|ClusterAuthorizationFailedError)\)", str(e.value)) and "\n" not in str(e.value)
-    RolloutExchange(producer.log, run, RolloutPolicy(batch_prompts=1), prompt_partitions=2)  # the trainer makes the return path's topics
+    RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1), prompt_partitions=2)  # the trainer makes the topics
     with pytest.raises(LogError, match="not authorised on the topic"):  # a site issues no prompts ...
         logs(url, kafka_config=clients(sec)["site"]).append(prompts_topic(run), [(b"k", b"forged", {"hilo-run": run})])
     as_site = logs(url, kafka_config=clients(sec)["site"])

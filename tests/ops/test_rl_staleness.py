@@ -46,7 +46,7 @@ class Trainer:
 
     def __init__(self, log, run, ledger_path, version=0):
         self.version, self.ready, self.rows = version, [], []
-        self.exchange = RolloutExchange(log, run, RolloutPolicy(batch_prompts=B, max_staleness=S), prompt_partitions=2,
+        self.exchange = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=B, max_staleness=S), prompt_partitions=2,
                                         ledger=RolloutLedger(ledger_path))
         if version:
             self.exchange.restore(version)

@@ -32,7 +32,7 @@ def test_bad_rollouts_are_refused_by_reason_and_never_trained_on(tmp_path, caplo
         signer = Signer.load(generate(str(tmp_path / "site"))[0])
         forger = Signer.load(generate(str(tmp_path / "forger"))[0])
         trusted = site_keys(tmp_path / "site")
-    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=2, max_staleness=1), trusted_sites=trusted)
+    ex = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=2, max_staleness=1), trusted_sites=trusted)
     assert ex.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 4  # (S + 1) * B
     assert log.end_offset(prompts_topic(run)) == 4 and ex.book.room() == 0
 
@@ -70,7 +70,7 @@ def test_admission_control_and_staleness(tmp_path):
     url, run = f"file://{tmp_path}/log", new_run("stale")
     log = open_log(url)
     log.create_topics(run)
-    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=1, max_staleness=1))
+    ex = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=1, max_staleness=1))
     source = prompts(run, Sampling(1, 1.0, 1.0, 3, 0))
     assert ex.issue(source) == 2 and ex.issue(source) == 0      # (1 + 1) * 1 in flight, no more
     log.append(rollouts_topic(run), [(b"p-0", _rollout(run, "p-0", 0, version=3).to_bytes(), {}),
@@ -89,7 +89,7 @@ def test_the_return_path_history_names_a_lost_prompt_and_a_duplicated_sample(tmp
     url, run = f"file://{tmp_path}/log", new_run("hist")
     log = open_log(url)
     log.create_topics(run)
-    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=3, max_staleness=0))
+    ex = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=3, max_staleness=0))
     assert ex.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 3
     answers = [("p-0", 0), ("p-0", 1), ("p-1", 0), ("p-1", 1)]
     log.append(rollouts_topic(run), [(p.encode(), _rollout(run, p, s).to_bytes(), {}) for p, s in answers])
@@ -106,17 +106,17 @@ def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_gr
     log = open_log(url)
     log.create_topics(run)
     policy, ledger = RolloutPolicy(batch_prompts=2, max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
-    first = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)
+    first = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)
     assert first.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 4
     answers = [("p-0", 0), ("p-0", 1), ("p-1", 0), ("p-1", 1), ("p-2", 0)]
     log.append(rollouts_topic(run), [(p.encode(), _rollout(run, p, s).to_bytes(), {}) for p, s in answers])
     groups = first.poll(trainer_version=0, timeout_s=0)
     assert sorted(g.prompt.prompt_id for g in groups) == ["p-0", "p-1"]
     first.record_step(1, groups)      # ... and the trainer dies before v1 is on the log
-    again = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)
+    again = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)
     assert again.restore(trainer_version=0) == {"trained": 0, "retired": 0, "in_flight": 4, "rollouts": 5}
     assert sorted(g.prompt.prompt_id for g in again.poll(0, timeout_s=0)) == ["p-0", "p-1"] and again.issued == 4
-    later = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)  # v1 was published after all
+    later = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)  # v1 was published after all
     assert later.restore(trainer_version=1) == {"trained": 2, "retired": 0, "in_flight": 2, "rollouts": 1}
     log.append(rollouts_topic(run), [(b"p-0", _rollout(run, "p-0", 0).to_bytes(), {}), (b"p-2", _rollout(run, "p-2", 1).to_bytes(), {})])
     assert [g.prompt.prompt_id for g in later.poll(1, timeout_s=0)] == ["p-2"]
@@ -155,7 +155,7 @@ def test_an_outage_is_waited_out_and_the_prompt_it_stopped_is_sent_once_after(tm
     url, run = f"file://{tmp_path}/log", new_run("away")
     log = _Away(open_log(url))
     log.create_topics(run)
-    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=1, max_staleness=0))
+    ex = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=1, max_staleness=0))
     source = prompts(run, Sampling(1, 1.0, 1.0, 3, 0))
     log.down = True
     assert ex.issue(source) == 0 and ex.poll(0, timeout_s=0) == [] and ex.outage.down

@@ -39,7 +39,7 @@ def test_a_group_completed_a_version_later_is_checked_against_the_version_that_t
     url, run = f"file://{tmp_path}/log", new_run("late")
     log = open_log(url)
     log.create_topics(run)
-    ex = RolloutExchange(log, run, RolloutPolicy(batch_prompts=1, max_staleness=1))
+    ex = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=1, max_staleness=1))
     assert ex.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 2
     _put(log, run, [("p-0", 0)], version=0)
     assert _take(log, ex, 1) == []
@@ -60,7 +60,7 @@ def _forged_run(tmp_path, log_url):
     log = open_log(log_url)
     log.create_topics(run)
     policy, ledger = RolloutPolicy(batch_prompts=2, max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
-    live = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)
+    live = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)
     source = prompts(run, Sampling(2, 1.0, 1.0, 3, 0))
     assert live.issue(source) == 4                                          # p-0 .. p-3
     forged = dict(reward=0.5, site="forger")                                # off the 0/1 grid: it shows in a mean
@@ -93,7 +93,7 @@ def test_forged_rollouts_written_before_their_prompts_are_never_trained_after_a_
     # a restarted trainer replays RUN.rollouts: it used to accept both forged pairs, then drop the genuine answers as
     # duplicates (a step's mean reward came out off the 0/1 grid)
     log, run, policy, ledger, _ = _forged_run(tmp_path, log_url)
-    again = RolloutExchange(log, run, policy, ledger=ledger, prompt_partitions=2)  # the trainer restarted at v1
+    again = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)  # the trainer restarted at v1
     assert again.restore(trainer_version=1) == {"trained": 2, "retired": 0, "in_flight": 4, "rollouts": 8}
     trained = again.poll(1, timeout_s=0, most=2) + again.poll(2, timeout_s=0, most=2)
     assert [g.prompt.prompt_id for g in trained] == ["p-2", "p-3", "p-4", "p-5"] and _genuine(trained)

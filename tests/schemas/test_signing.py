@@ -29,7 +29,7 @@ def _next(manifest, grads, run="test-run"):
 def test_a_signed_update_applies_and_every_forgery_is_refused(manifest, grads, keys):
     signer, verifier, other = keys
     site, msg = _next(manifest, grads)
-    site.verifier = verifier
+    site.keyring.trust(verifier)
     genuine = msg.to_bytes(signer)
     body_byte = 16 + (len(genuine) - 16 - 72) // 2  # a byte inside the compressed body
     forged = {
@@ -51,7 +51,7 @@ def test_a_signed_update_of_another_run_is_refused(manifest, grads, keys):
     signer, verifier, _ = keys
     site, _ = _next(manifest, grads)
     _, theirs = _next(manifest, grads, run="other-run")  # same key, same math, another run
-    site.verifier = verifier
+    site.keyring.trust(verifier)
     with pytest.raises(ChainError, match=r"message belongs to run 'other-run'"):
         site.apply_bytes(theirs.to_bytes(signer), "replayed")
     assert site.version == 0
