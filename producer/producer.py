@@ -6,7 +6,8 @@
         version = producer.step(lr=schedule(step))   # encode -> publish -> apply locally -> params into model
 
 The trainer is a replica: its LoRA params are whatever the decoded messages make them, so every site
-that applies the same messages holds the same policy, bit for bit. Its parts: where it starts (resume.py),
+that applies the same messages holds the same policy, bit for bit. Its parts: opening it (trainer_open.py), where it
+starts (resume.py),
 putting a version on the log (publisher.py), its checkpoints (checkpoints.py), what it proposes (update_builder.py).
 """
 import functools
@@ -15,62 +16,32 @@ import time
 
 import torch
 
-from hilo.log import checkpoints_topic, open_log, updates_topic
+from hilo.log import checkpoints_topic, updates_topic
 from hilo.log.outage import Outage
-from hilo.log.tail import head
-from hilo.replay.history import HistoryWriter
-from hilo.replay.snapshot import SnapshotStore
 from hilo.replica.codecs import AutoBudget, Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
 from hilo.schemas import crash_points
-from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, NotPublished
 from hilo.schemas.metrics import Metrics
-from hilo.schemas.position import Position
 from hilo.schemas.keyring import Keyring
 from hilo.schemas.signing import Signer
 
-from . import trainer_state
 from .trainer_state import TrainerLedger
 from .checkpoints import Checkpoints
 from .config import ProducerConfig
 from .inflight import InFlight
 from .link_budget import LinkBudget
-from .lora_params import lora_gradients, lora_weights
+from .lora_params import lora_gradients
 from .publisher import Publisher
 from .rank_launch import open_trainer
-from .resume import Resumed, TrainerStart
+from .resume import Resumed
 from .sync_mode import SYNC_MODES
 from .trainer import Trainer
+from .trainer_open import open_alone
 from .trainer_metrics import count_skips, observe_published
 from .update_builder import UpdateBuilder
 
 logger = logging.getLogger(__name__)
-
-
-def _check_room(config: ProducerConfig, manifest) -> None:
-    """A budget must leave room for a payload after the message header."""
-    room = config.budget.payload_bytes(manifest)
-    if config.codec != "dense" and room <= 0:
-        raise ConfigError(f"ProducerConfig.budget: {config.budget.message_bytes(manifest)} bytes per message for this "
-                          f"{manifest.adapter_bytes()}-byte adapter leave {room} bytes of payload after the header; raise the budget")
-
-
-def _start(log, config: ProducerConfig, manifest, params: list, keyring: Keyring, checkpoints: Checkpoints) -> tuple:
-    """(store, Resumed, fencing token). Every refusal first, by reading the log only: a trainer that would be refused
-    (another model, optimizer, history or key) must not fence the one that runs. Then fence every earlier trainer of
-    the run (Kafka: its open transaction is aborted), catch up to the head, and publish the checkpoint the start needs."""
-    store = SnapshotStore(config.state_dir) if config.state_dir else None
-    snapshot, verifier = store.load() if store else None, keyring.root
-    site_optimizer = SYNC_MODES[config.mode].site_optimizer(config.optimizer)
-    start = TrainerStart(log, config.run, manifest, site_optimizer, config.new_history, config.on_bad_record)
-    decided = start.decide(snapshot, verifier)
-    at = (head(log, updates_topic(config.run), config.run) or H.RecordHeaders()).version or 0  # a stray record may say anything
-    token = log.become_writer(config.run, at)
-    started = start.run(snapshot, params, keyring, decided)
-    if started.checkpoint:
-        checkpoints.publish(started.replica, started.position.next_offset, started.position.log_bytes)
-    return store, started, token
 
 
 class HiLoProducer:
@@ -110,39 +81,7 @@ class HiLoProducer:
         opened by the publishing rank alone (rank_launch.py). `metrics`: the registry to record into (one a metrics
         endpoint already serves; served by `hilo produce --metrics-port` or ops/metrics_server.py). `check()`: the
         caller's refusals, run on every rank first (HiLoOptimizer's)."""
-        return open_trainer(cls.open_alone, model, config, log_backend, metrics, check)
-
-    @classmethod
-    def open_alone(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None,
-                   lora: tuple | None = None) -> "HiLoProducer":
-        """Open the log, make every refusal by reading it, fence earlier trainers of the run, start (genesis, the
-        trainer's snapshot, or the newest checkpoint) and catch up to the head. `lora`: the adapter's (manifest,
-        LoraWeights) where the caller has them (a multi-rank job's, gathered)."""
-        manifest, weights = lora or lora_weights(model, config.adapter)
-        _check_room(config, manifest)
-        keyring = Keyring.load(signing_key=config.signing_key)
-        metrics = metrics or Metrics("trainer", run=config.run)
-        log = log_backend or open_log(config.target, chunk_bytes=config.chunk_bytes)
-        try:
-            log.create_topics(config.run)
-            checkpoints = Checkpoints.open(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
-                                           keyring, metrics)
-            store, started, token = _start(log, config, manifest, weights.values(), keyring, checkpoints)
-            ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),
-                                   HistoryWriter(config.history) if config.history else None, store)
-            producer = cls(model, config, log, keyring, metrics, checkpoints, started, token, ledger, (started.replica.manifest, weights))
-        except BaseException:
-            if log_backend is None:
-                log.close()
-            raise
-        count_skips(metrics, started.skips)
-        metrics.set("published_version", started.replica.version)
-        ledger.started(started.replica)
-        if started.snapshot_version is not None:
-            trainer_state.restore(store, started.snapshot_version, producer.replica, producer.builder.encoder, producer.sync,
-                                  config.run)
-        producer.write_back()
-        return producer
+        return open_trainer(functools.partial(open_alone, cls), model, config, log_backend, metrics, check)
 
     @property
     def rule(self):

@@ -10,7 +10,7 @@ from hilo.log import open_log
 from hilo.log.base import Transaction
 from hilo.producer.config import ProducerConfig
 from hilo.producer.lora_params import lora_weights
-from hilo.producer import producer as producer_module
+from hilo.producer import trainer_open
 from hilo.producer.producer import HiLoProducer
 from hilo.replica.state import ReplicaState
 from hilo.schemas.errors import HiloError, LogError
@@ -204,7 +204,7 @@ def test_a_run_started_with_an_older_digest_version_is_continued_by_this_build(t
     cfg = producer_config(run="old", log=url, checkpoint_every=100, state_dir=str(tmp_path / "t") if state else None)
     manifest = lora_weights(small_model())[0]
     with monkeypatch.context() as older_build:  # the trainer of an older build: its manifests had that digest_version
-        older_build.setattr(producer_module, "lora_weights", lambda model, adapter: (
+        older_build.setattr(trainer_open, "lora_weights", lambda model, adapter: (
             dataclasses.replace(lora_weights(model, adapter)[0], digest_version=old), lora_weights(model, adapter)[1]))
         first = HiLoProducer.open(small_model(), cfg)
     assert first.replica.manifest.digest_version == old
