@@ -19,7 +19,8 @@ class Record:
     key: bytes | None
     value: bytes
     headers: dict  # str -> str
-    timestamp: float | None = None  # Unix seconds the writer appended it (Kafka's CreateTime, kept by a mirror); None on the file log
+    # Unix seconds the writer appended it (Kafka's CreateTime, kept by a mirror); None on the file log
+    timestamp: float | None = None
 
     @cached_property
     def parsed(self) -> H.RecordHeaders:
@@ -46,7 +47,8 @@ class Message:
         return H.RecordHeaders.of(self.headers)
 
 
-def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, extra: dict | None = None) -> list:
+def split(data: bytes, run: str, kind: str, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+          extra: dict | None = None) -> list:
     """(key, value, headers) per chunk; every chunk carries the whole message's size and checksum."""
     n = max(1, -(-len(data) // chunk_bytes))
     common = H.chunk_headers(run, kind, version, xxhash.xxh3_64_hexdigest(data), len(data)) | (extra or {})
@@ -83,12 +85,14 @@ class Reassembler:
         what = f"{self.topic} offset {rec.offset}"
         h = rec.headers
         if H.CHUNK not in h or H.RUN not in h:
-            raise ForeignRecord(f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
+            raise ForeignRecord(
+                f"{what}: not a hilo-sync record (no hilo-run/hilo-chunk headers; keys {sorted(h)[:6]})")
         if h[H.RUN] != self.run:
             raise ForeignRecord(f"{what}: record of run {h[H.RUN]!r} in the topic of run {self.run!r}")
         p = rec.parsed  # one rule for every header value (schemas/headers.py): a garbled one is absent
         if p.chunk is None or p.chunk[1] > self.limits.max_chunks:
-            raise MalformedMessage(f"{what}: header '{H.CHUNK}' = {h[H.CHUNK]!r}, expected i/n with 0 <= i < n <= {self.limits.max_chunks}")
+            raise MalformedMessage(f"{what}: header '{H.CHUNK}' = {h[H.CHUNK]!r}, expected i/n with 0 <= i < n <= "
+                                   f"{self.limits.max_chunks}")
         i, n = p.chunk
         version = _int(rec, H.VERSION, p.version, what, 1 << 62)
         size = _int(rec, H.SIZE, p.size, what, 1 << 62)
@@ -107,7 +111,8 @@ class Reassembler:
             return None
         if self.buffered + len(rec.value) > size:  # refuse at the chunk that overflows, before buffering it
             self.reset()
-            raise MalformedMessage(f"{what} (v{version}): chunk {i}/{n} brings the message past its declared {size} bytes")
+            raise MalformedMessage(f"{what} (v{version}): chunk {i}/{n} brings the message past its declared {size} "
+                                   f"bytes")
         self.parts.append(rec)
         self.buffered += len(rec.value)
         if len(self.parts) < n:
@@ -117,6 +122,6 @@ class Reassembler:
         wire = sum(len(p.value) + sum(len(k) + len(v) for k, v in p.headers.items()) for p in self.parts)
         self.reset()
         if len(data) != size or xxhash.xxh3_64_hexdigest(data) != h.get(H.SUM):
-            raise MalformedMessage(f"{self.topic} offsets {first}..{rec.offset} (v{version}): reassembled {len(data)} bytes "
-                                   f"do not match header size {size} / checksum {h.get(H.SUM)}")
+            raise MalformedMessage(f"{self.topic} offsets {first}..{rec.offset} (v{version}): reassembled {len(data)} "
+                                   f"bytes do not match header size {size} / checksum {h.get(H.SUM)}")
         return Message(data, first, rec.offset, h.get(H.KIND, ""), version, dict(h), rec.timestamp, wire)

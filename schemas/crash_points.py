@@ -25,7 +25,8 @@ POINTS = {
     # a generating site (the return path)
     "generate.taken": "a batch of prompts was taken, nothing generated yet (after fetch)",
     "generate.generating": "the first prompt of a batch is answered, the batch not settled (mid-generation)",
-    "generate.in-transaction": "a batch's rollouts are sent, its prompts not yet settled (after produce, before commit)",
+    "generate.in-transaction": "a batch's rollouts are sent, its prompts not yet settled (after produce, before "
+                               "commit)",
     "generate.settled": "a batch is settled (rollouts and prompts committed together), the site not yet past it",
     # the trainer
     "trainer.encoded": "a version proposed (encoded, applied to a copy), nothing published (mid-encode)",
@@ -33,7 +34,8 @@ POINTS = {
     "trainer.committed": "a version's transaction committed, the trainer's state not yet advanced (before write-back)",
     # the trainer with ProducerConfig.pipeline (producer/inflight.py)
     "trainer.ahead": "a version applied locally and its publish started on its thread; step() about to return",
-    "trainer.awaiting": "the next step (or flush, close) about to wait for the version in flight, the next one proposed",
+    "trainer.awaiting": "the next step (or flush, close) about to wait for the version in flight, the next one "
+                        "proposed",
 }
 SITE_POINTS = tuple(p for p in POINTS if not p.startswith(("trainer.", "generate.")))
 GENERATE_POINTS = tuple(p for p in POINTS if p.startswith("generate."))

@@ -20,7 +20,8 @@ KIND_CHECKPOINT = 2
 KIND_KEY = 3  # the run's next signing key, signed by the current one (SPEC.md, "Key rotation")
 KIND_PROMPT = 4   # the trainer's prompt (rollouts.py)
 KIND_ROLLOUT = 5  # a site's rollout (rollouts.py)
-KIND_NAMES = {KIND_UPDATE: "update", KIND_CHECKPOINT: "checkpoint", KIND_KEY: "key", KIND_PROMPT: "prompt", KIND_ROLLOUT: "rollout"}
+KIND_NAMES = {KIND_UPDATE: "update", KIND_CHECKPOINT: "checkpoint", KIND_KEY: "key", KIND_PROMPT: "prompt",
+              KIND_ROLLOUT: "rollout"}
 _HEADER = struct.Struct("<4sHBBQ")  # magic, schema version, kind, flags, decompressed size
 HEADER_BYTES = _HEADER.size          # 16
 ZSTD_LEVEL = 3
@@ -46,7 +47,8 @@ def split_trailer(data: bytes, what: str) -> tuple:
     if not data[7] & FLAG_SIGNED:
         return data, None
     if len(data) < HEADER_BYTES + TRAILER_BYTES:
-        raise MalformedMessage(f"{what}: flagged as signed but too short for the {TRAILER_BYTES}-byte signature trailer")
+        raise MalformedMessage(
+            f"{what}: flagged as signed but too short for the {TRAILER_BYTES}-byte signature trailer")
     return memoryview(data)[:-TRAILER_BYTES], bytes(data[-TRAILER_BYTES:])
 
 
@@ -86,7 +88,8 @@ def peek_field(data: bytes, key: str, what: str, limits: Limits = DEFAULT_LIMITS
                 continue
     except (zstandard.ZstdError, ValueError, TypeError, msgpack.exceptions.UnpackException) as e:
         raise MalformedMessage(f"{what}: body is invalid before field {key!r} ({type(e).__name__}: {e})") from None
-    raise MalformedMessage(f"{what}: no field {key!r} in the first {PEEK_LIMIT >> 20} MiB of the body (writers put it first)")
+    raise MalformedMessage(f"{what}: no field {key!r} in the first {PEEK_LIMIT >> 20} MiB of the body (writers put it "
+                           f"first)")
 
 
 def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompressed: int | None = None):
@@ -105,16 +108,18 @@ def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompr
     if magic != MAGIC:
         raise MalformedMessage(f"{what}: magic {bytes(magic)!r} != {MAGIC!r} (not a hilo-sync record)")
     if version == 1:
-        raise UnsupportedVersion(f"{what}: schema version 1 (unsigned frames of hilo-sync 0.1); this build reads {SCHEMA_VERSION}: "
-                                 f"start the run again with a current trainer")
+        raise UnsupportedVersion(f"{what}: schema version 1 (unsigned frames of hilo-sync 0.1); this build reads "
+                                 f"{SCHEMA_VERSION}: start the run again with a current trainer")
     if version != SCHEMA_VERSION:
         raise UnsupportedVersion(f"{what}: schema version {version}, this build reads {SCHEMA_VERSION}")
     if kind not in KIND_NAMES:
         raise MalformedMessage(f"{what}: unknown kind {kind} (expected one of {sorted(KIND_NAMES)})")
     if flags & ~FLAG_SIGNED:
-        raise MalformedMessage(f"{what}: unknown header flags {flags:#04x} (this build knows {FLAG_SIGNED:#04x}, signed)")
+        raise MalformedMessage(f"{what}: unknown header flags {flags:#04x} (this build knows {FLAG_SIGNED:#04x}, "
+                               f"signed)")
     data, _ = split_trailer(data, what)  # verification, where wanted, happened before (PolicyReplica.parse)
-    cap = limits.max_decompressed_bytes if max_decompressed is None else min(max_decompressed, limits.max_decompressed_bytes)
+    cap = limits.max_decompressed_bytes if max_decompressed is None else min(max_decompressed,
+                                                                             limits.max_decompressed_bytes)
     if size > cap:
         raise LimitExceeded(f"{what}: declared decompressed size {size} > limit {cap}")
     try:
@@ -124,7 +129,8 @@ def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompr
     except zstandard.ZstdError as e:
         raise MalformedMessage(f"{what}: zstd payload is corrupt ({e})") from None
     if len(raw) != size:
-        raise MalformedMessage(f"{what}: decompressed {len(raw)}{'+' if len(raw) > size else ''} bytes, header declares {size}")
+        raise MalformedMessage(f"{what}: decompressed {len(raw)}{'+' if len(raw) > size else ''} bytes, header "
+                               f"declares {size}")
     try:
         body = msgpack.unpackb(
             raw, raw=False, strict_map_key=True, use_list=True,

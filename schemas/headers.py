@@ -23,7 +23,8 @@ LAG = "hilo-lag"                        # delta mode: the sites' relative lag be
 # On prompt and rollout records (the return path)
 PROMPT = "hilo-prompt"                  # prompt id
 SITE = "hilo-site"                      # rollout: the site that generated it
-LEASE = "hilo-lease"                    # rollout on the embedded log: the lease it settles (its prompts are then answered)
+# rollout on the embedded log: the lease it settles (its prompts are then answered)
+LEASE = "hilo-lease"
 
 CHUNK_HEADERS = (RUN, KIND, VERSION, CHUNK, SIZE, SUM)
 ALL = CHUNK_HEADERS + (DIGEST, LOG_BYTES, UPDATES_OFFSET, GENESIS, LAG, PROMPT, SITE, LEASE)
@@ -35,18 +36,21 @@ ALL = CHUNK_HEADERS + (DIGEST, LOG_BYTES, UPDATES_OFFSET, GENESIS, LAG, PROMPT, 
 
 
 def chunk_headers(run: str, kind: str, version: int, checksum: str, size: int) -> dict:
-    """What every chunk of a message carries but its "i/n" (schemas/chunks.split adds that): `checksum` is xxh3-64 hex."""
+    """What every chunk of a message carries but its "i/n" (schemas/chunks.split adds that): `checksum` is xxh3-64
+    hex."""
     return {RUN: run, KIND: kind, VERSION: str(version), SUM: checksum, SIZE: str(size)}
 
 
 def update_headers(digest: bytes, log_bytes: int, lag: float | None = None) -> dict:
-    """An update's position headers: the state digest after it, log bytes through it, and (delta mode) the sites' lag."""
+    """An update's position headers: the state digest after it, log bytes through it, and (delta mode) the sites'
+    lag."""
     return {DIGEST: digest.hex(), LOG_BYTES: str(log_bytes)} | ({} if lag is None else {LAG: lag_text(lag)})
 
 
 def checkpoint_headers(digest: bytes, updates_offset: int, log_bytes: int, genesis: bytes) -> dict:
     """A checkpoint's position headers: its digest, the updates offset its replay starts at, log bytes, its history."""
-    return {DIGEST: digest.hex(), UPDATES_OFFSET: str(updates_offset), LOG_BYTES: str(log_bytes), GENESIS: genesis.hex()}
+    return {DIGEST: digest.hex(), UPDATES_OFFSET: str(updates_offset), LOG_BYTES: str(log_bytes),
+            GENESIS: genesis.hex()}
 
 
 def key_headers(digest: bytes, log_bytes: int) -> dict:

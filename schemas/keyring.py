@@ -13,7 +13,8 @@ class Keyring:
     """Who signs (`signer`, trainer side) and whom to trust (`verifier`, every reader), with their history."""
 
     def __init__(self, signer: Signer | None = None, trusted: Verifier | None = None):
-        """`signer`: the trainer's configured key; `trusted`: a site's configured key (`--trust`). Either may be None."""
+        """`signer`: the trainer's configured key; `trusted`: a site's configured key (`--trust`). Either may be
+        None."""
         self._signers = []   # (Signer, its Verifier), oldest first
         self._trusted = []   # Verifiers, oldest first; the last is trusted now
         if signer is not None:
@@ -37,7 +38,8 @@ class Keyring:
 
     @property
     def root(self) -> Verifier | None:
-        """Where a reader whose position records no rotation starts: the trainer's current key, a site's configured one."""
+        """Where a reader whose position records no rotation starts: the trainer's current key, a site's configured
+        one."""
         if self._signers:
             return self._signers[-1][1]
         return self._trusted[0] if self._trusted else None
@@ -45,7 +47,8 @@ class Keyring:
     @property
     def history(self) -> tuple:
         """Key ids (hex), oldest first: the trainer's signing keys, or (a site) the keys it trusted."""
-        return tuple(v.key_id.hex() for _, v in self._signers) if self._signers else tuple(v.key_id.hex() for v in self._trusted)
+        return tuple(v.key_id.hex() for _,
+                     v in self._signers) if self._signers else tuple(v.key_id.hex() for v in self._trusted)
 
     def rotate(self, new: Signer) -> Signer | None:
         """Sign with `new` from now on, and trust it; returns the signer it replaces (None for the first)."""

@@ -5,7 +5,8 @@ Names follow Prometheus conventions: `hilo_<role>_<key>`, base units (seconds, b
 labels (`run`, and `site` at a site) so one Prometheus can scrape a fleet; a few add their own label.
 
     m = Metrics("site", run="exp1", site="eu-1")
-    m.set("applied_version", 41); m.inc("records_refused", reason="limit"); m.observe("stage_seconds", 0.2, stage="apply")
+    m.set("applied_version", 41); m.inc("records_refused", reason="limit");
+    m.observe("stage_seconds", 0.2, stage="apply")
 """
 from dataclasses import dataclass
 
@@ -41,7 +42,8 @@ class Metric:
     def series(self) -> tuple:
         """The names of the series a scrape shows for it."""
         n = self.name
-        return {"gauge": (n,), "counter": (f"{n}_total",), "histogram": (f"{n}_bucket", f"{n}_sum", f"{n}_count")}[self.kind]
+        return {"gauge": (n,), "counter": (f"{n}_total",),
+                "histogram": (f"{n}_bucket", f"{n}_sum", f"{n}_count")}[self.kind]
 
 
 def _site(key, kind, help, labels=(), buckets=None):
@@ -52,7 +54,8 @@ def _trainer(key, kind, help, labels=(), buckets=None):
     return Metric("trainer", key, kind, help, labels, buckets)
 
 def _outage(role, who):
-    return (Metric(role, "log_unavailable", "gauge", f"1 while the {who}'s log, reached before, does not answer (it waits)."),
+    return (Metric(role, "log_unavailable", "gauge",
+                   f"1 while the {who}'s log, reached before, does not answer (it waits)."),
             Metric(role, "log_outages", "counter", f"Outages of the log the {who} waited out (or is waiting out)."),
             Metric(role, "log_outage_seconds", "histogram", f"Length of each ended outage the {who} waited out.", (),
                    STAGE_BUCKETS + (300.0, 900.0, 3600.0)))
@@ -70,7 +73,8 @@ TABLE = (
           "the writer's clock; a mirror keeps it) to applied here.", (), STAGE_BUCKETS),
     _site("update_bytes_read", "counter", "Bytes of update records (values and headers) this site read: its share of "
           "the cluster's egress."),
-    _site("link_bytes_per_second", "gauge", "Median bytes/s of the site's last 8 messages written while it waited: a message's "
+    _site("link_bytes_per_second", "gauge",
+          "Median bytes/s of the site's last 8 messages written while it waited: a message's "
           "record bytes over the seconds from its first record's log timestamp to having it all (the writer's clock "
           "against this one). What the site reports for --budget auto."),
     _site("versions_applied", "counter", "Versions applied since the process started (replayed ones included)."),
@@ -79,7 +83,8 @@ TABLE = (
           "(signature), decode (unframe), apply (gradient decode, optimizer step, digest), snapshot_copy (the apply "
           "loop's stall: the state copied for a background snapshot), snapshot (writing it, on the writer thread; on "
           "exit, in the loop; counted once it is whole on disk, before it is put in place, so every snapshot the "
-          "state dir holds is counted), export, vllm_reload, self_check (the probe scored by vLLM and by the replica).", ("stage",),
+          "state dir holds is counted), export, vllm_reload, self_check (the probe scored by vLLM and by the replica).",
+          ("stage",),
           STAGE_BUCKETS),
     _site("snapshots_deferred", "counter", "Snapshots that came due while the previous one was still being written: "
           "taken at the first version after it finished."),
@@ -89,15 +94,18 @@ TABLE = (
           "counts records of other runs.", ("reason",)),
     _site("bootstrap_info", "gauge", "1 for the source this process bootstrapped from.", ("source",)),
     _site("stopped", "gauge", "1 once the site stopped on an error (a gap after a skip, a fork, a divergence)."),
-    _site("rollouts_generated", "counter", "Rollouts this site generated and settled (its prompts answered with them)."),
+    _site("rollouts_generated", "counter",
+          "Rollouts this site generated and settled (its prompts answered with them)."),
     _site("prompts_refused", "counter", "Prompts taken and not answered, by reason (malformed, other-run, "
           "engine-refused: vLLM refused the request, lease_lost: the prompts went to another site before this one "
           "settled).", ("reason",)),
     *_outage("site", "site"),
-    _site("self_check_failures", "counter", "Loads whose self-check failed: vLLM's log-probabilities of the probe differed "
-          "from the site's own forward pass of the version by more than the tolerance (nothing generated with them; the "
-          "load is retried)."),
-    _site("self_check_worst_difference", "gauge", "The newest self-check's worst per-token |log-probability difference| "
+    _site("self_check_failures", "counter",
+          "Loads whose self-check failed: vLLM's log-probabilities of the probe differed "
+          "from the site's own forward pass of the version by more than the tolerance (nothing generated with them; "
+          "the load is retried)."),
+    _site("self_check_worst_difference", "gauge",
+          "The newest self-check's worst per-token |log-probability difference| "
           "between vLLM and the site's replica."),
     _site("rebootstraps", "counter", "Times a running site fell behind retention (its next versions expired) and "
           "bootstrapped again from the newest checkpoint."),
@@ -105,9 +113,10 @@ TABLE = (
     _trainer("last_published_timestamp_seconds", "gauge", "Unix time of the newest publish."),
     _trainer("versions_published", "counter", "Versions published since the process started."),
     _trainer("checkpoints_published", "counter", "Checkpoints published since the process started."),
-    _trainer("joinable", "gauge", "1 while a new site can join now (the newest checkpoint and the first update after it "
-             "are retained), 0 when it cannot, -1 when unknown (a restarted trainer before its first checkpoint); from what "
-             "the trainer wrote and both topics' retention, read again as it changes (computed at scrape)."),
+    _trainer("joinable", "gauge",
+             "1 while a new site can join now (the newest checkpoint and the first update after it "
+             "are retained), 0 when it cannot, -1 when unknown (a restarted trainer before its first checkpoint); from "
+             "what the trainer wrote and both topics' retention, read again as it changes (computed at scrape)."),
     _trainer("joinable_until_timestamp_seconds", "gauge", "Unix time until which a new site can join without a newer "
              "checkpoint: the earlier expiry of the newest checkpoint and of the first update after it (+Inf: nothing "
              "can expire; NaN: unknown)."),
@@ -128,13 +137,15 @@ TABLE = (
              "sample.", (), tuple(float(i) for i in range(0, 9))),
     _trainer("prompts_in_flight", "gauge", "Prompts issued and not yet complete or dropped (admission control keeps "
              "it <= (S + 1) * B)."),
-    _trainer("rollouts_audited", "counter", "Rollouts whose behaviour log-probabilities the trainer recomputed under the "
+    _trainer("rollouts_audited", "counter",
+             "Rollouts whose behaviour log-probabilities the trainer recomputed under the "
              "version they claim, by site and result (passed, failed).", ("site", "result")),
     _trainer("audit_worst_difference", "gauge", "The worst per-token |log-probability difference| between a site's "
              "rollouts and the trainer's recomputation, over that site's audited rollouts.", ("site",)),
     _trainer("site_quarantined", "gauge", "1 while a site is quarantined (its audits failed past the threshold; its "
              "rollouts are dropped until its probe passes).", ("site",)),
-    _trainer("audit_seconds", "histogram", "Trainer time spent auditing one rollout (its forward pass under the claimed "
+    _trainer("audit_seconds", "histogram",
+             "Trainer time spent auditing one rollout (its forward pass under the claimed "
              "version).", (), STAGE_BUCKETS),
     _trainer("importance_truncated_fraction", "gauge", "Share of tokens whose importance weight was capped, in "
              "the newest group."),
@@ -157,7 +168,8 @@ class Metrics:
             if spec.role != role:
                 continue
             extra = {"buckets": spec.buckets} if spec.buckets else {}
-            metric = KINDS[spec.kind](spec.name, spec.help, labelnames=ROLES[role] + spec.labels, registry=self.registry, **extra)
+            metric = KINDS[spec.kind](spec.name, spec.help, labelnames=ROLES[role] + spec.labels,
+                                      registry=self.registry, **extra)
             self._specs[spec.key], self._metrics[spec.key] = spec, metric
             if not spec.labels:  # shown (at 0) from the start: an alert on a missing series never fires
                 metric.labels(**self.identity)
@@ -195,7 +207,8 @@ class Metrics:
 
 
 class _View:
-    """A prometheus_client collector for `Metrics.set_view`: one call of `fn` per scrape yields every gauge of `keys`."""
+    """A prometheus_client collector for `Metrics.set_view`: one call of `fn` per scrape yields every gauge of
+    `keys`."""
 
     def __init__(self, metrics: Metrics, keys: tuple, fn):
         self.metrics, self.keys, self.fn = metrics, keys, fn
@@ -223,5 +236,6 @@ def markdown_table() -> str:
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in TABLE:
         labels = ", ".join(ROLES[spec.role] + spec.labels)
-        rows.append(f"| `{spec.series[0] if spec.kind == 'counter' else spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+        rows.append(f"| `{spec.series[0] if spec.kind == 'counter' else spec.name}` | {spec.kind} | {labels} | "
+                    f"{spec.help} |")
     return "\n".join(rows)

@@ -1,4 +1,5 @@
-"""The policy records: Manifest (inside checkpoints), UpdateMessage, Checkpoint, KeyRotation (rollouts.py: the return path)."""
+"""The policy records: Manifest (inside checkpoints), UpdateMessage, Checkpoint, KeyRotation (rollouts.py: the return
+path)."""
 import functools
 from dataclasses import dataclass, field
 
@@ -76,12 +77,15 @@ class Manifest:
         return {
             "base_model": self.base_model, "rank": self.rank, "alpha": float(self.alpha),
             "target_modules": list(self.target_modules),
-            "blocks": [{"module": b.module, "kind": b.kind, "shape": list(b.shape), "dtype": "float32"} for b in self.blocks],
-        } | ({"digest_version": self.digest_version} if self.digest_version != 1 else {})  # version 1: the bytes it always had
+            "blocks": [{"module": b.module, "kind": b.kind, "shape": list(b.shape), "dtype": "float32"}
+                       for b in self.blocks],
+        # version 1: the bytes it always had
+        } | ({"digest_version": self.digest_version} if self.digest_version != 1 else {})
 
     @functools.cached_property
     def manifest_id(self) -> bytes:
-        """xxh3-128 of the canonical msgpack of the manifest: updates name the manifest they were made for (computed once)."""
+        """xxh3-128 of the canonical msgpack of the manifest: updates name the manifest they were made for (computed
+        once)."""
         return xxhash.xxh3_128_digest(msgpack.packb(self.to_dict(), use_bin_type=True))
 
     @property
@@ -111,18 +115,22 @@ class Manifest:
             if F.req(b, "dtype", bw) != "float32":
                 raise MalformedMessage(f"{bw}: field 'dtype' = {b['dtype']!r}, expected 'float32'")
             shape = F.get_list(b, "shape", bw, 2)
-            if len(shape) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s <= limits.max_block_elements
+            if len(shape) != 2 or not all(isinstance(s, int) and not isinstance(s, bool)
+                                          and 0 < s <= limits.max_block_elements
                                           for s in shape):
                 raise MalformedMessage(f"{bw} '{module}': field 'shape' = {shape!r}, expected two positive ints")
             if shape[0] * shape[1] > limits.max_block_elements:
-                raise LimitExceeded(f"{bw} '{module}': shape {shape} has more than {limits.max_block_elements} elements")
+                raise LimitExceeded(
+                    f"{bw} '{module}': shape {shape} has more than {limits.max_block_elements} elements")
             if (kind == "A" and shape[0] != rank) or (kind == "B" and shape[1] != rank):
                 axis = "first" if kind == "A" else "second"
-                raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} on its {axis} axis")
+                raise MalformedMessage(f"{bw} '{module}.lora_{kind}': shape {shape} does not have the LoRA rank {rank} "
+                                       f"on its {axis} axis")
             blocks.append(BlockSpec(module, kind, tuple(shape)))
         digest_version = _known(d, "digest_version", what, DIGEST_VERSION, "state digest version")
         try:
-            return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank, F.get_float(d, "alpha", what),
+            return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank,
+                            F.get_float(d, "alpha", what),
                             tuple(tm), tuple(blocks), digest_version)
         except MalformedMessage as e:  # Manifest's own invariant (sorted, unique blocks), named by the record here
             raise MalformedMessage(f"{what}: {str(e).removeprefix('manifest: ')}") from None
@@ -196,11 +204,13 @@ class Checkpoint:
     slots: list                  # optimizer slot names, e.g. ["m", "v"]
     slot_tensors: list           # per slot: bytes per block, fp32
     scalars: dict                # optimizer scalars (step count, running beta powers), float64
-    genesis: bytes = ZERO_DIGEST  # the history id: history_id(v0 digest, nonce); which history this is (set by every writer)
+    # the history id: history_id(v0 digest, nonce); which history this is (set by every writer)
+    genesis: bytes = ZERO_DIGEST
     nonce: bytes = b""            # v0 only: the random bytes the trainer drew when it started this history
 
     def to_bytes(self, signer=None) -> bytes:
-        """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible); signed if `signer`."""
+        """Frame as a checkpoint record (level 1: checkpoints are large and mostly incompressible); signed if
+        `signer`."""
         return frame(KIND_CHECKPOINT, {
             "run": self.run, "version": self.version, "digest": self.digest, "manifest": self.manifest.to_dict(),
             "optimizer": self.optimizer, "params": self.params, "slots": self.slots,
@@ -232,15 +242,18 @@ class Checkpoint:
         genesis = F.get_bytes(body, "genesis", what, DIGEST_BYTES)
         nonce = F.get_bytes(body, "nonce", what, NONCE_BYTES) if "nonce" in body else b""
         if version == 0 and genesis != history_id(digest, nonce):
-            raise MalformedMessage(f"{what}: a v0 checkpoint's genesis {genesis.hex()} is not the history id of its digest "
-                                   f"{digest.hex()} and nonce {nonce.hex() or '(none)'}")
-        return Checkpoint(F.get_str(body, "run", what), version, digest, manifest, F.get_str(body, "optimizer", what), params,
-                          slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis, nonce if version == 0 else b"")
+            raise MalformedMessage(f"{what}: a v0 checkpoint's genesis {genesis.hex()} is not the history id of its "
+                                   f"digest {digest.hex()} and nonce {nonce.hex() or '(none)'}")
+        return Checkpoint(F.get_str(body, "run", what), version, digest, manifest, F.get_str(body, "optimizer", what),
+                          params,
+                          slots, slot_tensors, {k: float(v) for k, v in scalars.items()}, genesis,
+                          nonce if version == 0 else b"")
 
 
 @dataclass
 class KeyRotation:
-    """From version `from_version` on, the run is signed by `public_key` (raw Ed25519, 32 bytes); signed by the old key."""
+    """From version `from_version` on, the run is signed by `public_key` (raw Ed25519, 32 bytes); signed by the old
+    key."""
 
     run: str
     from_version: int
@@ -248,12 +261,14 @@ class KeyRotation:
 
     def to_bytes(self, signer=None) -> bytes:
         """Frame as a key record (signed by the key being replaced)."""
-        return frame(KIND_KEY, {"run": self.run, "from_version": self.from_version, "public_key": self.public_key}, signer=signer)
+        return frame(KIND_KEY, {"run": self.run, "from_version": self.from_version, "public_key": self.public_key},
+                     signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "KeyRotation":
         """Validate the three fields."""
-        return KeyRotation(F.get_str(body, "run", what, limits.max_name_bytes), F.get_int(body, "from_version", what, 1),
+        return KeyRotation(F.get_str(body, "run", what, limits.max_name_bytes),
+                           F.get_int(body, "from_version", what, 1),
                            F.get_bytes(body, "public_key", what, 32))
 
 
@@ -261,7 +276,8 @@ MAX_SLOTS = 8  # optimizer state tensors per block a checkpoint may hold (Checkp
 
 
 def checkpoint_size_bound(manifest: Manifest) -> int:
-    """Largest body a checkpoint of `manifest` can legitimately have: fp32 params and up to MAX_SLOTS slots, + headroom."""
+    """Largest body a checkpoint of `manifest` can legitimately have: fp32 params and up to MAX_SLOTS slots, +
+    headroom."""
     return 4 * manifest.numel * (1 + MAX_SLOTS) + len(msgpack.packb(manifest.to_dict(), use_bin_type=True)) + (64 << 10)
 
 
@@ -280,5 +296,6 @@ def decode_record(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_d
     if kind == KIND_UPDATE:
         return UpdateMessage.from_body(body, f"{what} (update v{body.get('version', '?')})", limits)
     if kind != KIND_CHECKPOINT:
-        raise MalformedMessage(f"{what}: a {KIND_NAMES[kind]} record where a policy record (update, checkpoint, key) belongs")
+        raise MalformedMessage(f"{what}: a {KIND_NAMES[kind]} record where a policy record (update, checkpoint, key) "
+                               f"belongs")
     return Checkpoint.from_body(body, f"{what} ({KIND_NAMES[kind]} v{body.get('version', '?')})", limits)

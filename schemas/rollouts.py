@@ -53,7 +53,8 @@ class Sampling:
 
     def to_dict(self) -> dict:
         """The msgpack form."""
-        return {"n": self.n, "temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed}
+        return {"n": self.n, "temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+                "seed": self.seed}
 
     @staticmethod
     def from_dict(d: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "Sampling":
@@ -65,7 +66,8 @@ class Sampling:
         if not 0 < top_p <= 1:
             raise MalformedMessage(f"{what}: field 'top_p' = {top_p} must be in (0, 1]")
         return Sampling(F.get_int(d, "n", what, 1, MAX_SAMPLES), temperature, top_p,
-                        F.get_int(d, "max_tokens", what, 1, limits.max_completion_tokens), F.get_int(d, "seed", what, 0, (1 << 63) - 1))
+                        F.get_int(d, "max_tokens", what, 1, limits.max_completion_tokens),
+                        F.get_int(d, "seed", what, 0, (1 << 63) - 1))
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class PromptRecord:
 
     def to_bytes(self, signer=None) -> bytes:
         """Frame as a prompt record (signed by the trainer's key in a signed run)."""
-        return frame(KIND_PROMPT, {"run": self.run, "prompt_id": self.prompt_id, "token_ids": _pack_tokens(self.token_ids),
+        return frame(KIND_PROMPT,
+                     {"run": self.run, "prompt_id": self.prompt_id, "token_ids": _pack_tokens(self.token_ids),
                                    "sampling": self.sampling.to_dict(), "min_version": self.min_version,
                                    "rollouts_from": self.rollouts_from}, signer=signer)
 
@@ -100,7 +103,8 @@ class PromptRecord:
         # rollouts_from is absent from prompts written before it existed: no bound then
         since = F.get_int(body, "rollouts_from", what) if "rollouts_from" in body else 0
         return PromptRecord(F.get_str(body, "run", what, limits.max_name_bytes), pid, tuple(int(t) for t in tokens),
-                            Sampling.from_dict(F.req(body, "sampling", what), what, limits), F.get_int(body, "min_version", what),
+                            Sampling.from_dict(F.req(body, "sampling", what), what, limits),
+                            F.get_int(body, "min_version", what),
                             since)
 
 
@@ -135,11 +139,13 @@ class RolloutRecord:
         return frame(KIND_ROLLOUT, {
             "run": self.run, "prompt_id": self.prompt_id, "sample": self.sample, "site": self.site,
             "version_start": self.version_start, "version_end": self.version_end,
-            "completion_ids": _pack_tokens(self.completion_ids), "logprobs": np.asarray(self.logprobs, dtype="<f4").tobytes(),
+            "completion_ids": _pack_tokens(self.completion_ids),
+            "logprobs": np.asarray(self.logprobs, dtype="<f4").tobytes(),
             "reward": float(self.reward), "reward_fn": self.reward_fn, "finish_reason": self.finish_reason,
             "timings": {k: float(v) for k, v in self.timings.items()},
             # optional: absent when not said, so a record without them is the bytes it was before they existed
-            **{k: v for k, v in (("export_dtype", self.export_dtype), ("engine", self.engine)) if v is not None}}, signer=signer)
+            **{k: v for k, v in (("export_dtype", self.export_dtype), ("engine", self.engine)) if v is not None}},
+                     signer=signer)
 
     @staticmethod
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "RolloutRecord":
@@ -163,7 +169,8 @@ class RolloutRecord:
             raise NonFinite(f"{what}: field 'reward' = {reward} is not finite")
         finish = F.get_str(body, "finish_reason", what, 16)
         if finish not in FINISH_REASONS:
-            raise MalformedMessage(f"{what}: field 'finish_reason' = {finish!r}, expected one of {list(FINISH_REASONS)}")
+            raise MalformedMessage(
+                f"{what}: field 'finish_reason' = {finish!r}, expected one of {list(FINISH_REASONS)}")
         timings = F.get_scalar_map(body, "timings", what, limits.max_params)
         if not all(isinstance(v, (int, float)) and v >= 0 for v in timings.values()):
             raise MalformedMessage(f"{what}: field 'timings' must map names to seconds >= 0")

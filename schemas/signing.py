@@ -61,14 +61,16 @@ class Signer:
         except OSError as e:
             raise ConfigError(f"signing key {path}: cannot be read ({e.strerror})") from None
         if b"PUBLIC KEY-----" in data:
-            raise ConfigError(f"signing key {path}: this is a public key (what sites trust with --trust); the trainer signs "
-                              f"with the private key beside it (trainer.key)")
+            raise ConfigError(f"signing key {path}: this is a public key (what sites trust with --trust); the trainer "
+                              f"signs with the private key beside it (trainer.key)")
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"signing key {path}: mode {stat.S_IMODE(mode):04o} lets others read it; chmod 600 {path}")
+            raise ConfigError(
+                f"signing key {path}: mode {stat.S_IMODE(mode):04o} lets others read it; chmod 600 {path}")
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError):
-            raise ConfigError(f"signing key {path}: not a PEM private key (make one with `hilo keys generate`)") from None
+            raise ConfigError(
+                f"signing key {path}: not a PEM private key (make one with `hilo keys generate`)") from None
         if not isinstance(key, Ed25519PrivateKey):
             raise ConfigError(f"signing key {path}: a {type(key).__name__}, expected Ed25519 (`hilo keys generate`)")
         return Signer(key)
@@ -115,15 +117,16 @@ class Verifier:
     def verify(self, signed: bytes, trailer: bytes | None, what: str) -> None:
         """`signed`: the frame without its trailer; `trailer`: key id + signature, or None for an unsigned frame."""
         if trailer is None:
-            raise Unsigned(f"{what}: unsigned; this site trusts key {self.key_id.hex()} and applies only what it signed")
+            raise Unsigned(
+                f"{what}: unsigned; this site trusts key {self.key_id.hex()} and applies only what it signed")
         kid, sig = trailer[:KEY_ID_BYTES], trailer[KEY_ID_BYTES:]
         if kid != self.key_id:
             raise OtherKey(f"{what}: signed by key {kid.hex()}, this site trusts key {self.key_id.hex()}")
         try:
             self._key.verify(sig, hashlib.sha256(signed).digest())
         except InvalidSignature:
-            raise BadSignature(f"{what}: the signature by key {kid.hex()} does not verify: the record was changed after "
-                                 f"signing") from None
+            raise BadSignature(f"{what}: the signature by key {kid.hex()} does not verify: the record was changed "
+                                 f"after signing") from None
 
 
 def generate(out_dir) -> tuple:
@@ -137,6 +140,8 @@ def generate(out_dir) -> tuple:
     key = Ed25519PrivateKey.generate()
     fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public

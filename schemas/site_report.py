@@ -47,6 +47,7 @@ class SiteReport:
         m = m if isinstance(m, dict) else {}
         bps = _number(m.get(LINK_BPS))
         return cls(site=m["site"] if isinstance(m.get("site"), str) else site, version=_int(m.get("version"), -1),
-                   digest=m["digest"] if isinstance(m.get("digest"), str) else None, log_bytes=_int(m.get("log_bytes"), 0),
+                   digest=m["digest"] if isinstance(m.get("digest"), str) else None,
+                   log_bytes=_int(m.get("log_bytes"), 0),
                    applied_at=_number(m.get("applied_at")), serving_version=_int(m.get("serving_version")),
                    link_bps=bps if bps is not None and bps > 0 else None)
