@@ -39,7 +39,8 @@ def state_digest(manifest: Manifest, optimizer: str, version: int, params: list,
     h.update(manifest.manifest_id)
     h.update(optimizer.encode())
     tensors = list(params) + [t for ts in slots.values() for t in ts]
-    parts = iter(_piece_parts(tensors, known) if manifest.digest_version >= 3 else _tensor_parts(tensors, manifest.digest_version))
+    parts = iter(_piece_parts(tensors, known) if manifest.digest_version >= 3
+                 else _tensor_parts(tensors, manifest.digest_version))
     for _ in params:
         h.update(next(parts))
     for name, ts in slots.items():

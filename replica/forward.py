@@ -29,7 +29,8 @@ def lora_names(model: torch.nn.Module, manifest, adapter: str = "default") -> li
         p = params.get(name)
         if p is None or tuple(p.shape) != tuple(b.shape):
             raise ConfigError(f"the model has no LoRA parameter {name} of shape {tuple(b.shape)} (found "
-                              f"{None if p is None else tuple(p.shape)}): it is not the run's base model and adapter layout")
+                              f"{None if p is None else tuple(p.shape)}): it is not the run's base model and adapter "
+                              f"layout")
         out.append(name)
     return out
 
@@ -40,7 +41,8 @@ def policy_model(base_dir: str, manifest) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    cfg = LoraConfig(r=manifest.rank, lora_alpha=manifest.alpha, target_modules=list(manifest.target_modules), lora_dropout=0.0)
+    cfg = LoraConfig(r=manifest.rank, lora_alpha=manifest.alpha, target_modules=list(manifest.target_modules),
+                     lora_dropout=0.0)
     return get_peft_model(base, cfg).eval()
 
 
@@ -58,22 +60,24 @@ def completion_logprobs(model, samples, params: dict | None = None, grad: bool =
     if not samples:
         return []
     if any(not len(p) for p, _ in samples):
-        raise ConfigError("completion_logprobs: a sample has an empty prompt (the first completion token needs a context)")
+        raise ConfigError("completion_logprobs: a sample has an empty prompt (the first completion token needs a "
+                          "context)")
     seqs = [list(p) + list(c) for p, c in samples]
     pad = getattr(model.config, "pad_token_id", None) or 0
     ids = torch.tensor([s + [pad] * (max(map(len, seqs)) - len(s)) for s in seqs])
     with torch.set_grad_enabled(grad):
         out = torch.func.functional_call(model, params, (ids,)) if params else model(ids)
         logp = torch.log_softmax(out.logits.float(), -1)
-        return [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(list(c), dtype=torch.long).view(-1, 1)).squeeze(1)
+        return [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(list(c),
+                                                                               dtype=torch.long).view(-1, 1)).squeeze(1)
                 for i, (p, c) in enumerate(samples)]
 
 
 def sampling_moments(logits: torch.Tensor, temperature: float, top_p: float) -> tuple:
-    """(mean, variance) per position of the surprisal -log p(x) (p: softmax of `logits`, what vLLM reports) when x is drawn
-    as vLLM samples it: softmax(logits / temperature) kept to the top_p nucleus (temperature 0: the argmax). `logits`:
-    [tokens, vocab]. An honest site's sampled tokens have surprisals whose deviations from these means sum to a
-    martingale: their standardized sum is close to N(0, 1) (the audit's sampling test)."""
+    """(mean, variance) per position of the surprisal -log p(x) (p: softmax of `logits`, what vLLM reports) when x is
+    drawn as vLLM samples it: softmax(logits / temperature) kept to the top_p nucleus (temperature 0: the argmax).
+    `logits`: [tokens, vocab]. An honest site's sampled tokens have surprisals whose deviations from these means sum to
+    a martingale: their standardized sum is close to N(0, 1) (the audit's sampling test)."""
     logp = torch.log_softmax(logits.double(), -1)
     if temperature == 0:
         q = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
@@ -103,6 +107,7 @@ def completion_scores(model, samples, params: dict | None) -> list:
     res = []
     for i, (p, c, temperature, top_p) in enumerate(samples):
         logits = out.logits[i, len(p) - 1:len(p) + len(c) - 1].float()
-        lp = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(list(c), dtype=torch.long).view(-1, 1)).squeeze(1)
+        lp = torch.log_softmax(logits.double(),
+                               -1).gather(1, torch.tensor(list(c), dtype=torch.long).view(-1, 1)).squeeze(1)
         res.append((lp, *sampling_moments(logits, temperature, top_p)))
     return res

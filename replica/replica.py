@@ -62,11 +62,13 @@ class PolicyReplica:
 
     @staticmethod
     def genesis(run: str, manifest: Manifest, params: list, optimizer: str, nonce: bytes = b"") -> "PolicyReplica":
-        """Version 0: the given initial params (cloned to fp32) and zero optimizer state. `nonce`: random bytes the trainer
-        draws so that this history is told apart from another started from the same weights (none: the v0 digest)."""
+        """Version 0: the given initial params (cloned to fp32) and zero optimizer state. `nonce`: random bytes the
+        trainer draws so that this history is told apart from another started from the same weights (none: the v0
+        digest)."""
         opt = get_optimizer(optimizer)
         params = [p.detach().to(torch.float32).clone().contiguous() for p in params]
-        for p, b in zip(params, manifest.blocks, strict=True):  # a missing or extra block is an error, not a shorter check
+        # a missing or extra block is an error, not a shorter check
+        for p, b in zip(params, manifest.blocks, strict=True):
             if tuple(p.shape) != b.shape:
                 raise MalformedMessage(f"genesis: '{b.key}' has shape {tuple(p.shape)}, manifest says {b.shape}")
         slots = {s: [torch.zeros(b.shape) for b in manifest.blocks] for s in opt.slots}
@@ -75,7 +77,8 @@ class PolicyReplica:
     @staticmethod
     def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint") -> "PolicyReplica":
         """Load a checkpoint after verifying its digest (hashed once: the check is the replica's digest)."""
-        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest, genesis=ckpt.genesis,
+        return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest,
+                             genesis=ckpt.genesis,
                              nonce=ckpt.nonce)
 
     def checkpoint(self) -> Checkpoint:
@@ -133,15 +136,18 @@ class PolicyReplica:
         decodes its own message for error feedback); passing them skips decoding twice.
         """
         if msg.manifest_id != self.manifest.manifest_id:
-            raise MalformedMessage(f"{what}: manifest id {msg.manifest_id.hex()} != replica's {self.manifest.manifest_id.hex()}")
+            raise MalformedMessage(f"{what}: manifest id {msg.manifest_id.hex()} != replica's "
+                                   f"{self.manifest.manifest_id.hex()}")
         if msg.optimizer != self.state.optimizer:
-            raise MalformedMessage(f"{what}: optimizer {msg.optimizer!r}, this replica's state is for {self.state.optimizer!r}")
+            raise MalformedMessage(f"{what}: optimizer {msg.optimizer!r}, this replica's state is for "
+                                   f"{self.state.optimizer!r}")
         opt = get_optimizer(msg.optimizer, what)
         hparams = opt.check_hparams(msg.hparams, what)
         module = kernels.pick(self._apply_mode, msg.optimizer)
         if module is not None:
             from .kernels import apply as fused_apply  # here, not at the top: numba loads only where a kernel runs
-            return fused_apply.compute(opt, module, self.state, msg, what, hparams, self._buffers(), self.limits, decoded)
+            return fused_apply.compute(opt, module, self.state, msg, what, hparams, self._buffers(), self.limits,
+                                       decoded)
         if decoded is not None:
             grads = decoded
         else:
@@ -162,7 +168,8 @@ class PolicyReplica:
         spare = self._spare
         if spare is None or spare.optimizer != self.state.optimizer:
             return Buffers(scratch=self._scratch)
-        live = {t.data_ptr() for t in self.state.params} | {t.data_ptr() for ts in self.state.slots.values() for t in ts}
+        live = {t.data_ptr() for t in self.state.params} | {t.data_ptr() for ts in self.state.slots.values()
+                                                            for t in ts}
         own = lambda ts: [None if t.data_ptr() in live else t for t in ts]  # noqa: E731
         return Buffers(own(spare.params), {k: own(ts) for k, ts in spare.slots.items()}, self._scratch)
 
@@ -189,20 +196,23 @@ class PolicyReplica:
     def _second_opinion(self, msg: UpdateMessage, what: str, first: bytes) -> tuple:
         """A step that missed the promised digest, looked at again before it stops anything: the held state must still
         hash to its verified digest (else it changed in memory), and the step is computed once more. A second result
-        with the promised digest is adopted (it is verified, like any state), loudly; anything else raises, saying which."""
+        with the promised digest is adopted (it is verified, like any state), loudly; anything else raises, saying
+        which."""
         held = self.state.digest()
         if held != self.digest:
-            raise DivergenceError(f"{what}: v{self.version}, the state version {msg.version} starts from, changed in memory after "
-                                  f"it was verified (hashes to {held.hex()}, verified as {self.digest.hex()}): a bug or a memory "
-                                  f"fault on this host; restart it (its snapshot is checked when loaded)")
+            raise DivergenceError(f"{what}: v{self.version}, the state version {msg.version} starts from, changed in "
+                                  f"memory after it was verified (hashes to {held.hex()}, verified as "
+                                  f"{self.digest.hex()}): a bug or a memory fault on this host; restart it (its "
+                                  f"snapshot is checked when loaded)")
         state = self.compute(msg, what)
         digest = state.digest()
         if digest != msg.digest:
             again = "the same again" if digest == first else digest.hex()
             raise DivergenceError(f"{what}: version {msg.version} produced digest {first.hex()}, message promises "
                                   f"{msg.digest.hex()} (computed twice: {again})")
-        logger.error("%s: version %d produced digest %s the first time and the promised %s the second: this host computed "
-                     "one step two ways (a memory or CPU fault, or a race); the verified result is kept", what, msg.version,
+        logger.error("%s: version %d produced digest %s the first time and the promised %s the second: this host "
+                     "computed one step two ways (a memory or CPU fault, or a race); the verified result is kept", what,
+                     msg.version,
                      first.hex(), digest.hex())
         return state, digest
 

@@ -22,7 +22,8 @@ class ReplicaState:
     known: list | None = field(default=None, repr=False, compare=False)
 
     def digest(self) -> bytes:
-        """xxh3-128 over version, manifest id, optimizer, params, slots and scalars, in canonical order (replica/digest.py)."""
+        """xxh3-128 over version, manifest id, optimizer, params, slots and scalars, in canonical order
+        (replica/digest.py)."""
         known, self.known = self.known, None
         return state_digest(self.manifest, self.optimizer, self.version, self.params, self.slots, self.scalars, known)
 
@@ -31,7 +32,8 @@ class ReplicaState:
         `nonce`: the history's nonce (v0 only)."""
         return Checkpoint(run, self.version, digest or self.digest(), self.manifest, self.optimizer,
                           [to_bytes(t, "float32") for t in self.params], list(self.slots),
-                          [[to_bytes(t, "float32") for t in ts] for ts in self.slots.values()], dict(self.scalars), genesis,
+                          [[to_bytes(t, "float32") for t in ts] for ts in self.slots.values()], dict(self.scalars),
+                          genesis,
                           nonce if self.version == 0 else b"")
 
     @staticmethod

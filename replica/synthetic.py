@@ -60,5 +60,6 @@ class GradientStream:
 def initial_params(manifest: Manifest, seed: int = 0) -> list:
     """PEFT-style init: A ~ small uniform, B = 0 (the adapter starts as a no-op)."""
     gen = torch.Generator().manual_seed(seed)
-    return [(torch.rand(b.shape, generator=gen) - 0.5) * (2 / b.shape[1] ** 0.5) if b.kind == "A" else torch.zeros(b.shape)
+    return [(torch.rand(b.shape, generator=gen) - 0.5) * (2 / b.shape[1] ** 0.5) if b.kind == "A"
+            else torch.zeros(b.shape)
             for b in manifest.blocks]

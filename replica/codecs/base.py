@@ -67,7 +67,8 @@ class Encoder:
         if self.lossy and fused is not None and device.type == "cpu":
             decoded, residual = fused(self.name, self.manifest, params, blocks, corrected, what, DEFAULT_LIMITS)
             return Encoding(blocks, params, decoded, state | {"residual": residual})
-        decoded = self.decoder(self.manifest, params, blocks, what, DEFAULT_LIMITS)  # on the CPU: what every replica decodes
+        # on the CPU: what every replica decodes
+        decoded = self.decoder(self.manifest, params, blocks, what, DEFAULT_LIMITS)
         if self.lossy:
             state = state | {"residual": [torch.sub(c, d.to(device)) for c, d in zip(corrected, decoded)]}
         return Encoding(blocks, params, decoded, state)

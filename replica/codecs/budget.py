@@ -62,13 +62,16 @@ class AutoBudget:
     def __post_init__(self):
         for name in ("start", "floor", "ceiling"):
             if not 0 < getattr(self, name) <= MAX_FRACTION:
-                raise ConfigError(f"AutoBudget.{name} = {getattr(self, name)!r}: a fraction of the adapter in (0, {MAX_FRACTION}]")
+                raise ConfigError(f"AutoBudget.{name} = {getattr(self, name)!r}: a fraction of the adapter in (0, "
+                                  f"{MAX_FRACTION}]")
         if not self.floor <= self.start <= self.ceiling:
-            raise ConfigError(f"AutoBudget.start = {self.start}: must lie in [floor {self.floor}, ceiling {self.ceiling}]")
+            raise ConfigError(f"AutoBudget.start = {self.start}: must lie in [floor {self.floor}, ceiling "
+                              f"{self.ceiling}]")
         if not 0 < self.share <= 1:
             raise ConfigError(f"AutoBudget.share = {self.share!r}: a share of the step time in (0, 1]")
         if self.refresh_s < 0 or self.max_age_s <= 0:
-            raise ConfigError(f"AutoBudget.refresh_s / max_age_s = {self.refresh_s} / {self.max_age_s}: must be >= 0 / > 0")
+            raise ConfigError(f"AutoBudget.refresh_s / max_age_s = {self.refresh_s} / {self.max_age_s}: must be >= 0 / "
+                              f"> 0")
 
     def describe(self) -> str:
         """As `--budget` takes it: 'auto', or 'auto:SHARE' when the share is not the default."""

@@ -77,7 +77,8 @@ class FactorPrefixes:
             rows = slice(0, k * self.row_u), slice(0, k * self.row_v)
             if self.bits == 4:
                 s = refit_scales(self.gram[:k, :k], self.rhs[:k])
-                self.made[k] = {"i": self.i, "k": k, "bits": 4, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": to_bytes(s, "float32")}
+                self.made[k] = {"i": self.i, "k": k, "bits": 4, "u": self.u[rows[0]], "v": self.v[rows[1]],
+                                "s": to_bytes(s, "float32")}
             else:
                 self.made[k] = {"i": self.i, "k": k, "u": self.u[rows[0]], "v": self.v[rows[1]], "s": self.s[: 4 * k]}
         return self.made[k]

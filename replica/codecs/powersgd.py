@@ -39,7 +39,8 @@ class PowerSGDEncoder(Encoder):
         return {"rank": self.rank}
 
     def blocks_this_step(self) -> tuple:
-        """(blocks to send, next cursor): all blocks if the rank fits, else the next round-robin run whose rank-1 payload fits."""
+        """(blocks to send, next cursor): all blocks if the rank fits, else the next round-robin run whose rank-1
+        payload fits."""
         specs = self.manifest.blocks
         room = self.budget.payload_bytes(self.manifest)
         if sum(self.rank * direction_bytes(b.shape) + BLOCK_OVERHEAD for b in specs) <= room:

@@ -56,7 +56,8 @@ class TopKEncoder(Encoder):
         budget = self.budget.payload_bytes(self.manifest)
         # zstd shrinks the indices by well under 3x: the 3k largest are all any fitting round can take
         order = torch.topk(flat.abs(), min(flat.numel(), 3 * self.k()), sorted=True).indices
-        return fit_to_budget(lambda nominal: self._blocks(grads, order[:self.k(nominal)].sort().values), budget, budget), {}
+        return fit_to_budget(lambda nominal: self._blocks(grads, order[:self.k(nominal)].sort().values), budget,
+                             budget), {}
 
     @staticmethod
     def _blocks(grads, top):

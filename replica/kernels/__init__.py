@@ -51,7 +51,8 @@ def say_once(optimizer: str, reason: str) -> None:
     """Log, once per process and optimizer, that the reference path runs instead of a kernel, and why."""
     if optimizer not in _said:
         _said.add(optimizer)
-        (logger.info if optimizer in WHY_NOT else logger.warning)("apply: %s runs on the reference path: %s", optimizer, reason)
+        (logger.info if optimizer in WHY_NOT else logger.warning)("apply: %s runs on the reference path: %s", optimizer,
+                                                                  reason)
 
 
 def encoder_check(codec: str):

@@ -24,7 +24,8 @@ SQRT_BETWEEN = True  # for version 1 (kernels/apply.py)
 
 def coefficients(c) -> np.ndarray:
     """The step's fp32 scalars, in the order the rows read them, from AdamW.coefficients' fp32 tensors."""
-    return np.array([float(c[k]) for k in ("b1", "c1", "b2", "c2", "bc2_sqrt", "eps", "step_size", "decay")], np.float32)
+    return np.array([float(c[k]) for k in ("b1", "c1", "b2", "c2", "bc2_sqrt", "eps", "step_size", "decay")],
+                    np.float32)
 
 
 @helper

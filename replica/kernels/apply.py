@@ -36,9 +36,9 @@ _one_at_a_time = threading.Lock()
 
 
 def layout(manifest: Manifest) -> tuple:
-    """(items (N, 4): block, first row, end row, block rows; cols per block; groups: [(first block, end block, first item,
-    end item)] of consecutive blocks up to GROUP_ELEMENTS; each block's offset in its group; each block's first item,
-    and the item count last) for `manifest`, cached."""
+    """(items (N, 4): block, first row, end row, block rows; cols per block; groups: [(first block, end block, first
+    item, end item)] of consecutive blocks up to GROUP_ELEMENTS; each block's offset in its group; each block's first
+    item, and the item count last) for `manifest`, cached."""
     hit = _layouts.get(manifest.manifest_id)
     if hit is None:
         items, cols, groups, at = [], [], [], np.zeros(len(manifest.blocks), np.int64)
@@ -50,8 +50,8 @@ def layout(manifest: Manifest) -> tuple:
                 groups.append([b, b, len(items), len(items)])
                 size = 0
             at[b], size = size, size + spec.numel
-            # an item is a piece of digest version 3 (up to 16K elements): its decoded gradient and outputs stay in L1/L2
-            # while the kernel hashes them, and thousands of items balance the threads
+            # an item is a piece of digest version 3 (up to 16K elements): its decoded gradient and outputs stay in
+            # L1/L2 while the kernel hashes them, and thousands of items balance the threads
             per = piece_rows(n)
             items += [(b, r, min(m, r + per), m) for r in range(0, m, per)]
             groups[-1][1], groups[-1][3] = b + 1, len(items)
@@ -66,25 +66,31 @@ def _address(t, manifest: Manifest, b: int, kind: str, what: str) -> int:
     """t's data address, after checking the kernel can take it (fp32, C-contiguous, CPU, the manifest's shape)."""
     spec = manifest.blocks[b]
     # the common case in one line (a torch tensor: 4-byte aligned by its dtype); anything else gets the full look below
-    if type(t) is torch.Tensor and t.dtype is torch.float32 and t.shape == spec.shape and t.is_contiguous() and t.is_cpu:
+    if type(
+        t) is torch.Tensor and t.dtype is torch.float32 and t.shape == spec.shape and t.is_contiguous() and t.is_cpu:
         return t.data_ptr()
     if isinstance(t, np.ndarray):
         dtype, contiguous, cpu, shape, addr = t.dtype == np.float32, t.flags.c_contiguous, True, t.shape, t.ctypes.data
     else:
-        dtype, contiguous, cpu, shape = t.dtype == torch.float32, t.is_contiguous(), t.device.type == "cpu", tuple(t.shape)
+        dtype, contiguous, cpu, shape = t.dtype == torch.float32, t.is_contiguous(), t.device.type == "cpu", tuple(
+            t.shape)
         addr = t.data_ptr()
-    problem = ("not float32" if not dtype else "not on the CPU" if not cpu else f"shape {tuple(shape)}, manifest says {spec.shape}"
-               if tuple(shape) != spec.shape else "not contiguous" if not contiguous else "misaligned" if addr % 4 else None)
+    problem = ("not float32" if not dtype else "not on the CPU" if not cpu
+               else f"shape {tuple(shape)}, manifest says {spec.shape}"
+               if tuple(shape) != spec.shape else "not contiguous" if not contiguous else "misaligned" if addr % 4
+               else None)
     if problem:
         raise UnfitState(f"{what}: the fused apply cannot take the {kind} of block '{spec.key}': {problem} "
-                         f"(dtype {getattr(t, 'dtype', '?')}); refused before anything was written (--apply reference takes it)")
+                         f"(dtype {getattr(t, 'dtype', '?')}); refused before anything was written (--apply reference "
+                         f"takes it)")
     return addr
 
 
 def gradient_sources(codec: str, manifest: Manifest, params: dict, blocks: list, what: str, limits) -> tuple | None:
-    """(src, dense gradients, lr, u, s, v) for a payload the kernel decodes itself, or None for a codec it does not (topk:
-    its reference decode runs first). Low-rank: every block's fields checked as the reference checks them, in its order
-    (block_payload), then all factors widened to fp32 in one vectorised op per encoding. Dense: the message's bytes."""
+    """(src, dense gradients, lr, u, s, v) for a payload the kernel decodes itself, or None for a codec it does not
+    (topk: its reference decode runs first). Low-rank: every block's fields checked as the reference checks them, in its
+    order (block_payload), then all factors widened to fp32 in one vectorised op per encoding. Dense: the message's
+    bytes."""
     nb = len(manifest.blocks)
     src, lr, none = np.zeros(nb, np.int64), np.zeros((nb, 6), np.int64), np.zeros(1, np.float32)
     if codec == "dense":
@@ -161,7 +167,8 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
             addr_out[j + 1, b] = _address(new_s[n][-1], manifest, b, f"new optimizer state '{n}'", what)
     hashes = np.zeros((len(layout(manifest)[0]), 3), np.uint64) if manifest.digest_version >= 3 else None
     with _one_at_a_time:
-        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out), math_version, hashes,
+        flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out), math_version,
+                     hashes,
                      1 + len(names))
     bits = np.zeros(nb, np.int64)
     np.bitwise_or.at(bits, layout(manifest)[0][:, 0], flags)
@@ -169,7 +176,8 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
 
 
 def _per_tensor(manifest: Manifest, hashes: np.ndarray | None, outputs: int) -> list | None:
-    """The kernel's piece hashes (item, output) as one array per tensor in the digest's order: params, then each slot."""
+    """The kernel's piece hashes (item, output) as one array per tensor in the digest's order: params, then each
+    slot."""
     if hashes is None:
         return None
     edges = layout(manifest)[4]
@@ -190,17 +198,21 @@ def _run(module, sc, manifest: Manifest, new_s: dict, out: Buffers, addresses: t
         fused.run(module.CODE, sc, items, *args, flags, every, hashes)
     elif math_version >= 2:  # AdamW with a correctly rounded sqrt: the hardware's, inside the one pass
         fused.run(module.ONE_PASS_CODE, sc, items, *args, flags, every, hashes)
-    else:  # group by group, so the new moments are still in cache for torch's sqrt and the second pass (adamw.py says why)
+    # group by group, so the new moments are still in cache for torch's sqrt and the second pass (adamw.py says why)
+    else:
         root = out.scratch(torch.empty(max(int(at[e - 1]) + manifest.blocks[e - 1].numel for _, e, _, _ in groups)))
         addr_in[3, :] = root.data_ptr() + 4 * at
         second = np.zeros(len(items), np.int64)
         for b0, b1, lo, hi in groups:
-            fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi], every & ~1, hashes[lo:hi])  # writes the moments
-            for b in range(b0, b1):  # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
+            # writes the moments
+            fused.run(module.CODE, sc, items[lo:hi], *args, flags[lo:hi], every & ~1, hashes[lo:hi])
+            # in pieces torch runs on this thread: its own thread pool would fight numba's for the cores
+            for b in range(b0, b1):
                 flat, dst = new_s["exp_avg_sq"][b].view(-1), root[at[b]:at[b] + manifest.blocks[b].numel]
                 for c in range(0, len(flat), SQRT_PIECE):
                     torch.sqrt(flat[c:c + SQRT_PIECE], out=dst[c:c + SQRT_PIECE])
-            fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi], every & 1, hashes[lo:hi])  # the params
+            # the params
+            fused.run(module.PARAMS_CODE, sc, items[lo:hi], *args, second[lo:hi], every & 1, hashes[lo:hi])
         flags |= second
     return flags
 
@@ -218,19 +230,22 @@ def self_check(codec: str, manifest: Manifest, params: dict, blocks: list, corre
         addr_out[0, b], addr_out[1, b] = decoded[b].data_ptr(), left[b].data_ptr()
     items, cols = layout(manifest)[:2]
     with _one_at_a_time:
-        fused.run(residual.CODE, residual.coefficients(None), items, cols, src, np.zeros(nb, np.int64), lr, u, s, v, addr_in,
+        fused.run(residual.CODE, residual.coefficients(None), items, cols, src, np.zeros(nb, np.int64), lr, u, s, v,
+                  addr_in,
                   addr_out, np.zeros(len(items), np.int64), 0, np.zeros((len(items), 3), np.uint64))
     return decoded, left
 
 
 def compute(opt, module, state, msg, what: str, hparams: dict, out: Buffers, limits, decoded=None):
     """PolicyReplica.compute's kernel path: the state `msg` leads to, with the same refusals as the reference path, in
-    one pass per block. `decoded`: gradients already decoded from `msg` (the trainer's own decode), else from its blocks."""
+    one pass per block. `decoded`: gradients already decoded from `msg` (the trainer's own decode), else from its
+    blocks."""
     sources = None
     if decoded is None:
         sources = gradient_sources(msg.codec, state.manifest, msg.codec_params, msg.blocks, what, limits)
         if sources is None:  # a codec whose decode is not fused: its reference decode, then the fused step
             decoded = decode_gradient(msg.codec, state.manifest, msg.codec_params, msg.blocks, what, limits)
-    params, slots, scalars, bits, known = step(opt, module, state.manifest, state, hparams, out, what, sources, decoded, msg.math)
+    params, slots, scalars, bits, known = step(opt, module, state.manifest, state, hparams, out, what, sources, decoded,
+                                               msg.math)
     finite.check_flags(bits, opt.slots, state.manifest, msg, what)
     return ReplicaState(state.manifest, state.optimizer, msg.version, params, slots, scalars, known)

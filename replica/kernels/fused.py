@@ -40,7 +40,8 @@ def run(opt, sc, items, cols, src, g_addr, lr, u, s, v, addr_in, addr_out, flags
                 carray(f32_ptr(addr_out[2, b] + off), span))
         g = _gradient(opt, b, r0, r1, n, span, off, src, g_addr, lr, u, s, v)
         hashed = hash_out if span * FLOAT >= LONG_PIECE_BYTES else 0
-        if hashed and (off + addr_out[0, b]) % 8 == 0 and (off + addr_out[1, b]) % 8 == 0 and (off + addr_out[2, b]) % 8 == 0:
+        if hashed and (off + addr_out[0, b]) % 8 == 0 and (off + addr_out[1, b]) % 8 == 0 \
+                and (off + addr_out[2, b]) % 8 == 0:
             acc = np.empty((3, 8), np.uint64)
             for j in range(3):
                 acc[j, :] = INIT
@@ -73,7 +74,8 @@ def _gradient(opt, b, r0, r1, n, span, off, src, g_addr, lr, u, s, v):
     g = np.empty(span, np.float32)
     k = lr[b, 0] if src[b] == LOWRANK else 0
     for i in range(r0, r1):
-        lowrank_row(g[(i - r0) * n:(i - r0 + 1) * n], i, n, k, u, lr[b, 1], lr[b, 2], s, lr[b, 3], v, lr[b, 4], lr[b, 5])
+        lowrank_row(g[(i - r0) * n:(i - r0 + 1) * n], i, n, k, u, lr[b, 1], lr[b, 2], s, lr[b, 3], v, lr[b, 4],
+                    lr[b, 5])
     return g
 
 

@@ -15,7 +15,8 @@ ZERO, EIGHT = np.float32(0.0), np.float32(8.0)
 
 @helper
 def lowrank_row(acc, i, n, k, u, u0, u_stride, s, s0, v, v0, v_stride):
-    """acc[:n] = row i of sum_j (u_j[i] * s_j) v_j, j = 0, 1, ...: u_j = u[u0 + j*u_stride:], v_j = v[v0 + j*v_stride:]."""
+    """acc[:n] = row i of sum_j (u_j[i] * s_j) v_j, j = 0, 1, ...: u_j = u[u0 + j*u_stride:], v_j = v[v0 +
+    j*v_stride:]."""
     for c in range(n):
         acc[c] = ZERO  # +0, as torch.zeros: the first term is added to it, not stored (0 + -0 is +0)
     j = 0

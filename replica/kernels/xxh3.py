@@ -83,7 +83,8 @@ def absorb(acc, d, n):
 
 @helper
 def _stripes(a0, a1, a2, a3, a4, a5, a6, a7, d, j0, count):
-    """`count` stripes from u64 word j0 (XXH3_accumulate_512): lanes written out, so LLVM keeps them in vector registers."""
+    """`count` stripes from u64 word j0 (XXH3_accumulate_512): lanes written out, so LLVM keeps them in vector
+    registers."""
     for s in range(count):
         j = j0 + 8 * s
         v0, v1, v2, v3, v4, v5, v6, v7 = d[j], d[j + 1], d[j + 2], d[j + 3], d[j + 4], d[j + 5], d[j + 6], d[j + 7]
@@ -105,7 +106,8 @@ def finish(acc, w, d, nwords):
     """The hash, once every whole block is in acc: the last block's stripes, the last 64 bytes, the merge."""
     n = blocks(nwords)
     stripes = ((nwords * 4 - 1) - 1024 * n) // 64
-    a0, a1, a2, a3, a4, a5, a6, a7 = _stripes(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], d, n * 128, stripes)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _stripes(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], d,
+                                              n * 128, stripes)
     acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7] = a0, a1, a2, a3, a4, a5, a6, a7
     last = nwords - 16  # the last 64 bytes, wherever they start: u32 pairs
     for lane in range(8):

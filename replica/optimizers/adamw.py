@@ -9,9 +9,10 @@ from .base import INF, Buffers, Optimizer, f32
 
 
 def sqrt(v: torch.Tensor, out: torch.Tensor, math_version: int) -> torch.Tensor:
-    """sqrt(v) into `out` as arithmetic version `math_version` defines it. 2: correctly rounded on every CPU (in float64, then
-    rounded once to fp32; a float32's root never lies close enough to a midpoint between floats for the second rounding
-    to matter). 1: torch.sqrt (MKL's vector sqrt on CPU, off by 1-2 ulp for some inputs on its AVX-512 and SSE4.2 paths)."""
+    """sqrt(v) into `out` as arithmetic version `math_version` defines it. 2: correctly rounded on every CPU (in
+    float64, then rounded once to fp32; a float32's root never lies close enough to a midpoint between floats for the
+    second rounding to matter). 1: torch.sqrt (MKL's vector sqrt on CPU, off by 1-2 ulp for some inputs on its AVX-512
+    and SSE4.2 paths)."""
     if math_version >= 2:
         return out.copy_(torch.sqrt(v.to(torch.float64)))
     return torch.sqrt(v, out=out)
@@ -34,7 +35,8 @@ class AdamW(Optimizer):
         """(the step's fp32 scalars, the next scalar state): shared with the fused kernel (replica/kernels/adamw.py)."""
         b1p = scalars["beta1_pow"] * h["beta1"]
         b2p = scalars["beta2_pow"] * h["beta2"]
-        c = {"step_size": f32(h["lr"] / (1.0 - b1p)), "bc2_sqrt": f32(math.sqrt(1.0 - b2p)),  # sqrt: correctly rounded everywhere
+        # sqrt: correctly rounded everywhere
+        c = {"step_size": f32(h["lr"] / (1.0 - b1p)), "bc2_sqrt": f32(math.sqrt(1.0 - b2p)),
              "b1": f32(h["beta1"]), "c1": f32(1.0 - h["beta1"]), "b2": f32(h["beta2"]), "c2": f32(1.0 - h["beta2"]),
              "decay": f32(1.0 - h["lr"] * h["weight_decay"]), "eps": f32(h["eps"])}
         return c, {"t": scalars["t"] + 1.0, "beta1_pow": b1p, "beta2_pow": b2p}
@@ -43,7 +45,8 @@ class AdamW(Optimizer):
         """One AdamW step; results written where `out` says."""
         out = out or Buffers()
         c, new_scalars = self.coefficients(scalars, h)
-        step_size, bc2_sqrt, b1, c1, b2, c2, decay, eps = (c[k] for k in ("step_size", "bc2_sqrt", "b1", "c1", "b2", "c2", "decay", "eps"))
+        step_size, bc2_sqrt, b1, c1, b2, c2, decay, eps = (c[k] for k in ("step_size", "bc2_sqrt", "b1", "c1", "b2",
+                                                                          "c2", "decay", "eps"))
         new_p, new_m, new_v = [], [], []
         for i, (p, g, m, v) in enumerate(zip(params, grads, slots["exp_avg"], slots["exp_avg_sq"])):
             m = torch.mul(m, b1, out=out.slot("exp_avg", i, m)).add_(torch.mul(g, c1, out=out.scratch(g)))

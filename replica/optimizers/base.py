@@ -73,12 +73,14 @@ class Optimizer:
         """Exactly the declared names, each finite and in range; raises naming the field."""
         unknown = sorted(set(h) - set(self.hparams))
         if unknown:
-            raise MalformedMessage(f"{what}: unknown {self.name} hyperparameter(s) {unknown}; expected {sorted(self.hparams)}")
+            raise MalformedMessage(f"{what}: unknown {self.name} hyperparameter(s) {unknown}; expected "
+                                   f"{sorted(self.hparams)}")
         out = {}
         for k, (_, lo, hi) in self.hparams.items():
             v = F.get_float(h, k, f"{what} hparams")
             if not (lo <= v <= hi) or (k in self.open_hi and v == hi):
-                raise MalformedMessage(f"{what}: hparams['{k}'] = {v} is outside [{lo}, {hi}{')' if k in self.open_hi else ']'}")
+                raise MalformedMessage(f"{what}: hparams['{k}'] = {v} is outside [{lo}, "
+                                       f"{hi}{')' if k in self.open_hi else ']'}")
             if not math.isfinite(float(f32(v))):  # the step uses the fp32 value: 1e39 is finite only in float64
                 raise MalformedMessage(f"{what}: hparams['{k}'] = {v} is infinite as the fp32 value the step uses")
             out[k] = v

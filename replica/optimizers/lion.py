@@ -11,12 +11,14 @@ class Lion(Optimizer):
 
     name = "lion"
     slots = ("exp_avg",)
-    hparams = {"lr": (1e-4, 0.0, INF), "beta1": (0.9, 0.0, 1.0), "beta2": (0.99, 0.0, 1.0), "weight_decay": (0.0, 0.0, INF)}
+    hparams = {"lr": (1e-4, 0.0, INF), "beta1": (0.9, 0.0, 1.0), "beta2": (0.99, 0.0, 1.0),
+               "weight_decay": (0.0, 0.0, INF)}
     open_hi = frozenset({"beta1", "beta2"})
 
     def coefficients(self, scalars, h):
         """(the step's fp32 scalars, the next scalar state): shared with replica/kernels/lion.py."""
-        c = {"lr": f32(h["lr"]), "decay": f32(1.0 - h["lr"] * h["weight_decay"]), "b1": f32(h["beta1"]), "c1": f32(1.0 - h["beta1"]),
+        c = {"lr": f32(h["lr"]), "decay": f32(1.0 - h["lr"] * h["weight_decay"]), "b1": f32(h["beta1"]),
+             "c1": f32(1.0 - h["beta1"]),
              "b2": f32(h["beta2"]), "c2": f32(1.0 - h["beta2"])}
         return c, {"t": scalars["t"] + 1.0}
 

@@ -18,8 +18,8 @@ NS_STEPS = 5
 
 
 def tree_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum over the first axis in a fixed order: adjacent pairs (0+1, 2+3, ...) added, an odd last one carried to the end
-    unchanged, repeated until one is left; each add one rounded fp32 op (ARITHMETIC.md, "muon"). The summed axis is
+    """Sum over the first axis in a fixed order: adjacent pairs (0+1, 2+3, ...) added, an odd last one carried to the
+    end unchanged, repeated until one is left; each add one rounded fp32 op (ARITHMETIC.md, "muon"). The summed axis is
     the first so that each add reads whole contiguous slices."""
     while t.shape[0] > 1:
         half = t.shape[0] // 2
@@ -38,7 +38,8 @@ def norm(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(tree_sum(torch.mul(x, x).reshape(-1)).to(torch.float64)).to(torch.float32)
 
 
-def newton_schulz(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7, math_version: int = MATH_VERSION) -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7,
+                  math_version: int = MATH_VERSION) -> torch.Tensor:
     """Approximate U V^T of g = U S V^T: X <- aX + (b A + c A^2) X, A = X X^T, on the wide orientation. Products and
     norm in the fixed order from arithmetic version 3; torch's (the BLAS's) before."""
     mm, nrm = (matmul, norm) if math_version >= 3 else (torch.matmul, torch.linalg.vector_norm)
@@ -69,6 +70,7 @@ class Muon(Optimizer):
             b = torch.mul(b, mu, out=out.slot("momentum", i, b)).add_(g)
             u = torch.add(g, torch.mul(b, mu, out=out.scratch(b)), out=out.scratch(b))
             scale = f32(h["lr"] * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
-            new_p.append(torch.mul(p, decay, out=out.param(i, p)).sub_(newton_schulz(u, math_version=math_version).mul_(scale)))
+            new_p.append(torch.mul(p, decay,
+                                   out=out.param(i, p)).sub_(newton_schulz(u, math_version=math_version).mul_(scale)))
             new_b.append(b)
         return new_p, {"momentum": new_b}, {"t": scalars["t"] + 1.0}
