@@ -23,5 +23,6 @@ def open_log(url, chunk_bytes: int = DEFAULT_CHUNK_BYTES, kafka_config=None, con
         return FileLog(url[len("file://"):])
     if url.startswith("kafka://"):
         from .kafka.backend import KafkaLog
-        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes, config=kafka_config, connect_timeout_ms=connect_timeout_ms)
+        return KafkaLog(url[len("kafka://"):], chunk_bytes=chunk_bytes, config=kafka_config,
+                        connect_timeout_ms=connect_timeout_ms)
     raise ConfigError(f"--log {url!r}: expected file://DIR or kafka://HOST:PORT")

@@ -16,8 +16,8 @@ RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,200}$")
 def check_run(run: str, what: str = "run") -> str:
     """`run` if it is a valid run id; else ConfigError naming `what` (letters, digits, '_', '-'; no '.', '/')."""
     if not isinstance(run, str) or not RUN_NAME.match(run):
-        raise ConfigError(f"{what} = {run!r}: a run id is 1-201 letters, digits, '_' or '-', starting with a letter or digit "
-                          f"(topics RUN.updates and RUN.checkpoints derive from it)")
+        raise ConfigError(f"{what} = {run!r}: a run id is 1-201 letters, digits, '_' or '-', starting with a letter or "
+                          f"digit (topics RUN.updates and RUN.checkpoints derive from it)")
     return run
 
 
@@ -89,7 +89,8 @@ class Log(Protocol):
 
     @abstractmethod
     def create_topics(self, run: str, retention_ms: int = -1) -> list:
-        """Create RUN.updates and RUN.checkpoints if missing; refuse existing misconfigured ones. Returns created names."""
+        """Create RUN.updates and RUN.checkpoints if missing; refuse existing misconfigured ones. Returns created
+        names."""
         ...
 
     @abstractmethod
@@ -123,7 +124,8 @@ class Log(Protocol):
         return Transaction(self)
 
     @abstractmethod
-    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20, partition: int = 0) -> Batch:
+    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int = 16 << 20,
+             partition: int = 0) -> Batch:
         """Records of `partition` at offsets >= `offset` (possibly none within `timeout_s`), in order, as a Batch."""
         ...
 
@@ -140,7 +142,8 @@ class Log(Protocol):
 
     @abstractmethod
     def retention(self, topic: str) -> dict:
-        """How the backend retains `topic`: {"retention.ms", "retention.bytes"} on Kafka; the file log keeps everything."""
+        """How the backend retains `topic`: {"retention.ms", "retention.bytes"} on Kafka; the file log keeps
+        everything."""
         ...
 
     @abstractmethod

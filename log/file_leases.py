@@ -33,7 +33,8 @@ class FilePromptQueue(PromptQueue):
         log.check_topic(self.prompts)
         log.check_topic(self.rollouts)
         self.path = log.root / self.prompts / "leases.json"
-        with self._state() as st:  # a site restarted under its name fences its dead incarnation: its leases are free now
+        # a site restarted under its name fences its dead incarnation: its leases are free now
+        with self._state() as st:
             mine = [lid for lid, lease in st["leases"].items() if lease["site"] == site]
             for lid in mine:
                 del st["leases"][lid]
@@ -86,7 +87,8 @@ class FilePromptQueue(PromptQueue):
                     lid = f"{self.site}.{uuid.uuid4().hex[:16]}"
                     st["leases"][lid] = {"site": self.site, "offsets": free, "until": now + self.lease_s}
                     wanted = set(free)
-                    records = [r for r in self.log.read(self.prompts, free[0], timeout_s=0, max_bytes=1 << 40) if r.offset in wanted]
+                    records = [r for r in self.log.read(self.prompts, free[0], timeout_s=0, max_bytes=1 << 40)
+                               if r.offset in wanted]
                     return Lease(records, lid)
             if time.monotonic() >= deadline:
                 return Lease([], None)
@@ -100,8 +102,9 @@ class FilePromptQueue(PromptQueue):
             mine = st["leases"].get(lease.handle)
             want = sorted(r.offset for r in lease.records)
             if mine is None or sorted(mine["offsets"]) != want:
-                raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site}: the lease on prompts at offsets {want} ran out "
-                                f"and another site took them; these {len(records)} rollouts are discarded")
+                raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site}: the lease on prompts at offsets "
+                                f"{want} ran out and another site took them; these {len(records)} rollouts are "
+                                f"discarded")
             offsets = self.log.append(self.rollouts, [(k, v, h | {H.LEASE: lease.handle}) for k, v, h in records])
             crash_points.reach("generate.in-transaction")  # appended (the commit), the table not yet updated
             del st["leases"][lease.handle]

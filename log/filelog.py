@@ -73,7 +73,8 @@ class FileLog(Log):
         """The file log has only single-queue, non-compacted topics; it must exist (`partitions` is Kafka's concern)."""
         self._require_root()
         if not (self._dir(topic) / "records").exists():
-            raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the producer first)")
+            raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create`, or start the "
+                              f"producer first)")
 
     # -- records ------------------------------------------------------------------------------
     def _scan(self, topic, f, truncate=False):
@@ -128,7 +129,8 @@ class FileLog(Log):
             try:
                 written = os.write(f.fileno(), blob)
             except OSError as e:  # not one byte taken (a disk exactly full): waited out as a short write is
-                raise LogUnavailable(f"{self.url}: {topic}: writing {len(blob)} bytes: {atomic_file.why(e)}; nothing appended") from None
+                raise LogUnavailable(f"{self.url}: {topic}: writing {len(blob)} bytes: {atomic_file.why(e)}; nothing "
+                                     f"appended") from None
             if written != len(blob):
                 f.truncate(pos)
                 raise LogError(f"{self.url}: {topic}: short write of {len(blob)} bytes (disk full?); nothing appended")
@@ -147,7 +149,8 @@ class FileLog(Log):
                 idx = self._scan(topic, f)
                 if offset < len(idx) or time.monotonic() >= deadline:
                     break
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # poll a file for a writer in another process
+                # poll a file for a writer in another process
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
             out, used = Batch(next_offset=max(0, offset)), 0
             for off in range(max(0, offset), len(idx)):
                 f.seek(idx[off])
@@ -189,13 +192,15 @@ class FileLog(Log):
     # -- groups -------------------------------------------------------------------------------
     def commit(self, group, topic, offset, metadata):
         """Atomically replace the group's position file. A write that fails (no space, I/O error, permission) is a
-        failed commit, as a coordinator's refusal is on Kafka: LogUnavailable, the old position in place, no temp file."""
+        failed commit, as a coordinator's refusal is on Kafka: LogUnavailable, the old position in place, no temp
+        file."""
         self.check_topic(topic)
         path = self._dir(topic) / "groups" / f"{group}.json"
         try:
             atomic_file.replace(path, json.dumps({"offset": offset, "metadata": metadata}))
         except OSError as e:
-            raise LogUnavailable(f"{self.url}: committing group {group!r} at {topic}@{offset}: {atomic_file.why(e)}") from None
+            raise LogUnavailable(
+                f"{self.url}: committing group {group!r} at {topic}@{offset}: {atomic_file.why(e)}") from None
 
     def committed(self, group, topic):
         """(offset, metadata) or None."""

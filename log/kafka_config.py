@@ -8,7 +8,8 @@ a log line or an error: errors name the file and the key, never a value of a sec
     ssl.ca.location=/etc/hilo/ca.pem              # or ssl.cafile
     sasl.mechanism=SCRAM-SHA-512                  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
     sasl.username=site
-    sasl.password.file=/etc/hilo/site.password    # or sasl.password=..., or sasl.jaas.config=... username=".." password="..";
+    sasl.password.file=/etc/hilo/site.password    # or sasl.password=..., or
+                                                    sasl.jaas.config=... username=".." password="..";
 """
 import io
 import os
@@ -39,10 +40,10 @@ KEYS = {
 }
 # Keys a Java client file often has that kafka-python cannot use as written: say what to write instead.
 HINTS = {
-    "ssl.truststore.location": "kafka-python reads PEM: export the CA with `keytool -exportcert -rfc -alias CA -keystore FILE` "
-                               "and give it as ssl.ca.location",
-    "ssl.keystore.location": "kafka-python reads PEM: give the client certificate and key as ssl.certificate.location and "
-                             "ssl.key.location",
+    "ssl.truststore.location": "kafka-python reads PEM: export the CA with `keytool -exportcert -rfc -alias CA "
+                               "-keystore FILE` and give it as ssl.ca.location",
+    "ssl.keystore.location": "kafka-python reads PEM: give the client certificate and key as ssl.certificate.location "
+                             "and ssl.key.location",
 }
 _JAAS = re.compile(r'(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
@@ -82,12 +83,13 @@ class KafkaClientConfig:
     def __post_init__(self):
         where = self.source
         if self.security_protocol not in PROTOCOLS:
-            raise ConfigError(f"{where}: security.protocol = {self.security_protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+            raise ConfigError(f"{where}: security.protocol = {self.security_protocol!r}: expected one of "
+                              f"{', '.join(PROTOCOLS)}")
         sasl = self.security_protocol.startswith("SASL_")
         if sasl:
             if self.sasl_mechanism not in MECHANISMS:
-                raise ConfigError(f"{where}: sasl.mechanism = {self.sasl_mechanism!r}: {self.security_protocol} needs one of "
-                                  f"{', '.join(MECHANISMS)}")
+                raise ConfigError(f"{where}: sasl.mechanism = {self.sasl_mechanism!r}: {self.security_protocol} needs "
+                                  f"one of {', '.join(MECHANISMS)}")
             if not self.sasl_username or not self.sasl_password:
                 missing = "sasl.username" if not self.sasl_username else "sasl.password (or sasl.password.file)"
                 raise ConfigError(f"{where}: {self.security_protocol} needs {missing}")
@@ -100,7 +102,8 @@ class KafkaClientConfig:
             path = getattr(self, name)
             if path is not None:
                 if not tls:
-                    raise ConfigError(f"{where}: {key} is set but security.protocol is {self.security_protocol} (no TLS)")
+                    raise ConfigError(f"{where}: {key} is set but security.protocol is {self.security_protocol} (no "
+                                      f"TLS)")
                 if not os.path.isfile(path) or not os.access(path, os.R_OK):
                     raise ConfigError(f"{where}: {key} = {path!r}: no such readable file")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
@@ -170,7 +173,8 @@ def _value(path: str, key: str, value: str):
         return _secret_file(path, key, value)
     if key == "sasl.jaas.config":
         return _jaas(path, value)["password"]
-    if key in ("ssl.ca.location", "ssl.cafile", "ssl.certificate.location", "ssl.certfile", "ssl.key.location", "ssl.keyfile"):
+    if key in ("ssl.ca.location", "ssl.cafile", "ssl.certificate.location", "ssl.certfile", "ssl.key.location",
+               "ssl.keyfile"):
         return os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(value))  # relative to the file
     return value
 
@@ -181,7 +185,8 @@ def _secret_file(path: str, key: str, name: str) -> str:
     try:
         st = os.stat(name)
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"{path}: {key} = {name!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
+            raise ConfigError(f"{path}: {key} = {name!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                              f"chmod 600 it")
         text = open(name, encoding="utf-8").readline().rstrip("\r\n")
     except OSError as e:
         raise ConfigError(f"{path}: {key} = {name!r}: cannot read it ({e.strerror})") from None
@@ -194,8 +199,8 @@ def _jaas(path: str, text: str) -> dict:
     """username and password of a Plain/Scram LoginModule line (sasl.jaas.config), as Java clients write it."""
     found = {k: v.replace('\\"', '"') for k, v in _JAAS.findall(text)}
     if not ("PlainLoginModule" in text or "ScramLoginModule" in text) or set(found) != {"username", "password"}:
-        raise ConfigError(f"{path}: sasl.jaas.config: expected a PlainLoginModule or ScramLoginModule line with username=\"...\" "
-                          f"password=\"...\"")
+        raise ConfigError(f"{path}: sasl.jaas.config: expected a PlainLoginModule or ScramLoginModule line with "
+                          f"username=\"...\" password=\"...\"")
     return found
 
 

@@ -47,13 +47,15 @@ class Outage:
         self.error = error
         if self.since is None:
             self.since = self.reminded = now
-            logger.warning("%s: the log is unreachable (%s); waiting for it, nothing is lost meanwhile", self.who, error)
+            logger.warning("%s: the log is unreachable (%s); waiting for it, nothing is lost meanwhile", self.who,
+                           error)
             if self.metrics is not None:
                 self.metrics.set("log_unavailable", 1)
                 self.metrics.inc("log_outages")
         elif now - self.reminded >= REMIND_S:
             self.reminded = now
-            logger.warning("%s: the log is still unreachable after %.0fs (%s); waiting", self.who, now - self.since, error)
+            logger.warning("%s: the log is still unreachable after %.0fs (%s); waiting", self.who, now - self.since,
+                           error)
 
     def wait(self, error: Exception, stopping=lambda: False) -> None:
         """Record a failed try, then wait the next backoff (returning early once `stopping()`)."""

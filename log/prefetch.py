@@ -30,7 +30,8 @@ class Prefetcher:
         self.misses = 0          # reads that had to wait for a fetch of their own
         self._thread = threads.start(self._loop, f"prefetch {topic}")
 
-    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int | None = None, partition: int = 0) -> Batch:
+    def read(self, topic: str, offset: int, timeout_s: float = 1.0, max_bytes: int | None = None,
+             partition: int = 0) -> Batch:
         """The records at `offset` on (possibly none within `timeout_s`), like Log.read; the next batch is fetched
         in the background as soon as this one is handed over."""
         if topic != self.topic or partition != 0:

@@ -2,7 +2,8 @@
 
     queue = log.prompt_queue(run, site)
     lease = queue.take(max_prompts=4, timeout_s=1.0)      # prompts no other site holds
-    queue.settle(lease, rollout_records)                    # the rollouts appear and the prompts count as answered, together
+    queue.settle(lease, rollout_records)                    # the rollouts appear and the prompts count as answered,
+                                                              together
 
 Exactly once is the contract: settling is atomic (the rollouts become visible and the prompts leave the queue in
 one step), so a site killed at any instant either settled a lease or did not, and an unsettled lease's prompts go

@@ -8,7 +8,8 @@ from .base import site_group, updates_topic
 
 
 def site_reports(log, run: str) -> list:
-    """(group, committed offset, SiteReport) per site group of `run` that has committed; unreadable fields are absent."""
+    """(group, committed offset, SiteReport) per site group of `run` that has committed; unreadable fields are
+    absent."""
     topic, prefix, out = updates_topic(run), site_group(run, ""), []
     for group in log.groups(prefix):
         c = log.committed(group, topic)

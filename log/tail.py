@@ -228,7 +228,8 @@ def _locate(log, topic: str, run: str, version: int, hint: int, accept=None) -> 
     if rec is None and newest_version == version - 1:
         return lo
     if rec is None:
-        raise _Behind(f"{log.url}: {topic} holds run {run!r} up to v{newest_version}, behind this replica's v{version - 1}: a "
-                      f"mirror that lags (wait for it, or use another cluster) or a cluster without this run's history")
+        raise _Behind(f"{log.url}: {topic} holds run {run!r} up to v{newest_version}, behind this replica's "
+                      f"v{version - 1}: a mirror that lags (wait for it, or use another cluster) or a cluster without "
+                      f"this run's history")
     raise LogError(f"{log.url}: v{version} of run {run!r} is not on {topic} (the next version here is "
                    f"v{rec.parsed.version} at offset {rec.offset}): expired, or a cluster that did not copy it")

@@ -16,7 +16,8 @@ SCHEMES = ("file://", "kafka://")
 
 @dataclass(frozen=True)
 class LogTarget:
-    """A log URL (file://DIR or kafka://HOST:PORT[,HOST:PORT]), a run id and an optional Kafka client .properties file."""
+    """A log URL (file://DIR or kafka://HOST:PORT[,HOST:PORT]), a run id and an optional Kafka client .properties
+    file."""
 
     log: str
     run: str

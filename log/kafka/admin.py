@@ -14,7 +14,8 @@ from .errors import failure, from_code, is_retriable
 
 RETRIABLE_TRIES = 20
 COMMIT_TIMEOUT_MS = 5_000  # one commit request: a frozen coordinator holds a commit this long at most
-COMMIT_WITHIN_S = 10.0     # one commit, retries included; past it the caller backs off and tries again (group_commit.py)
+# one commit, retries included; past it the caller backs off and tries again (group_commit.py)
+COMMIT_WITHIN_S = 10.0
 
 
 def retrying(what: str, fn, *args, **kwargs):
@@ -46,7 +47,8 @@ class Admin:
         self.connector.check()
         if self._client is None:
             self._client = self.connector.connect(KafkaAdminClient, request_timeout_ms=self.timeout_ms,
-                                                  bootstrap_timeout_ms=self.connector.connect_timeout_ms, client_id="hilo-admin")
+                                                  bootstrap_timeout_ms=self.connector.connect_timeout_ms,
+                                                  client_id="hilo-admin")
         return self._client
 
     # -- topics ---------------------------------------------------------------------------------
@@ -93,7 +95,8 @@ class Admin:
             seen = seen + 1 if desc["error_code"] == 0 else 0
             if seen < 3:
                 if time.monotonic() >= deadline:
-                    raise LogError(f"{self.url}: topic {topic!r} was created but the cluster does not show it after {timeout_s:.0f}s")
+                    raise LogError(f"{self.url}: topic {topic!r} was created but the cluster does not show it after "
+                                   f"{timeout_s:.0f}s")
                 time.sleep(0.1)  # polling the cluster's metadata propagation; nothing of ours to synchronise with
 
     def _check_broker_limits(self, brokers):
@@ -102,9 +105,10 @@ class Admin:
             broker, cfg = b["broker_id"], self.configs(ConfigResourceType.BROKER, str(b["broker_id"]))
             cap = int(cfg["socket.request.max.bytes"]["value"])
             if self.record_bytes > cap:
-                raise LogError(f"{self.url}: chunk_bytes {self.chunk_bytes} needs records of {self.record_bytes} bytes, but broker "
-                               f"{broker} takes requests of at most {cap} bytes (socket.request.max.bytes; message.max.bytes is "
-                               f"{cfg['message.max.bytes']['value']}); lower chunk_bytes")
+                raise LogError(f"{self.url}: chunk_bytes {self.chunk_bytes} needs records of {self.record_bytes} "
+                               f"bytes, but broker {broker} takes requests of at most {cap} bytes "
+                               f"(socket.request.max.bytes; message.max.bytes is {cfg['message.max.bytes']['value']}); "
+                               f"lower chunk_bytes")
 
     def configs(self, kind, name) -> dict:
         """A broker's or topic's configs; kafka-python returns an empty set for a resource this principal may not
@@ -114,9 +118,9 @@ class Admin:
                        config_filter="all")
         cfg = res.get(what, {}).get(name)
         if not cfg:
-            raise LogError(f"{self.url}: the cluster shows no configs of {what} {name!r}: this principal may not describe them "
-                           f"(DESCRIBE_CONFIGS on the {'cluster' if what == 'broker' else 'topic'}; `hilo acls grant` gives "
-                           f"the trainer and sites theirs)")
+            raise LogError(f"{self.url}: the cluster shows no configs of {what} {name!r}: this principal may not "
+                           f"describe them (DESCRIBE_CONFIGS on the {'cluster' if what == 'broker' else 'topic'}; "
+                           f"`hilo acls grant` gives the trainer and sites theirs)")
         return cfg
 
     def partitions(self, topic) -> int:
@@ -128,25 +132,30 @@ class Admin:
         if desc["error_code"]:
             error = from_code(desc["error_code"])
             if isinstance(error, UnknownTopicOrPartitionError):
-                raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create --log {self.url} --run ...`)")
+                raise NoSuchTopic(f"{self.url}: topic {topic!r} does not exist (run `hilo topics create --log "
+                                  f"{self.url} --run ...`)")
             raise failure(f"{self.url}: describing topic {topic!r}", error)
         return desc
 
     def check_topic(self, topic, partitions=1):
-        """Exactly `partitions` partitions, cleanup.policy=delete and room for this client's records, or LogError saying what is wrong."""
+        """Exactly `partitions` partitions, cleanup.policy=delete and room for this client's records, or LogError saying
+        what is wrong."""
         desc = self._describe(topic)
         if len(desc["partitions"]) != partitions:
-            why = "(Kafka orders records only within a partition)" if partitions == 1 else "(hilo topics create --prompt-partitions)"
-            raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs exactly "
-                           f"{partitions} {why}")
+            why = "(Kafka orders records only within a partition)" if partitions == 1 else ("(hilo topics create "
+                                                                                            "--prompt-partitions)")
+            raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs "
+                           f"exactly {partitions} {why}")
         cfg = self.configs(ConfigResourceType.TOPIC, topic)
         policy = cfg["cleanup.policy"]["value"]
         if "compact" in policy:
-            raise LogError(f"{self.url}: topic {topic!r} has cleanup.policy={policy}; compaction would delete versions, use delete")
+            raise LogError(f"{self.url}: topic {topic!r} has cleanup.policy={policy}; compaction would delete "
+                           f"versions, use delete")
         room = int(cfg["max.message.bytes"]["value"])
         if room < self.record_bytes:
-            raise LogError(f"{self.url}: topic {topic!r} takes records of at most {room} bytes (max.message.bytes), chunk_bytes "
-                           f"{self.chunk_bytes} needs {self.record_bytes}; lower chunk_bytes or raise the topic's max.message.bytes")
+            raise LogError(f"{self.url}: topic {topic!r} takes records of at most {room} bytes (max.message.bytes), "
+                           f"chunk_bytes {self.chunk_bytes} needs {self.record_bytes}; lower chunk_bytes or raise the "
+                           f"topic's max.message.bytes")
 
     def topic_settings(self, topic) -> dict:
         """What an operator checks of a topic besides check_topic: its replication factor (the smallest over its
@@ -160,7 +169,8 @@ class Admin:
         them from its ACLs: implied ones included (READ gives DESCRIBE), every one where no authorizer runs."""
         if topic is None:
             return set(retrying("describe cluster", self.client.describe_cluster).get("authorized_operations") or ())
-        return set(retrying(f"describe topic {topic}", self.client.describe_topics, [topic])[0].get("authorized_operations") or ())
+        return set(retrying(f"describe topic {topic}", self.client.describe_topics,
+                            [topic])[0].get("authorized_operations") or ())
 
     def cluster(self) -> dict:
         """The cluster's id, controller and brokers."""
@@ -173,7 +183,8 @@ class Admin:
 
     def trim(self, topic, before) -> bool:
         """DeleteRecords up to `before`: the log start moves exactly there, whatever the segment layout."""
-        retrying(f"trimming {topic} before offset {before}", self.client.delete_records, {TopicPartition(topic, 0): before})
+        retrying(f"trimming {topic} before offset {before}", self.client.delete_records,
+                 {TopicPartition(topic, 0): before})
         return True
 
     def runs(self) -> list:
@@ -192,7 +203,9 @@ class Admin:
                 self._committer = self.connector.connect(
                     KafkaAdminClient, request_timeout_ms=min(self.timeout_ms, COMMIT_TIMEOUT_MS),
                     bootstrap_timeout_ms=self.connector.connect_timeout_ms, client_id="hilo-commit")
-            res = self._committer.alter_group_offsets(group, {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata, -1)})
+            res = self._committer.alter_group_offsets(group,
+                                                      {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata,
+                                                                                                   -1)})
             err = next(iter(res.values()))
             if getattr(err, "errno", 0):
                 raise err()  # reported per partition, not raised: raise it so a coordinator still loading is retried
@@ -216,7 +229,8 @@ class Admin:
 
     def groups(self, prefix) -> list:
         """Consumer groups whose id starts with `prefix`."""
-        return sorted(g["group_id"] for g in retrying("list groups", self.client.list_groups) if g["group_id"].startswith(prefix))
+        return sorted(g["group_id"] for g in retrying("list groups", self.client.list_groups)
+                      if g["group_id"].startswith(prefix))
 
     def close(self) -> None:
         """Close the admin clients."""

@@ -38,9 +38,11 @@ class KafkaLog(Log):
         self.admin_side = Admin(self.connector, request_timeout_ms, chunk_bytes, record_bytes)
         self.writer = Writer(self.connector, request_timeout_ms, record_bytes)
         self.reader = ReaderSupervisor(lambda: self.connector.connect(
-            KafkaConsumer, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
+            KafkaConsumer, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed",
             max_partition_fetch_bytes=max(4 << 20, 2 * record_bytes), fetch_max_bytes=max(64 << 20, 2 * record_bytes),
-            request_timeout_ms=request_timeout_ms + 5000, client_id="hilo-reader"), lambda: self.connector.reached, self.url)
+            request_timeout_ms=request_timeout_ms + 5000, client_id="hilo-reader"), lambda: self.connector.reached,
+                                       self.url)
 
     @property
     def admin(self):

@@ -53,9 +53,11 @@ def explain(lines: list, config) -> str | None:
         return f"the broker does not speak TLS on this port, but security.protocol is {config.security_protocol}"
     if "socket disconnected" in text and config.security_protocol.startswith("SASL_"):
         # The broker answers bad credentials with an error and closes; under load kafka-python may see only the close.
-        return (f"the broker closed the connection while authenticating user {config.sasl_username!r} ({config.sasl_mechanism}): "
-                f"check sasl.username and the password (most likely wrong), and that the listener speaks {config.security_protocol}")
+        return (f"the broker closed the connection while authenticating user {config.sasl_username!r} "
+                f"({config.sasl_mechanism}): check sasl.username and the password (most likely wrong), and that the "
+                f"listener speaks {config.security_protocol}")
     if "socket disconnected" in text:
         return (f"the broker closed the connection during the handshake: it expects other security than "
-                f"{config.security_protocol} (a secured broker needs --kafka-config with its security.protocol and credentials)")
+                f"{config.security_protocol} (a secured broker needs --kafka-config with its security.protocol and "
+                f"credentials)")
     return None

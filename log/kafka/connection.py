@@ -53,18 +53,21 @@ class Connector:
             return made[-1]
         with causes.watch() as lines:
             try:
-                connected = client(bootstrap_servers=self.bootstrap, **({"bootstrap_timeout_ms": self.connect_timeout_ms} | self.security
+                connected = client(bootstrap_servers=self.bootstrap,
+                                   **({"bootstrap_timeout_ms": self.connect_timeout_ms} | self.security
                                                                         | kwargs | {"kafka_client": network_client}))
             except KafkaError as e:
-                # kafka-python starts the client's I/O thread before it bootstraps and leaves it running when that fails:
-                # one idle thread per failed connect (a reader reconnecting through an outage made one every few seconds)
+                # kafka-python starts the client's I/O thread before it bootstraps and leaves it running when that
+                # fails: one idle thread per failed connect (a reader reconnecting through an outage made one every few
+                # seconds)
                 for net in made:
                     _close_quietly(net)
                 cause = causes.explain(lines, self.config)
                 if cause is None:
-                    cause = (f"cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); is the broker "
-                             f"running and reachable? (ops/kafka/start.sh starts a local one)")
-                # a cluster reached before is restarting (or cut off): its callers wait; one never reached is a wrong address
+                    cause = (f"cannot connect within {self.connect_timeout_ms / 1000:.0f}s ({type(e).__name__}); is "
+                             f"the broker running and reachable? (ops/kafka/start.sh starts a local one)")
+                # a cluster reached before is restarting (or cut off): its callers wait; one never reached is a wrong
+                # address
                 failure = (LogUnavailable if self.reach is Reach.REACHED else LogError)(f"{self.url}: {cause}")
                 if self.reach is Reach.NEVER:
                     self.reach, self.error = Reach.UNREACHABLE, failure

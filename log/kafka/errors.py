@@ -4,7 +4,8 @@ import kafka.errors as K
 from hilo.schemas.errors import LogError, LogUnavailable
 
 _RESOURCES = {K.TopicAuthorizationFailedError: "topic", K.ClusterAuthorizationFailedError: "cluster",
-              K.GroupAuthorizationFailedError: "consumer group", K.TransactionalIdAuthorizationFailedError: "transactional id"}
+              K.GroupAuthorizationFailedError: "consumer group",
+              K.TransactionalIdAuthorizationFailedError: "transactional id"}
 _FENCED = (K.ProducerFencedError, K.InvalidProducerEpochError)
 
 

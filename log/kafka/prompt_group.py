@@ -49,8 +49,10 @@ class KafkaPromptQueue(PromptQueue):
         log, site = self.log, self.site
         self.consumer = log.connector.connect(
             KafkaConsumer, group_id=self.group, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=SESSION_TIMEOUT_MS // 4,
-            max_poll_interval_ms=MAX_POLL_INTERVAL_MS, client_id=f"hilo-generate-{site}", max_partition_fetch_bytes=4 << 20)
+            isolation_level="read_committed", session_timeout_ms=SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms=SESSION_TIMEOUT_MS // 4,
+            max_poll_interval_ms=MAX_POLL_INTERVAL_MS, client_id=f"hilo-generate-{site}",
+            max_partition_fetch_bytes=4 << 20)
         self.consumer.subscribe([self.prompts])
 
     @property
@@ -58,13 +60,15 @@ class KafkaPromptQueue(PromptQueue):
         """The site's transactional producer (its init fences an earlier incarnation of this site)."""
         if self._producer is None:
             p = self.log.connector.connect(
-                KafkaProducer, acks="all", enable_idempotence=True, linger_ms=0, transactional_id=f"{self.group}.{self.site}",
+                KafkaProducer, acks="all", enable_idempotence=True, linger_ms=0,
+                transactional_id=f"{self.group}.{self.site}",
                 max_block_ms=int(ATTEMPT_TIMEOUT_S * 1000), retry_backoff_ms=10, client_id=f"hilo-generate-{self.site}")
             try:
                 p.init_transactions()
             except KafkaError as e:
                 p.close(timeout=0)
-                raise failure(f"{self.log.url}: site {self.site}: joining run {self.run}'s generating sites", e) from None
+                raise failure(f"{self.log.url}: site {self.site}: joining run {self.run}'s generating sites",
+                              e) from None
             self._producer = p
         return self._producer
 
@@ -97,7 +101,8 @@ class KafkaPromptQueue(PromptQueue):
         for r, part in zip(lease.records, lease.sources):
             if id(r) in later:
                 first[part] = min(first.get(part, r.offset), r.offset)
-        kept = [(r, part) for r, part in zip(lease.records, lease.sources) if part not in first or r.offset < first[part]]
+        kept = [(r, part) for r,
+                part in zip(lease.records, lease.sources) if part not in first or r.offset < first[part]]
         nxt = {}
         for r, part in kept:
             nxt[part] = max(nxt.get(part, 0), r.offset + 1)
@@ -108,7 +113,8 @@ class KafkaPromptQueue(PromptQueue):
         return Lease([r for r, _ in kept], None, nxt, [part for _, part in kept])
 
     def resume(self):
-        """Unpause what `defer` paused (a rebalance unpauses on its own: the new owner reads from the committed offset)."""
+        """Unpause what `defer` paused (a rebalance unpauses on its own: the new owner reads from the committed
+        offset)."""
         paused = self.consumer.paused() if self.consumer is not None else None
         if paused:
             self.consumer.resume(*paused)
@@ -116,7 +122,8 @@ class KafkaPromptQueue(PromptQueue):
     def _watch(self):
         """A member that gets nothing for STUCK_S while the group's backlog (prompts past its committed offsets) stays
         where it was is stuck: nobody answers. Seen here: kafka-python's member was removed by the coordinator (its
-        heartbeats stopped) and never looked the coordinator up again, so it waited forever. A fresh consumer rejoins."""
+        heartbeats stopped) and never looked the coordinator up again, so it waited forever. A fresh consumer
+        rejoins."""
         if time.monotonic() - self.idle_since < STUCK_S:
             return
         backlog = self._backlog()
@@ -126,7 +133,8 @@ class KafkaPromptQueue(PromptQueue):
         self.idle_since, self.idle_backlog = time.monotonic(), backlog
 
     def _backlog(self) -> dict:
-        """{partition: prompts past the group's committed offset}, from the admin API and the log (not the group member)."""
+        """{partition: prompts past the group's committed offset}, from the admin API and the log (not the group
+        member)."""
         try:
             offsets = self.log.admin.list_group_offsets({self.group: None}).get(self.group, {})
             committed = {tp.partition: max(0, m.offset) for tp, m in offsets.items() if tp.topic == self.prompts}
@@ -140,13 +148,15 @@ class KafkaPromptQueue(PromptQueue):
         if not lease.records:
             return []
         if self.consumer is None:  # this member left the group in an outage: its lease's prompts are read again
-            raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site} rejoins the group after an outage; these "
-                            f"{len(records)} rollouts are discarded and their prompts read again")
+            raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site} rejoins the group after an outage; "
+                            f"these {len(records)} rollouts are discarded and their prompts read again")
         p = self.producer
-        offsets = {TopicPartition(self.prompts, part): OffsetAndMetadata(off, "", -1) for part, off in lease.partitions.items()}
+        offsets = {TopicPartition(self.prompts, part): OffsetAndMetadata(off, "", -1) for part,
+                   off in lease.partitions.items()}
         try:
             p.begin_transaction()
-            futures = [p.send(self.rollouts, value=v, key=k, partition=0, headers=[(hk, hv.encode()) for hk, hv in h.items()])
+            futures = [p.send(self.rollouts, value=v, key=k, partition=0,
+                              headers=[(hk, hv.encode()) for hk, hv in h.items()])
                        for k, v, h in records]
             group = self.consumer.group_metadata()
             # bounded like the commit: kafka-python waits on the coordinator's answer with no timeout, and a site whose
@@ -161,8 +171,9 @@ class KafkaPromptQueue(PromptQueue):
             self._rewind()
             if is_fenced(e):
                 self._drop()
-                raise FencedError(f"{self.log.url}: run {self.run}: site {self.site} was fenced by a newer process of the same "
-                                  f"site (transactional id {self.group}.{self.site}); this one generates nothing more") from None
+                raise FencedError(f"{self.log.url}: run {self.run}: site {self.site} was fenced by a newer process of "
+                                  f"the same site (transactional id {self.group}.{self.site}); this one generates "
+                                  f"nothing more") from None
             if isinstance(unwrap(e), (CommitFailedError, FencedInstanceIdError)):
                 raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site}: the group moved prompts at "
                                 f"{sorted(lease.partitions.items())} to another site before this one settled "

@@ -99,8 +99,8 @@ class ReaderSupervisor:
                 self.failing_since = t0
             elif self.clock() - self.failing_since >= UNAVAILABLE_AFTER_S:
                 self.replace()
-                raise LogUnavailable(f"{self.url}: reading {topic!r} has failed for {self.clock() - self.failing_since:.0f}s "
-                                     f"({type(e).__name__}: {e})") from None
+                raise LogUnavailable(f"{self.url}: reading {topic!r} has failed for "
+                                     f"{self.clock() - self.failing_since:.0f}s ({type(e).__name__}: {e})") from None
             wait = self.failures.next()
             if self.failures.failures % 2 == 0:
                 self.replace()

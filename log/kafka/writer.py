@@ -80,12 +80,14 @@ class Writer:
             # retry_backoff_ms: a transaction begun right after a commit is answered CONCURRENT_TRANSACTIONS until the
             # commit's markers are written; kafka-python's default 100 ms backoff made every version cost 108 ms
             # (2 ms without a transaction); 10 ms makes it ~15 ms.
-            txn = ({"transactional_id": f"hilo.{self.run}", "retry_backoff_ms": 10, "max_block_ms": int(ATTEMPT_TIMEOUT_S * 1000)}
+            txn = ({"transactional_id": f"hilo.{self.run}", "retry_backoff_ms": 10,
+                    "max_block_ms": int(ATTEMPT_TIMEOUT_S * 1000)}
                    if self.state is WriterState.WRITER else {})
             self._producer = self.connector.connect(
                 KafkaProducer, acks="all", enable_idempotence=True, linger_ms=0,
                 max_in_flight_requests_per_connection=1, max_request_size=self.record_bytes,
-                request_timeout_ms=self.timeout_ms, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, client_id="hilo-producer", **txn)
+                request_timeout_ms=self.timeout_ms, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, client_id="hilo-producer",
+                **txn)
             if txn:
                 try:  # fences every earlier producer of this transactional id and aborts its open transaction
                     self._producer.init_transactions()
@@ -105,7 +107,8 @@ class Writer:
     def send(self, topic, records, partition=0) -> list:
         """Send in order to `partition` and wait for every ack (acks=all); the records' offsets."""
         p = self.producer
-        futures = [p.send(topic, value=v, key=k, partition=partition, headers=[(hk, hv.encode()) for hk, hv in h.items()])
+        futures = [p.send(topic, value=v, key=k, partition=partition,
+                          headers=[(hk, hv.encode()) for hk, hv in h.items()])
                    for k, v, h in records]
         # A plain producer retries through a leader election up to its delivery timeout: wait for that, not less. A
         # writer waits one attempt and then tries a fresh producer (ATTEMPT_TIMEOUT_S).
@@ -119,8 +122,9 @@ class Writer:
         if is_fenced(e) and self.state is WriterState.WRITER:
             self.state = WriterState.FENCED
             self.fenced_error = FencedError(
-                f"{self.url}: run {self.run}: this trainer (writer since v{self.since_version}) was fenced: a newer producer "
-                f"of transactional id hilo.{self.run} (another trainer of this run) took over; it publishes nothing more")
+                f"{self.url}: run {self.run}: this trainer (writer since v{self.since_version}) was fenced: a newer "
+                f"producer of transactional id hilo.{self.run} (another trainer of this run) took over; it publishes "
+                f"nothing more")
             self.drop()
             return self.fenced_error
         if self.state is WriterState.WRITER:
