@@ -11,7 +11,8 @@ OnBadRecord: SKIP ("skip", the default) or STOP ("stop": fail-stop, the first ba
 from dataclasses import dataclass
 from enum import Enum
 
-from hilo.schemas.errors import ConfigError, ForeignRecord, LimitExceeded, MalformedMessage, NonFinite, OtherRun, UnsupportedVersion
+from hilo.schemas.errors import (ConfigError, ForeignRecord, LimitExceeded, MalformedMessage, NonFinite, OtherRun,
+                                 UnsupportedVersion)
 from hilo.schemas.signing import BadSignature, OtherKey, Unsigned
 
 

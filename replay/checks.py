@@ -25,17 +25,19 @@ def warn_if_signed(data: bytes, run: str, what: str) -> None:
     trailer = split_trailer(data, what)[1]
     if trailer is not None and run not in _warned_unverified:
         _warned_unverified.add(run)
-        logger.warning("%s: run %s is signed (key %s) but this reader verifies nothing: start it with --trust TRAINER.pub "
-                       "to refuse forged checkpoints and updates", what, run, trailer[:8].hex())
+        logger.warning("%s: run %s is signed (key %s) but this reader verifies nothing: start it with --trust "
+                       "TRAINER.pub to refuse forged checkpoints and updates", what, run, trailer[:8].hex())
 
 
 def update_reassembler(run: str, topic: str, manifest) -> Reassembler:
-    """A reassembler for `topic` that refuses, before buffering anything, a message larger than any update of `manifest`."""
+    """A reassembler for `topic` that refuses, before buffering anything, a message larger than any update of
+    `manifest`."""
     return Reassembler(run, topic, max_bytes=frame_bound(update_size_bound(manifest)))
 
 
 def message_what(topic: str, msg: Message) -> str:
-    """How errors name a reassembled message: topic, first offset, and the version its headers claim (or "key record")."""
+    """How errors name a reassembled message: topic, first offset, and the version its headers claim (or "key
+    record")."""
     return f"{topic} offset {msg.first_offset} ({'key record' if msg.kind == 'key' else f'v{msg.version}'})"
 
 

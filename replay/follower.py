@@ -70,18 +70,20 @@ def bootstrap_from_log(log_backend, run: str, max_version: int | None = None, ve
 
 
 def _no_checkpoint(log_backend, topic: str, run: str, max_version: int | None) -> LogError:
-    """Why no checkpoint of `run` was found on `topic`: none written, expired, or retained but not read; only what is true."""
+    """Why no checkpoint of `run` was found on `topic`: none written, expired, or retained but not read; only what is
+    true."""
     begin, end = log_backend.begin_offset(topic), log_backend.end_offset(topic)
     which = "checkpoint" + ("" if max_version is None else f" at or before v{max_version}")
     if end == 0:
         return LogError(f"{log_backend.url}: no {which} on {topic} (has the producer started?)")
     if begin == 0:  # nothing expired: the records are there, and none was read as one
-        return LogError(f"{log_backend.url}: no {which} of run {run!r} was read from {topic}, which retains every offset it "
-                        f"has had (0..{end - 1}): they hold none, or a read of them returned nothing in time")
-    held = f"offsets {begin}..{end - 1} are retained" if end > begin else f"none of its offsets 0..{end - 1} is retained"
-    return LogError(f"{log_backend.url}: every {which} on {topic} has expired ({held}): nothing here can rebuild the run's "
-                    f"state until the trainer publishes a fresh checkpoint, at its next checkpoint_every version or when it "
-                    f"restarts with its state dir")
+        return LogError(f"{log_backend.url}: no {which} of run {run!r} was read from {topic}, which retains every "
+                        f"offset it has had (0..{end - 1}): they hold none, or a read of them returned nothing in time")
+    held = f"offsets {begin}..{end - 1} are retained" if end > begin else (f"none of its offsets 0..{end - 1} is "
+                                                                           f"retained")
+    return LogError(f"{log_backend.url}: every {which} on {topic} has expired ({held}): nothing here can rebuild the "
+                    f"run's state until the trainer publishes a fresh checkpoint, at its next checkpoint_every version "
+                    f"or when it restarts with its state dir")
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ class Applied:
     last_offset: int
     headers: dict
     digest: bytes
-    timing: dict   # seconds per stage: fetch (reads that returned records, since the previous version), verify, decode, apply
+    # seconds per stage: fetch (reads that returned records, since the previous version), verify, decode, apply
+    timing: dict
     written_at: float | None = None  # when its last record was written (the log's timestamp; None on the file log)
     record_bytes: int = 0            # bytes of its records (values and headers) this reader fetched
     # (record bytes, seconds from its first record's log timestamp to the read that completed it) for a message written
@@ -124,7 +127,8 @@ class Follower:
         self.log, self.run, self.replica = log_backend, run, replica
         self.keyring = trust if isinstance(trust, Keyring) else Keyring(trusted=trust)
         root = self.keyring.root
-        self.keyring.trust(Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if root is not None and position.keys else root)
+        self.keyring.trust(Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if root is not None and position.keys
+                           else root)
         replica.keyring = self.keyring
         # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
         # offsets, heads and everything else come from log_backend
@@ -137,26 +141,30 @@ class Follower:
         # No update of this adapter can be larger: a first chunk declaring more is refused before anything is buffered.
         self.reassembler = update_reassembler(run, self.topic, replica.manifest)
         if not isinstance(on_bad_record, OnBadRecord):  # converted once, where it was configured (OnBadRecord.of)
-            raise TypeError(f"Follower: on_bad_record = {on_bad_record!r}: an OnBadRecord (OnBadRecord.of converts a string)")
+            raise TypeError(f"Follower: on_bad_record = {on_bad_record!r}: an OnBadRecord (OnBadRecord.of converts a "
+                            f"string)")
         self.on_bad_record = on_bad_record
         self.skips = collections.Counter()  # reason -> records skipped
         self.skipped_since_applied = []    # Skipped records since the last applied version (a gap then names them)
         self.fetch_s = 0.0                 # time in reads that returned records since the last applied version
         self._read_start = self._read_wall = 0.0  # wall times the current read began and returned
-        self._first = None                 # (first record's log timestamp, written while this reader waited) of a message
+        # (first record's log timestamp, written while this reader waited) of a message
+        self._first = None
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = list(position.keys)
         if not self.log.retained(self.topic, next_offset):
             raise Expired(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
-                          f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint (a restarted "
-                          f"site does; if none covers it, the trainer's next checkpoint will)")
+                          f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint (a "
+                          f"restarted site does; if none covers it, the trainer's next checkpoint will)")
         next_offset = max(next_offset, self.log.begin_offset(self.topic))
         # An offset is a place on one cluster; the version is the place on every cluster of the run (a mirror holds
         # the same versions at other offsets): find where the next version is here.
-        located = locate(self.log, self.topic, run, replica.version + 1, next_offset, accept=accepts(replica, self.topic))
+        located = locate(self.log, self.topic, run, replica.version + 1, next_offset,
+                         accept=accepts(replica, self.topic))
         if located != next_offset:
-            logger.info("%s: v%d is at offset %d here (the stored position, offset %d, is another cluster's)", self.topic,
+            logger.info("%s: v%d is at offset %d here (the stored position, offset %d, is another cluster's)",
+                        self.topic,
                         replica.version + 1, located, next_offset)
         self.next_offset = self.read_offset = located
 
@@ -174,7 +182,8 @@ class Follower:
             self._check_retained()  # records past where it asked: markers, aborted records, or expired ones
         self._read_wall = time.time()
         # a batch fetched ahead carries when its fetch ran: what a message's delivery is measured against
-        self._read_start, self._read_wall = getattr(batch, "started", self._read_start), getattr(batch, "fetched", self._read_wall)
+        self._read_start, self._read_wall = getattr(batch, "started", self._read_start), getattr(batch, "fetched",
+                                                                                                 self._read_wall)
         if batch:
             self.fetch_s += time.perf_counter() - t0
             crash_points.reach("follower.fetched")
@@ -200,9 +209,9 @@ class Follower:
         the log start, which only the digest chain would notice, as a gap): said where it is read."""
         begin = self.log.begin_offset(self.topic)
         if self.next_offset < begin:
-            raise Expired(f"{self.topic}: v{self.replica.version + 1} (from offset {self.next_offset}) has expired: the "
-                          f"log now begins at offset {begin}; versions v{self.replica.version + 1}.. can only come from a "
-                          f"newer checkpoint")
+            raise Expired(f"{self.topic}: v{self.replica.version + 1} (from offset {self.next_offset}) has expired: "
+                          f"the log now begins at offset {begin}; versions v{self.replica.version + 1}.. can only come "
+                          f"from a newer checkpoint")
 
     def poll(self, timeout_s: float = 1.0) -> int:
         """Read once and apply every complete message; returns how many versions were applied."""
@@ -226,12 +235,14 @@ class Follower:
             return self._bad(msg.first_offset, e)
 
     def _bad(self, offset: int, error: HiloError) -> Skipped:
-        """Skip a record that cannot be a valid message of this run; raise anything else (or everything, under "stop")."""
+        """Skip a record that cannot be a valid message of this run; raise anything else (or everything, under
+        "stop")."""
         reason = reason_of(error)
         if isinstance(error, Gap) and self.skipped_since_applied:
             first = self.skipped_since_applied[0]
-            raise Gap(f"{error}; the record skipped at offset {first.offset} ({first.reason}: {first.detail}) was probably "
-                      f"the missing version: stopping (if it was genuine, a limit or a trusted key is set wrong here)") from None
+            raise Gap(f"{error}; the record skipped at offset {first.offset} ({first.reason}: {first.detail}) was "
+                      f"probably the missing version: stopping (if it was genuine, a limit or a trusted key is set "
+                      f"wrong here)") from None
         if reason is None or self.on_bad_record is OnBadRecord.STOP:
             raise error
         skipped = Skipped(offset, reason, str(error))

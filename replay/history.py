@@ -90,8 +90,10 @@ class Report:
 
     def summary(self) -> str:
         """One line per site and a verdict, for a fault test's output."""
-        rows = [f"  {s}: {d['entries']} applies in {d['sessions']} sessions, up to v{d['last_version']}" for s, d in self.sites.items()]
-        verdict = "OK: every history is a prefix of the trainer's" if self.ok else f"{len(self.anomalies)} ANOMALIES:\n    " + \
+        rows = [f"  {s}: {d['entries']} applies in {d['sessions']} sessions, up to v{d['last_version']}" for s,
+                d in self.sites.items()]
+        verdict = "OK: every history is a prefix of the trainer's" if self.ok else (f"{len(self.anomalies)} "
+                                                                                    f"ANOMALIES:\n    ") + \
             "\n    ".join(self.anomalies[:20])
         return f"history check over {self.trainer_versions} trainer versions:\n" + "\n".join(rows) + f"\n  {verdict}"
 
@@ -115,7 +117,8 @@ def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Repor
     truth = {}
     for e in trainer:
         if e["v"] in truth and truth[e["v"]] != e["d"]:
-            rep.anomalies.append(f"trainer: v{e['v']} acknowledged twice with different digests ({truth[e['v']][:12]}, {e['d'][:12]})")
+            rep.anomalies.append(f"trainer: v{e['v']} acknowledged twice with different digests ({truth[e['v']][:12]}, "
+                                 f"{e['d'][:12]})")
         truth[e["v"]] = e["d"]
     for _, run in _sessions(trainer):  # a restarted trainer's start may repeat versions; within a session, +1 each
         for a, b in zip(run, run[1:]):
@@ -138,12 +141,14 @@ def check(trainer: list, sites: dict, log_versions: dict | None = None) -> Repor
                                          f"({'duplicate' if b['v'] <= a['v'] else 'gap'})")
             for e in run:
                 if e["v"] not in truth:
-                    rep.anomalies.append(f"{name}: {'started at' if e.get('start') else 'applied'} v{e['v']}, which the "
-                                         f"trainer never acknowledged")
+                    rep.anomalies.append(f"{name}: {'started at' if e.get('start') else 'applied'} v{e['v']}, which "
+                                         f"the trainer never acknowledged")
                 elif truth[e["v"]] != e["d"]:
-                    rep.anomalies.append(f"{name}: v{e['v']} digest {e['d'][:12]} != trainer's {truth[e['v']][:12]} (fork)")
+                    rep.anomalies.append(f"{name}: v{e['v']} digest {e['d'][:12]} != trainer's {truth[e['v']][:12]} "
+                                         f"(fork)")
             last = run[-1]["v"] if last is None else max(last, run[-1]["v"])
-        rep.sites[name] = {"entries": sum(not e.get("start") for e in entries), "sessions": len(sessions), "last_version": last}
+        rep.sites[name] = {"entries": sum(not e.get("start") for e in entries), "sessions": len(sessions),
+                           "last_version": last}
     return rep
 
 

@@ -55,7 +55,8 @@ def fsync_dir(path) -> None:
 
 
 def ensure_writable_dir(path: pathlib.Path, what: str) -> None:
-    """Create `path` if needed and prove it takes a file; ConfigError in one line otherwise (a file in the way, no permission)."""
+    """Create `path` if needed and prove it takes a file; ConfigError in one line otherwise (a file in the way, no
+    permission)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-test-{os.getpid()}"
@@ -67,7 +68,8 @@ def ensure_writable_dir(path: pathlib.Path, what: str) -> None:
 
 
 def remove_stale_temps(state_dir: pathlib.Path) -> None:
-    """Remove DIR/snapshot.tmp-PID left by a save that failed or was killed, unless process PID is alive (saving now)."""
+    """Remove DIR/snapshot.tmp-PID left by a save that failed or was killed, unless process PID is alive (saving
+    now)."""
     for tmp in state_dir.glob("snapshot.tmp-*"):
         pid = tmp.name.rpartition("-")[2]
         if not (pid.isdigit() and _alive(int(pid))):
@@ -91,8 +93,8 @@ def not_written(store, error: OSError, replica: PolicyReplica, extra: dict) -> s
         need = sum(t.numel() * t.element_size() for t in _tensors(replica.state)) + sum(len(d) for d in extra.values())
         why += f" (the snapshot needs about {need / 1e6:.1f} MB; {shutil.disk_usage(store.dir).free / 1e6:.1f} MB free)"
     kept = f"{store.path} is still the last whole snapshot" if store.path.exists() else "there was no snapshot before"
-    return (f"cannot write the snapshot of v{replica.version} to {error.filename or store.dir}: {why}; nothing acknowledged "
-            f"was lost (it is on the log; {kept}): a restart resumes once the disk has room")
+    return (f"cannot write the snapshot of v{replica.version} to {error.filename or store.dir}: {why}; nothing "
+            f"acknowledged was lost (it is on the log; {kept}): a restart resumes once the disk has room")
 
 
 def _tensors(state: ReplicaState) -> list:
@@ -103,7 +105,8 @@ def _tensors(state: ReplicaState) -> list:
 def raw_header(replica: PolicyReplica) -> bytes:
     """state.msgpack: everything but the tensors' bytes; the manifest gives their shapes."""
     s = replica.state
-    body = msgpack.packb({"run": replica.run, "version": s.version, "digest": replica.digest, "genesis": replica.genesis,
+    body = msgpack.packb({"run": replica.run, "version": s.version, "digest": replica.digest,
+                          "genesis": replica.genesis,
                           "nonce": replica.nonce if s.version == 0 else b"", "manifest": s.manifest.to_dict(),
                           "optimizer": s.optimizer, "slots": list(s.slots), "scalars": dict(s.scalars),
                           "bytes": 4 * s.manifest.numel * (1 + len(s.slots))}, use_bin_type=True)
@@ -128,7 +131,8 @@ class SnapshotStore:
     """save(replica, position) / load() -> (replica, position) for one state directory.
 
     failpoint: called with each name of CRASH_POINTS as `save` passes it (tests raise there, or hold the save).
-    Default: the named crash points (schemas/crash_points.py). fmt: "raw" (default) or "ckpt" (format 1, for comparison).
+    Default: the named crash points (schemas/crash_points.py). fmt: "raw" (default) or "ckpt" (format 1, for
+    comparison).
     """
 
     def __init__(self, state_dir, failpoint=None, fmt: str = "raw"):
@@ -143,10 +147,10 @@ class SnapshotStore:
 
     def save(self, replica: PolicyReplica, position: Position, extra: dict | None = None, written=None) -> None:
         """Write state + position (with the replica's version and digest) and `extra` files ({name: bytes}) atomically,
-        together. `written()` is called once the new snapshot is whole on disk, before it is put in place (what counts it
-        does so before anyone can find it there). A write the disk refuses (no space, I/O error, permission) leaves the
-        snapshot in place as it was, removes what it wrote, and raises StateNotWritten in one line (which path, why, what
-        it needed)."""
+        together. `written()` is called once the new snapshot is whole on disk, before it is put in place (what counts
+        it does so before anyone can find it there). A write the disk refuses (no space, I/O error, permission) leaves
+        the snapshot in place as it was, removes what it wrote, and raises StateNotWritten in one line (which path, why,
+        what it needed)."""
         tmp = self.dir / f"snapshot.tmp-{os.getpid()}"
         try:
             self._save(tmp, replica, position, extra or {}, written)
@@ -159,14 +163,16 @@ class SnapshotStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         if self.fmt == "raw":  # each tensor's bytes as they lie in memory: no copy, no compression (disk speed)
-            _write(tmp / "state.bin", (memoryview(t.detach().contiguous().numpy()).cast("B") for t in _tensors(replica.state)))
+            _write(tmp / "state.bin",
+                   (memoryview(t.detach().contiguous().numpy()).cast("B") for t in _tensors(replica.state)))
             state = {"state.msgpack": raw_header(replica)}
         else:
             state = {"state.ckpt": replica.checkpoint().to_bytes()}
         files = state | {
             # the digests of recent versions: a restarted replica still tells a replayed old version from a fork
             "recent.msgpack": msgpack.packb([[v, d] for v, d in replica.recent.items()]),
-            "position.json": json.dumps(position.to_json() | {"version": replica.version, "digest": replica.digest.hex()}).encode()}
+            "position.json": json.dumps(position.to_json() | {"version": replica.version,
+                                                              "digest": replica.digest.hex()}).encode()}
         for name, data in (files | extra).items():
             _write(tmp / name, [data])
         fsync_dir(tmp)
@@ -207,7 +213,8 @@ class SnapshotStore:
             saved = json.loads((path / "position.json").read_text())
             position = Position.from_json(saved, "position")
         except (ValueError, UnicodeDecodeError, MalformedMessage) as e:
-            raise MalformedMessage(f"{what}/position.json: corrupt ({e}); remove {path} to bootstrap from the log") from None
+            raise MalformedMessage(
+                f"{what}/position.json: corrupt ({e}); remove {path} to bootstrap from the log") from None
         if (path / "state.msgpack").exists():
             replica = _load_raw(path, what)
         elif (path / "state.ckpt").exists():  # format 1
@@ -216,11 +223,13 @@ class SnapshotStore:
                 raise MalformedMessage(f"{what}/state.ckpt: holds an update record, expected a checkpoint")
             replica = PolicyReplica.from_checkpoint(ckpt, f"{what}/state.ckpt")
         else:
-            raise MalformedMessage(f"{what}: state.msgpack (and state.ckpt) missing; remove {path} to bootstrap from the log")
+            raise MalformedMessage(f"{what}: state.msgpack (and state.ckpt) missing; remove {path} to bootstrap from "
+                                   f"the log")
         said = (saved.get("version", replica.version), saved.get("digest", replica.digest.hex()))
         if said != (replica.version, replica.digest.hex()):  # written apart: the position is not this state's
             raise MalformedMessage(f"{what}/position.json: is of v{said[0]} digest {str(said[1])[:12]}, the state of "
-                                   f"v{replica.version} digest {replica.digest.hex()[:12]}; remove {path} to bootstrap from the log")
+                                   f"v{replica.version} digest {replica.digest.hex()[:12]}; remove {path} to bootstrap "
+                                   f"from the log")
         self.loaded_from = path
         if (path / "recent.msgpack").exists():  # snapshots from before it was kept have none: only the current digest
             replica.recent = _recent((path / "recent.msgpack").read_bytes(), replica, f"{what}/recent.msgpack")
@@ -285,8 +294,8 @@ def _load_raw(path: pathlib.Path, what: str) -> PolicyReplica:
                          {k: float(v) for k, v in scalars.items()})
     held = state.digest()
     if held != digest:
-        raise DivergenceError(f"{bw}: v{version} content hashes to {held.hex()}, its header says {digest.hex()} (torn or "
-                              f"altered); {gone}")
+        raise DivergenceError(f"{bw}: v{version} content hashes to {held.hex()}, its header says {digest.hex()} (torn "
+                              f"or altered); {gone}")
     return PolicyReplica(state, run, digest=digest, genesis=genesis, nonce=nonce if version == 0 else b"")
 
 
@@ -296,7 +305,8 @@ def _recent(data: bytes, replica: PolicyReplica, what: str) -> collections.Order
         pairs = msgpack.unpackb(data)
         recent = collections.OrderedDict((int(v), bytes(d)) for v, d in pairs)
     except (ValueError, TypeError, msgpack.UnpackException) as e:
-        raise MalformedMessage(f"{what}: corrupt ({e}); remove it (forks of older versions then go unnoticed)") from None
+        raise MalformedMessage(
+            f"{what}: corrupt ({e}); remove it (forks of older versions then go unnoticed)") from None
     if recent.get(replica.version) != replica.digest:
         raise MalformedMessage(f"{what}: does not end at the snapshot's v{replica.version}; remove it")
     return recent

@@ -34,7 +34,8 @@ class Start:
     set_aside: PolicyReplica | None = None
 
 
-def choose_start(log, run: str, snapshot, verifier=None, max_version: int | None = None, until: int | None = None) -> Start:
+def choose_start(log, run: str, snapshot, verifier=None, max_version: int | None = None,
+                 until: int | None = None) -> Start:
     """Start from `snapshot` ((replica, Position) or None) if its next update is retained, else from the newest
     checkpoint (at most `max_version`, when there is no snapshot). LogError when no checkpoint is usable. `until`: the
     reader ends at exactly this version, so no checkpoint past it is used, and one whose replay to it expired is refused
@@ -61,7 +62,8 @@ def _bootstrap(log, run: str, cap: int | None, verifier, until: int | None) -> t
     topic = updates_topic(run)
     if replica.version < until and not log.retained(topic, position.next_offset):
         raise Expired(_unreachable(log, run, until, f"the updates after checkpoint v{replica.version} (from offset "
-                                   f"{position.next_offset}) have expired: {topic} begins at offset {log.begin_offset(topic)}"))
+                                   f"{position.next_offset}) have expired: {topic} begins at offset "
+                                   f"{log.begin_offset(topic)}"))
     return replica, position
 
 
@@ -69,7 +71,8 @@ def _unreachable(log, run: str, version: int, why: str) -> str:
     """One line: `version` cannot be rebuilt from this log, why, and the oldest version it can still give."""
     oldest = oldest_replayable(log, run)
     can = "no version (no checkpoint whose updates are retained)" if oldest is None else f"v{oldest}"
-    return f"v{version} of run {run} cannot be rebuilt from {log.url} ({why}); the oldest version this log can still give is {can}"
+    return (f"v{version} of run {run} cannot be rebuilt from {log.url} ({why}); the oldest version this log can still "
+            f"give is {can}")
 
 
 def oldest_replayable(log, run: str) -> int | None:
@@ -78,7 +81,8 @@ def oldest_replayable(log, run: str) -> int | None:
     topic, begin = checkpoints_topic(run), log.begin_offset(checkpoints_topic(run))
     for rec in records(log, topic):
         h = rec.parsed
-        if not (h.of_run(run) and h.last_chunk and h.kind == "checkpoint") or h.updates_offset is None or h.version is None:
+        if not (h.of_run(run) and h.last_chunk
+                and h.kind == "checkpoint") or h.updates_offset is None or h.version is None:
             continue
         if rec.offset - h.chunk[0] >= begin and log.retained(updates_topic(run), h.updates_offset):
             return h.version
