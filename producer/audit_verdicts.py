@@ -1,7 +1,8 @@
 """Each site's audit verdict, and where the trainer keeps them so that a restart does not wipe a liar's slate.
 
     store = VerdictStore(f"{state_dir}/audit.json")     # beside the rollout ledger (STATE_DIR/rollouts.jsonl)
-    verdicts, moments = store.load()                     # {site: Verdict}, {site: [surprisal sum, variance sum, tokens]}
+    verdicts, moments = store.load()                     # {site: Verdict},
+                                                           {site: [surprisal sum, variance sum, tokens]}
     store.save(verdicts, moments)                        # propose (temp file, fsync), commit (rename, fsync the dir)
     key = store.key()                                    # the audit's draw key, STATE_DIR/audit.key (0600), made once
 
@@ -94,8 +95,9 @@ class VerdictStore:
         except FileNotFoundError:
             return {}, {}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConfigError(f"{self.path}: not the trainer's audit verdicts ({type(e).__name__}: {e}); restore it from a "
-                              f"backup, or remove it to start every site clean (a quarantined site too)") from None
+            raise ConfigError(f"{self.path}: not the trainer's audit verdicts ({type(e).__name__}: {e}); restore it "
+                              f"from a backup, or remove it to start every site clean (a quarantined site "
+                              f"too)") from None
 
     def save(self, verdicts: dict, moments: dict) -> None:
         """Replace the file with these verdicts, atomically and durably."""
@@ -113,8 +115,8 @@ class VerdictStore:
             with open(path, "rb") as f:
                 key = f.read()
             if len(key) != KEY_BYTES:
-                raise ConfigError(f"{path}: {len(key)} bytes, not the audit's {KEY_BYTES}-byte key; remove it (a new one is "
-                                  f"made)") from None
+                raise ConfigError(f"{path}: {len(key)} bytes, not the audit's {KEY_BYTES}-byte key; remove it (a new "
+                                  f"one is made)") from None
             return key
         key = os.urandom(KEY_BYTES)
         with os.fdopen(fd, "wb") as f:
@@ -143,7 +145,8 @@ class Verdicts:
             if metrics is not None:
                 metrics.set("site_quarantined", int(v.quarantined), site=v.site)
             if v.quarantined:
-                logger.warning("site %s stays quarantined (its verdict, kept in %s): %s", v.site, store.path, v.evidence)
+                logger.warning("site %s stays quarantined (its verdict, kept in %s): %s", v.site, store.path,
+                               v.evidence)
 
     def of(self, site: str) -> Verdict:
         """The verdict of `site` (a new, clean one for a site not seen yet)."""
@@ -182,8 +185,9 @@ class Verdicts:
                                f"{self.cfg.sampling_z_limit:g}); their log-probabilities were right")
 
     def noise(self, v: Verdict, total: float, tokens: int, noise) -> None:
-        """Add a passed rollout's |differences| (their sum, over `tokens`) to the site's statistical verdict, against the
-        honest `noise` of its engine and dtype; quarantine past the limit. A quarantined site's go to its probe's."""
+        """Add a passed rollout's |differences| (their sum, over `tokens`) to the site's statistical verdict, against
+        the honest `noise` of its engine and dtype; quarantine past the limit. A quarantined site's go to its
+        probe's."""
         self.noise_of[v.site] = noise
         if v.quarantined:
             m = self.probe_noise.setdefault(v.site, [0.0, 0])
@@ -194,13 +198,15 @@ class Verdicts:
         v.noise_tokens += tokens
         v.noise_z = noise_z(v.noise_total, v.noise_tokens, noise, self.cfg.noise_headroom)
         if v.noise_tokens >= self.cfg.noise_min_tokens and v.noise_z > self.cfg.noise_z_limit:
-            self.quarantine(v, f"its log-probabilities differ from the versions they claim more than honest serving does: mean "
-                               f"|difference| {v.noise_total / v.noise_tokens:.3g} over {v.noise_tokens} audited tokens, "
-                               f"z = {v.noise_z:+.1f} against the honest {noise.abs_mean:.3g} (x {self.cfg.noise_headroom:g} "
-                               f"headroom; limit {self.cfg.noise_z_limit:g}), each token within the tolerance")
+            self.quarantine(v, f"its log-probabilities differ from the versions they claim more than honest serving "
+                               f"does: mean |difference| {v.noise_total / v.noise_tokens:.3g} over {v.noise_tokens} "
+                               f"audited tokens, z = {v.noise_z:+.1f} against the honest {noise.abs_mean:.3g} (x "
+                               f"{self.cfg.noise_headroom:g} headroom; limit {self.cfg.noise_z_limit:g}), each token "
+                               f"within the tolerance")
 
     def probe(self, v: Verdict, failed: bool) -> str:
-        """Count a quarantined site's checked rollout (a failure already counted) toward its release; dropped either way."""
+        """Count a quarantined site's checked rollout (a failure already counted) toward its release; dropped either
+        way."""
         if failed:
             self._restart_probe(v)
             return "quarantined"
@@ -212,7 +218,8 @@ class Verdicts:
         # release asks for half the quarantine's z limits: a site on probation must look honest, not merely unproven
         if v.probation >= self.cfg.release_after and tokens >= self.cfg.sampling_min_tokens \
                 and abs(z) <= self.cfg.sampling_z_limit / 2 and nz <= self.cfg.noise_z_limit / 2:
-            self._release(v, f"it passed its probe: {v.probation} audited rollouts in a row, sampling z = {z:+.1f} over "
+            self._release(v,
+                          f"it passed its probe: {v.probation} audited rollouts in a row, sampling z = {z:+.1f} over "
                              f"{tokens} tokens, statistical verdict z = {nz:+.1f}")
         return "quarantined"
 
@@ -230,12 +237,13 @@ class Verdicts:
         self.newly_quarantined.append(v.site)
         if self.metrics is not None:
             self.metrics.set("site_quarantined", 1, site=v.site)
-        logger.error("QUARANTINED site %s: %s. Its rollouts are dropped until an operator clears it%s; the run goes on with "
-                     "the other sites", v.site, evidence,
+        logger.error("QUARANTINED site %s: %s. Its rollouts are dropped until an operator clears it%s; the run goes on "
+                     "with the other sites", v.site, evidence,
                      f" or {self.cfg.release_after} in a row pass the audit" if self.cfg.release_after else "")
 
     def clear(self, site: str) -> None:
-        """An operator's decision: `site`'s rollouts are accepted again (its counts stay; its sampling test starts over)."""
+        """An operator's decision: `site`'s rollouts are accepted again (its counts stay; its sampling test starts
+        over)."""
         self._release(self.of(site), "an operator cleared it")
 
     def _release(self, v: Verdict, why: str) -> None:

@@ -1,4 +1,5 @@
-"""The versions the trainer's audit checks rollouts against: the newest published ones' params, as each site served them.
+"""The versions the trainer's audit checks rollouts against: the newest published ones' params, as each site served
+them.
 
     kept = KeptVersions(names, keep=S + 1)
     kept.remember(version, replica.state.params)     # after every published version (and at start): the head moves
@@ -46,7 +47,8 @@ class KeptVersions:
     @property
     def kept_bytes(self) -> int:
         """Bytes of params held, fp32 and rounded copies."""
-        return sum(t.numel() * t.element_size() for d in (*self._fp32.values(), *self._rounded.values()) for t in d.values())
+        return sum(t.numel() * t.element_size() for d in (*self._fp32.values(), *self._rounded.values())
+                   for t in d.values())
 
     def __contains__(self, version) -> bool:
         return version in self._fp32

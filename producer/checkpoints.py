@@ -3,7 +3,8 @@
 A checkpoint is how a late site joins: it bootstraps from the newest one and replays the updates after it. One is
 due every `checkpoint_every` versions, after one failed (retried with the next version), and whenever the newest one
 or the updates after it could expire before the next (producer/retention_guard.py, which follows both topics' limits).
-Older ones only make a bootstrap's replay longer, so the topic keeps the newest `keep_checkpoints` this trainer published.
+Older ones only make a bootstrap's replay longer, so the topic keeps the newest `keep_checkpoints` this trainer
+published.
 """
 import logging
 
@@ -19,10 +20,13 @@ logger = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Cadence, records and trimming of one run's checkpoints; they are signed with `keyring`'s signer (the trainer's)."""
+    """Cadence, records and trimming of one run's checkpoints; they are signed with `keyring`'s signer (the
+    trainer's)."""
 
-    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, keyring, metrics, retention: RetentionGuard):
-        """Store the parts (no I/O); `Checkpoints.open` is how a trainer makes one. `keyring`: a schemas.keyring.Keyring."""
+    def __init__(self, log, run: str, every: int, keep: int, chunk_bytes: int, keyring, metrics,
+                 retention: RetentionGuard):
+        """Store the parts (no I/O); `Checkpoints.open` is how a trainer makes one. `keyring`: a
+        schemas.keyring.Keyring."""
         self.log, self.run, self.every, self.keep, self.chunk_bytes = log, run, every, keep, chunk_bytes
         self.keyring, self.metrics = keyring, metrics
         self.topic, self.updates = checkpoints_topic(run), updates_topic(run)
@@ -45,7 +49,8 @@ class Checkpoints:
             return True
         why = self.retention.due()
         if why:
-            logger.info("run %s: checkpoint with v%d, before the newest one or the updates after it can expire: %s", self.run,
+            logger.info("run %s: checkpoint with v%d, before the newest one or the updates after it can expire: %s",
+                        self.run,
                         version, why)
         return why is not None
 
@@ -111,11 +116,13 @@ class Checkpoints:
             before = self.starts[-self.keep]
             try:
                 if self.log.trim(self.topic, before):
-                    logger.info("run %s: checkpoints before offset %d deleted (keeping the newest %d)", self.run, before,
+                    logger.info("run %s: checkpoints before offset %d deleted (keeping the newest %d)", self.run,
+                                before,
                                 self.keep)
                 self.starts = self.starts[-self.keep:]
             except LogError as e:  # the checkpoint itself is published; the trim is retried after the next one
-                logger.warning("run %s: deleting old checkpoints failed (%s); retried after the next checkpoint", self.run, e)
+                logger.warning("run %s: deleting old checkpoints failed (%s); retried after the next checkpoint",
+                               self.run, e)
 
     def rotate_key(self, new, replica, log_bytes: int) -> int:
         """Move the run to signer `new`: a 'next key' record signed by the current key (sites that trust it follow),
@@ -123,7 +130,9 @@ class Checkpoints:
         updates end offset) a checkpoint signed by the new one."""
         rot = KeyRotation(self.run, replica.version + 1, new.public_bytes())
         extra = H.key_headers(replica.digest, log_bytes)
-        self.log.append(self.updates, split(rot.to_bytes(self.keyring.signer), self.run, "key", replica.version, self.chunk_bytes, extra))
+        self.log.append(self.updates, split(rot.to_bytes(self.keyring.signer), self.run, "key", replica.version,
+                                            self.chunk_bytes, extra))
         old = self.keyring.rotate(new)
-        logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(), old.key_id.hex())
+        logger.warning("run %s: from v%d signed by key %s (was %s)", self.run, replica.version + 1, new.key_id.hex(),
+                       old.key_id.hex())
         return self.log.end_offset(self.updates)

@@ -45,7 +45,8 @@ class MasterCopy:
 
     def propose(self, grads: list, hparams: dict) -> tuple:
         """(next MasterState, movement per block) for one optimizer step on `grads`; mutates nothing."""
-        h = self.optimizer.check_hparams({k: float(v) for k, v in (self.optimizer.defaults() | hparams).items()}, "delta mode hparams")
+        h = self.optimizer.check_hparams({k: float(v) for k, v in (self.optimizer.defaults() | hparams).items()},
+                                         "delta mode hparams")
         s = self.state
         params, slots, scalars = self.optimizer.step(s.params, [g.detach().to("cpu", torch.float32) for g in grads],
                                                      s.slots, s.scalars, h)
@@ -62,7 +63,8 @@ class MasterCopy:
     def load_state_dict(self, d: dict, what: str = "master state") -> None:
         """Restore `state_dict()` output; block shapes and slot names must match."""
         shapes = [tuple(p.shape) for p in self.state.params]
-        if [tuple(p.shape) for p in d.get("params", [])] != shapes or set(d.get("slots", {})) != set(self.optimizer.slots):
+        if [tuple(p.shape)
+            for p in d.get("params", [])] != shapes or set(d.get("slots", {})) != set(self.optimizer.slots):
             raise ConfigError(f"{what}: not a {self.optimizer.name} master of this adapter")
         self.state = MasterState([p.float().clone() for p in d["params"]],
                                  {k: [t.float().clone() for t in v] for k, v in d["slots"].items()}, dict(d["scalars"]))

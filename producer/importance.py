@@ -16,8 +16,8 @@ def truncated_weights(trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.
     scale the policy-gradient term, they are not trained through.
     """
     if trainer_logprobs.shape != behaviour_logprobs.shape:
-        raise ConfigError(f"truncated_weights: trainer log-probs {tuple(trainer_logprobs.shape)} and behaviour log-probs "
-                          f"{tuple(behaviour_logprobs.shape)} must have one value per token each")
+        raise ConfigError(f"truncated_weights: trainer log-probs {tuple(trainer_logprobs.shape)} and behaviour "
+                          f"log-probs {tuple(behaviour_logprobs.shape)} must have one value per token each")
     if not cap >= 1.0:
         raise ConfigError(f"truncated_weights: cap = {cap}: must be >= 1")
     ratio = torch.exp(trainer_logprobs.detach().double() - behaviour_logprobs.double())

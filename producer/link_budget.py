@@ -77,7 +77,8 @@ class LinkBudget:
         try:
             reports = site_reports(self.log, self.run)
         except HiloError as e:  # the reports are advisory: keep the last ones
-            logger.warning("run %s: --budget auto could not read the sites' reports (%s); keeping the last", self.run, e)
+            logger.warning("run %s: --budget auto could not read the sites' reports (%s); keeping the last", self.run,
+                           e)
             return self.links
         for _, _, report in reports:
             if report.link_bps is not None and now - (report.applied_at or 0.0) <= self.cfg.max_age_s:
@@ -101,7 +102,8 @@ class LinkBudget:
             fraction, rule = fit(cfg, step_s, bps, self.adapter_bytes, slope or 0.0)
             # 4 significant digits, not fixed decimals: a reader recomputes the fraction from these within 1e-3 even
             # when a step takes milliseconds
-            why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": float(f"{step_s:.4g}"), "share": cfg.share}
+            why = {"rule": rule, "site": site, "link_bps": round(bps), "step_s": float(f"{step_s:.4g}"),
+                   "share": cfg.share}
             if slope is not None:
                 why["cpu_s_per_fraction"] = float(f"{slope:.4g}")
         why["fraction"] = round(fraction, 6)

@@ -7,7 +7,8 @@ from hilo.schemas.records import BlockSpec, Manifest
 
 
 def _module_and_kind(name: str, adapter: str):
-    # "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight" -> ("model.layers.0.self_attn.q_proj", "A")
+    # "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight" -> ("model.layers.0.self_attn.q_proj",
+    # "A")
     for kind in ("A", "B"):
         suffix = f".lora_{kind}.{adapter}.weight"
         if name.endswith(suffix):
@@ -41,8 +42,8 @@ def lora_weights(model: torch.nn.Module, adapter: str = "default") -> tuple:
 
 
 def lora_gradients(grads: list, manifest: Manifest, run: str, adapter: str) -> list:
-    """The LoRA params' gradients in manifest order (zeros for a block outside the graph); refuses none at all, or NaN/Inf.
-    `grads`: LoraWeights.grads() (None where a param has none)."""
+    """The LoRA params' gradients in manifest order (zeros for a block outside the graph); refuses none at all, or
+    NaN/Inf. `grads`: LoraWeights.grads() (None where a param has none)."""
     if all(g is None for g in grads):
         raise TrainerError(f"run {run}: no LoRA parameter has a gradient (call loss.backward() first; "
                            f"is adapter {adapter!r} trainable?)")
@@ -72,7 +73,8 @@ class LoraWeights:
         self._values = self._grads = None  # what `gather` collected (sharded only)
 
     def gather(self, grads: bool) -> None:
-        """Sharded: all-gather the params whole, and their gradients when `grads` (a collective: every rank calls it)."""
+        """Sharded: all-gather the params whole, and their gradients when `grads` (a collective: every rank calls
+        it)."""
         if not self.sharded:
             return
         with torch.no_grad():
@@ -86,7 +88,8 @@ class LoraWeights:
         return self._values if self.sharded else [p.detach() for p in self.params]
 
     def grads(self) -> list:
-        """The params' gradients whole, None where there is none (sharded: as the last `gather(grads=True)` found them)."""
+        """The params' gradients whole, None where there is none (sharded: as the last `gather(grads=True)` found
+        them)."""
         return self._grads if self.sharded else [p.grad for p in self.params]
 
     def write(self, values: list) -> None:
@@ -94,7 +97,8 @@ class LoraWeights:
         with torch.no_grad():
             for p, v in zip(self.params, values, strict=True):
                 if _sharded(p):
-                    v = distribute_tensor(v.to(device=p.device, dtype=p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+                    v = distribute_tensor(v.to(device=p.device, dtype=p.dtype), p.device_mesh, p.placements,
+                                          src_data_rank=None)
                     p.to_local().copy_(v.to_local())
                 else:
                     p.copy_(v.to(p.dtype))

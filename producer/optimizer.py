@@ -35,13 +35,15 @@ def _group_defaults(model: torch.nn.Module, config: ProducerConfig, hparams: dic
     rule = get_optimizer(config.optimizer)  # gradient mode: every replica's step; delta mode: the master's
     unknown = sorted(set(hparams) - set(rule.hparams))
     if unknown:
-        raise ConfigError(f"HiLoOptimizer: {unknown} are not hyperparameters of {rule.name!r} (it has {sorted(rule.hparams)})")
+        raise ConfigError(f"HiLoOptimizer: {unknown} are not hyperparameters of {rule.name!r} (it has "
+                          f"{sorted(rule.hparams)})")
     defaults = rule.check_hparams(rule.defaults() | config.hparams | hparams, "HiLoOptimizer")
     lora = {id(p) for p in lora_parameters(model, config.adapter)[1]}
     stray = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in lora]
     if stray:
-        raise ConfigError(f"HiLoOptimizer: {len(stray)} trainable parameter(s) outside LoRA adapter {config.adapter!r} would not "
-                          f"be replicated to the sites, e.g. {stray[0]!r}; freeze them (modules_to_save is not supported)")
+        raise ConfigError(f"HiLoOptimizer: {len(stray)} trainable parameter(s) outside LoRA adapter {config.adapter!r} "
+                          f"would not be replicated to the sites, e.g. {stray[0]!r}; freeze them (modules_to_save is "
+                          f"not supported)")
     return defaults
 
 
@@ -122,12 +124,13 @@ class HiLoOptimizer(torch.optim.Optimizer):
             raise LogError(f"run {p.config.run}: the checkpoint is at v{v} but the log ends at v{head}; "
                            f"this log is not the one the checkpoint was trained against")
         if known is not None and known.hex() != saved["digest"]:
-            raise LogError(f"run {p.config.run}: the checkpoint's v{v} has digest {saved['digest'][:12]}, the log's v{v} has "
-                           f"{known.hex()[:12]}: a fork; refusing to resume")
+            raise LogError(f"run {p.config.run}: the checkpoint's v{v} has digest {saved['digest'][:12]}, the log's "
+                           f"v{v} has {known.hex()[:12]}: a fork; refusing to resume")
         super().load_state_dict({k: val for k, val in state_dict.items() if k != "hilo"})
         if v < head:
-            logger.warning("run %s: the checkpoint is at v%d, the log at v%d; continuing from v%d (the log wins; the steps "
-                           "after v%d will see their data again, and error feedback restarts from zero)", p.config.run, v, head, head, v)
+            logger.warning("run %s: the checkpoint is at v%d, the log at v%d; continuing from v%d (the log wins; the "
+                           "steps after v%d will see their data again, and error feedback restarts from zero)",
+                           p.config.run, v, head, head, v)
         elif p.builder is None:
             pass  # a rank of a torch.distributed job that does not publish keeps no encoder state
         elif saved.get("encoder") is None:

@@ -53,8 +53,9 @@ class HiLoProducer:
 
     def __init__(self, model: torch.nn.Module, config: ProducerConfig, log, keyring: Keyring, metrics: Metrics,
                  checkpoints: Checkpoints, started: Resumed, fencing_token: int, ledger: TrainerLedger, lora: tuple):
-        """Assemble a trainer that `started` (no I/O); `HiLoProducer.open` is how one is made. `lora`: (manifest, LoraWeights).
-        `keyring`: the run's signing keys, shared with its checkpoints (and a RolloutExchange given it): schemas/keyring.py."""
+        """Assemble a trainer that `started` (no I/O); `HiLoProducer.open` is how one is made. `lora`: (manifest,
+        LoraWeights). `keyring`: the run's signing keys, shared with its checkpoints (and a RolloutExchange given it):
+        schemas/keyring.py."""
         self.config, self.model, self.log, self.keyring, self.metrics = config, model, log, keyring, metrics
         self.checkpoints, self.fencing_token, self.ledger = checkpoints, fencing_token, ledger
         self.manifest, self.weights = lora
@@ -71,7 +72,8 @@ class HiLoProducer:
         self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
         self.in_doubt = None  # a Proposal published with an unknown outcome; settled by the next resync
         self.pending = None   # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
-        self.inflight = None  # ProducerConfig.pipeline: the version whose publish runs on its thread (producer/inflight.py)
+        # ProducerConfig.pipeline: the version whose publish runs on its thread (producer/inflight.py)
+        self.inflight = None
         self.last_step = {}
 
     @classmethod
@@ -105,7 +107,8 @@ class HiLoProducer:
 
     @property
     def version(self) -> int:
-        """The version the trainer holds: the last committed one (pipeline: the last applied, its publish maybe under way)."""
+        """The version the trainer holds: the last committed one (pipeline: the last applied, its publish maybe under
+        way)."""
         return self.replica.version
 
     def save_snapshot(self):
@@ -114,7 +117,8 @@ class HiLoProducer:
         self.ledger.save(self.replica, self.builder.encoder, self.sync)
 
     def resync(self) -> None:
-        """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it holds."""
+        """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it
+        holds."""
         self.settle()
         pending, run = self.in_doubt, self.config.run
         follower, ours = self.publisher.replay(self.replica, self.ledger.position, pending, self.config.on_bad_record,
@@ -124,9 +128,11 @@ class HiLoProducer:
         if ours:
             self.builder.encoder.commit(pending.encoding)  # the log has our message: keep its error feedback
             self.sync.commit(self.pending)
-            logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", run, pending.version)
+            logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", run,
+                           pending.version)
         elif pending is not None:
-            logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", run, pending.version)
+            logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", run,
+                           pending.version)
         self.in_doubt = self.pending = None
         self.write_back()
 
@@ -141,7 +147,8 @@ class HiLoProducer:
         self.save_snapshot()
 
     def write_back(self):
-        """Copy the trainer's fp32 params (the replica's; delta mode: the master's) into the training model (its dtype)."""
+        """Copy the trainer's fp32 params (the replica's; delta mode: the master's) into the training model (its
+        dtype)."""
         self.weights.write(self.sync.policy(self.replica))
 
     def lag(self) -> float:
@@ -164,7 +171,8 @@ class HiLoProducer:
         proposal, pending = self.sync.propose(self.builder, grads, self.config.hparams | hparams, meta)
         version = self._publish(proposal, pending, t0)
         if self.link_budget is not None:
-            self.link_budget.observe(self.builder.encoder.budget.fraction, proposal.timing["encode"] + proposal.timing["apply"])
+            self.link_budget.observe(self.builder.encoder.budget.fraction,
+                                     proposal.timing["encode"] + proposal.timing["apply"])
         if zero_grad:
             self.weights.zero_grad()
         return version
@@ -198,7 +206,8 @@ class HiLoProducer:
         self.pending, msg = pending, proposal.message
         crash_points.reach("trainer.encoded")
         checkpoint = self.checkpoints.of(proposal, self.replica.genesis)  # None: this version carries none
-        send = functools.partial(self.publisher.publish, msg, self.keyring.signer, self.ledger.log_bytes, checkpoint, self.version)
+        send = functools.partial(self.publisher.publish, msg, self.keyring.signer, self.ledger.log_bytes, checkpoint,
+                                 self.version)
         if self.config.pipeline:
             self.inflight = InFlight(proposal, self.builder.adopt(proposal), checkpoint is not None, t0, send)
             self.write_back()
@@ -237,14 +246,17 @@ class HiLoProducer:
         self._committed(inflight.proposal, published, inflight.wanted_checkpoint, inflight.critical_s,
                         {"wait_s": time.perf_counter() - t, "publish_s": inflight.publish_s})
 
-    def _committed(self, proposal, published, wanted_checkpoint: bool, total_s: float, extra: dict | None = None) -> None:
-        """What the log's acknowledgement of `proposal` decides: the sync state, position, history, metrics, snapshot."""
+    def _committed(self, proposal, published, wanted_checkpoint: bool, total_s: float,
+                   extra: dict | None = None) -> None:
+        """What the log's acknowledgement of `proposal` decides: the sync state, position, history, metrics,
+        snapshot."""
         msg = proposal.message
         observe_published(self.metrics, proposal, published.nbytes, self.manifest.adapter_bytes(), published.sign_s,
                           published.transaction_s)
         self.sync.commit(self.pending)
         self.pending = None
-        self.ledger.committed(self.replica, published.offsets[-1], published.nbytes)  # pipeline: at it until the next adopt
+        # pipeline: at it until the next adopt
+        self.ledger.committed(self.replica, published.offsets[-1], published.nbytes)
         if self.checkpoints.settled(published, msg.version, wanted=wanted_checkpoint):
             self.save_snapshot()
         self.last_step = {"version": msg.version, "bytes": published.nbytes, "chunks": len(published.offsets),

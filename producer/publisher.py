@@ -45,7 +45,8 @@ class Published:
 
 def update_headers(msg, log_bytes: int) -> dict:
     """The position headers of update `msg`, `log_bytes` through it: what readers of the tail need undecoded."""
-    return H.update_headers(msg.digest, log_bytes, msg.meta.get("lag"))  # `hilo lag` reads the lag from the head's headers
+    # `hilo lag` reads the lag from the head's headers
+    return H.update_headers(msg.digest, log_bytes, msg.meta.get("lag"))
 
 
 class _NotOnLog(Exception):
@@ -59,7 +60,8 @@ class _Deadline(Exception):
 class Publisher:
     """Publishes versions of one run to `log`, each in one transaction with its checkpoint when it carries one."""
 
-    def __init__(self, log, run: str, updates: str, checkpoints: str, chunk_bytes: int, deadline_s: float, metrics, outage):
+    def __init__(self, log, run: str, updates: str, checkpoints: str, chunk_bytes: int, deadline_s: float, metrics,
+                 outage):
         self.log, self.run, self.updates, self.checkpoints = log, run, updates, checkpoints
         self.chunk_bytes, self.deadline_s, self.metrics, self.outage = chunk_bytes, deadline_s, metrics, outage
         self.fenced = False  # another trainer took the run over: nothing more is published
@@ -100,7 +102,8 @@ class Publisher:
         def again(e, n):
             self.metrics.inc("publish_retries", cause=type(e.args[0]).__name__)
             self.outage.failed(e.args[0])  # said once, then every minute, while it lasts
-            logger.debug("run %s: publishing v%d failed (%s) and the log does not hold it; try %d", self.run, msg.version,
+            logger.debug("run %s: publishing v%d failed (%s) and the log does not hold it; try %d", self.run,
+                         msg.version,
                          e.args[0], n + 1)
         try:  # each try with a fresh producer (the writer drops a failed one)
             published = retry.call(attempt, retriable=lambda e: isinstance(e, _NotOnLog), attempts=None,
@@ -109,27 +112,30 @@ class Publisher:
             doubt = isinstance(e, _Deadline)
             where = "whether the log holds it is not known yet" if doubt else "it is not on the log"
             raise NotPublished(f"run {self.run}: v{msg.version} was not published within publish_deadline_s = "
-                               f"{self.deadline_s:g}s ({where}; last error: {e.args[0]}); the trainer stays at v{at_version}: "
-                               f"the next step (or a restart) resumes from the log", in_doubt=doubt) from None
+                               f"{self.deadline_s:g}s ({where}; last error: {e.args[0]}); the trainer stays at "
+                               f"v{at_version}: the next step (or a restart) resumes from the log",
+                               in_doubt=doubt) from None
         self.outage.over()
         self.last_message = msg
-        return Published(published.offsets, published.checkpoint_offsets, len(data), t_tx - t_sign, time.perf_counter() - t_tx)
+        return Published(published.offsets, published.checkpoint_offsets, len(data), t_tx - t_sign,
+                         time.perf_counter() - t_tx)
 
     def replay(self, replica, position, pending, on_bad_record, trust=None) -> tuple:
         """Settle an in-doubt publish of proposal `pending` by applying the log from `position` (the last committed) on
-        `replica` (signed runs: what `trust`, the trainer's keyring, verifies): (the follower, whether the log holds `pending`). FencedError
-        when the log moved by another message."""
+        `replica` (signed runs: what `trust`, the trainer's keyring, verifies): (the follower, whether the log holds
+        `pending`). FencedError when the log moved by another message."""
         before = replica.version
         follower = catch_up(self.log, self.run, replica, position, on_bad_record, trust)
         ours = pending is not None and replica.version == pending.version and replica.digest == pending.message.digest
         if replica.version != before and not ours:  # the log moved, and not by this trainer's message
             raise self._fence(FencedError(f"run {self.run}: the log moved from v{before} to v{replica.version} (digest "
-                              f"{replica.digest.hex()[:12]}) without this trainer's proposal: another trainer writes this "
-                              f"run; this one publishes nothing more"))
+                              f"{replica.digest.hex()[:12]}) without this trainer's proposal: another trainer writes "
+                              f"this run; this one publishes nothing more"))
         return follower, ours
 
     def _append(self, msg, data: bytes, extra: dict, checkpoint_records) -> Published:
-        """One transaction: the version's chunks and, when due, its checkpoint become visible together, or not at all."""
+        """One transaction: the version's chunks and, when due, its checkpoint become visible together, or not at
+        all."""
         checkpoint_offsets = None
         with self.log.transaction() as tx:
             offsets = tx.append(self.updates, split(data, self.run, "update", msg.version, self.chunk_bytes, extra))
@@ -151,15 +157,17 @@ class Publisher:
                 break
             except Exception as e:  # noqa: BLE001  (any failure here leaves the outcome unknown)
                 if time.monotonic() >= deadline:
-                    logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying at v%d, "
-                                   "the next step resyncs from the log", self.run, msg.version, error, e, at_version)
+                    logger.warning("run %s: publishing v%d failed (%s) and the log head cannot be read (%s): staying "
+                                   "at v%d, the next step resyncs from the log", self.run, msg.version, error, e,
+                                   at_version)
                     return Outcome.IN_DOUBT, None
                 self.outage.wait(e)
         if not landed and h.version is not None and h.version >= msg.version:  # someone else moved the run meanwhile
-            raise self._fence(FencedError(f"run {self.run}: publishing v{msg.version} failed ({error}), and the log holds "
-                                          f"another v{h.version} (digest {(h.digest or '?')[:12]}): another trainer writes "
-                                          f"this run; this one publishes nothing more")) from None
+            raise self._fence(FencedError(f"run {self.run}: publishing v{msg.version} failed ({error}), and the log "
+                                          f"holds another v{h.version} (digest {(h.digest or '?')[:12]}): another "
+                                          f"trainer writes this run; this one publishes nothing more")) from None
         if not landed:
             return Outcome.NOT_ON_LOG, None
-        logger.warning("run %s: publishing v%d reported %s, but the log holds it; continuing", self.run, msg.version, error)
+        logger.warning("run %s: publishing v%d reported %s, but the log holds it; continuing", self.run, msg.version,
+                       error)
         return Outcome.COMMITTED, [end - 1]

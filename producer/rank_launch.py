@@ -48,16 +48,18 @@ def join_launch(config) -> None:
         return
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
-        raise ConfigError(f"WORLD_SIZE={world} (a multi-rank launch) without {', '.join(missing)}, and torch.distributed is not "
-                          f"initialized: every rank would open the run as a trainer of its own and fence the others. Call "
-                          f"torch.distributed.init_process_group() (or create the Accelerator) before the optimizer")
+        raise ConfigError(f"WORLD_SIZE={world} (a multi-rank launch) without {', '.join(missing)}, and "
+                          f"torch.distributed is not initialized: every rank would open the run as a trainer of its "
+                          f"own and fence the others. Call torch.distributed.init_process_group() (or create the "
+                          f"Accelerator) before the optimizer")
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     timeout = config.rank_timeout_s or config.publish_deadline_s + SLACK_S
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     if dist.get_rank() == config.publish_rank:
-        logger.warning("run %s: this is rank %d of a %s-rank launch and torch.distributed was not initialized; hilo initialized "
-                       "it (%s) so that this rank alone publishes and every rank holds its policy. Unless the model is "
-                       "wrapped in DistributedDataParallel, each step is this rank's gradients alone", config.run,
+        logger.warning("run %s: this is rank %d of a %s-rank launch and torch.distributed was not initialized; hilo "
+                       "initialized it (%s) so that this rank alone publishes and every rank holds its policy. Unless "
+                       "the model is wrapped in DistributedDataParallel, each step is this rank's gradients alone",
+                       config.run,
                        dist.get_rank(), world, backend)
 
 
@@ -73,9 +75,9 @@ def refuse_sharded(model: torch.nn.Module, weights, job: bool) -> None:
     elif any(hasattr(p, "ds_id") for p in weights.params):
         how = "partitioned by DeepSpeed ZeRO-3"
     if how:
-        raise ConfigError(f"the LoRA parameters are {how}: not supported. Shard the model with FSDP2's fully_shard in a job "
-                          f"of several ranks, or wrap it in DistributedDataParallel (a LoRA adapter is small: replicating it "
-                          f"is what DDP does)")
+        raise ConfigError(f"the LoRA parameters are {how}: not supported. Shard the model with FSDP2's fully_shard in "
+                          f"a job of several ranks, or wrap it in DistributedDataParallel (a LoRA adapter is small: "
+                          f"replicating it is what DDP does)")
 
 
 def _shown(value) -> str:
@@ -102,9 +104,9 @@ def refuse_differences(gathered: list, ranks: Ranks) -> None:
     for rank, (_, theirs) in enumerate(gathered):
         for what in ours:
             if theirs.get(what) != ours[what]:
-                raise ConfigError(f"torch.distributed job: rank {rank}'s {what} is {theirs.get(what)}, the publishing rank "
-                                  f"{p}'s is {ours[what]}; every rank must open the run with the same config and LoRA "
-                                  f"layout (nothing was published)")
+                raise ConfigError(f"torch.distributed job: rank {rank}'s {what} is {theirs.get(what)}, the publishing "
+                                  f"rank {p}'s is {ours[what]}; every rank must open the run with the same config and "
+                                  f"LoRA layout (nothing was published)")
 
 
 def open_trainer(open_here, model, config, log_backend=None, metrics=None, check=None):
@@ -126,13 +128,16 @@ def open_trainer(open_here, model, config, log_backend=None, metrics=None, check
         refuse_sharded(model, weights, job=True)
         extra = check() if check is not None else None
         if config.publish_rank >= ranks.world:
-            raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are 0..{ranks.world - 1}")
+            raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are "
+                              f"0..{ranks.world - 1}")
         if config.pipeline:
-            raise ConfigError("ProducerConfig.pipeline: a torch.distributed job publishes in line (each rank applies the version "
-                              "once the publishing rank has committed it); pipelining across ranks is not built yet")
+            raise ConfigError("ProducerConfig.pipeline: a torch.distributed job publishes in line (each rank applies "
+                              "the version once the publishing rank has committed it); pipelining across ranks is not "
+                              "built yet")
         if config.mode != "gradient":
-            raise ConfigError(f"ProducerConfig.mode = {config.mode!r}: a torch.distributed job runs mode 'gradient' only (delta "
-                              f"mode's master copy, which the model trains on, is not replicated across ranks yet)")
+            raise ConfigError(f"ProducerConfig.mode = {config.mode!r}: a torch.distributed job runs mode 'gradient' "
+                              f"only (delta mode's master copy, which the model trains on, is not replicated across "
+                              f"ranks yet)")
         fp = fingerprint(config, manifest, (extra or {}) | {"LoRA sharding": "FSDP2" if weights.sharded else "none"})
     except Exception as e:  # noqa: BLE001  (every rank must hear of it, or the others wait for this one)
         refusal = error_of(e)
@@ -146,7 +151,8 @@ def open_trainer(open_here, model, config, log_backend=None, metrics=None, check
             raise
         r = inner.replica
         try:
-            ranks.share(pack({"error": None, "checkpoint": r.checkpoint().to_bytes(), "recent": list(r.recent.items())}),
+            ranks.share(pack({"error": None, "checkpoint": r.checkpoint().to_bytes(),
+                              "recent": list(r.recent.items())}),
                         "opening the run (sending the start state)")
         except BaseException:
             inner.close(flush=False)

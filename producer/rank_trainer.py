@@ -49,8 +49,10 @@ class RankProducer:
         self._proposed = None  # the publishing rank: the version whose message it sent before the apply
 
     def _propose(self, msg) -> None:
-        """The publishing rank: send `msg` to the other ranks as soon as it is encoded (they compute its step meanwhile)."""
-        self.ranks.share(pack({"proposed": msg.to_bytes()}), f"step (sending v{msg.version}'s message before its apply)")
+        """The publishing rank: send `msg` to the other ranks as soon as it is encoded (they compute its step
+        meanwhile)."""
+        self.ranks.share(pack({"proposed": msg.to_bytes()}),
+                         f"step (sending v{msg.version}'s message before its apply)")
         self._proposed = msg.version
 
     @property
@@ -129,7 +131,8 @@ class RankProducer:
         """Run `fn` on the publishing rank, then bring every rank to its replica and raise its error everywhere."""
         if self.inner is None:
             frame, proposal = unpack(self.ranks.share(None, what)), None
-            while "proposed" in frame:  # compute its step while the publishing rank applies and publishes; adopt on commit
+            # compute its step while the publishing rank applies and publishes; adopt on commit
+            while "proposed" in frame:
                 proposal = self._compute(frame["proposed"], what)
                 frame = unpack(self.ranks.share(None, what))
             return self._follow(frame, what, proposal)
@@ -189,8 +192,9 @@ class RankProducer:
             msg, state, computed_s = proposal
             t0, digest = t0 - computed_s, state.digest()
             if (msg.version, digest) != (frame["version"], bytes(frame["digest"])):
-                raise DivergenceError(f"{where}: this rank computed v{msg.version} ({digest.hex()[:12]}), the publishing rank "
-                                      f"committed v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
+                raise DivergenceError(f"{where}: this rank computed v{msg.version} ({digest.hex()[:12]}), the "
+                                      f"publishing rank committed v{frame['version']} "
+                                      f"({bytes(frame['digest']).hex()[:12]})")
             self._replica.commit(state, digest)
         elif "message" in frame:
             self._replica.apply(self._replica.decode(frame["message"], where), where)
@@ -199,8 +203,9 @@ class RankProducer:
             self._replica = PolicyReplica.from_checkpoint(decode_record(frame["checkpoint"], where), where)
             remember(self._replica, older + list(self._replica.recent.items()))
         if (self._replica.version, self._replica.digest) != (frame["version"], bytes(frame["digest"])):
-            raise DivergenceError(f"{where}: this rank holds v{self._replica.version} ({self._replica.digest.hex()[:12]}), the "
-                                  f"publishing rank v{frame['version']} ({bytes(frame['digest']).hex()[:12]})")
+            raise DivergenceError(f"{where}: this rank holds v{self._replica.version} "
+                                  f"({self._replica.digest.hex()[:12]}), the publishing rank v{frame['version']} "
+                                  f"({bytes(frame['digest']).hex()[:12]})")
         if frame.get("commit") or "message" in frame or "checkpoint" in frame:
             self.write_back()
         self.follow_s = time.perf_counter() - t0

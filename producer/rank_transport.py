@@ -51,9 +51,9 @@ class Ranks:
         """The one line a failed collective becomes: gloo says a peer closed its connection, or the timeout passed."""
         cause = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [""])[0]).split(". ")[0][:200]
         who = "a rank" if self.publishes else f"the publishing rank {self.publish_rank}"
-        return TrainerError(f"run {self.run}: rank {self.rank} of {self.world}, {what}: {who} stopped or did not answer within "
-                            f"rank_timeout_s = {self.timeout_s:g}s ({type(e).__name__}: {cause}); the job stops here: restart "
-                            f"it (every rank resumes from the log)")
+        return TrainerError(f"run {self.run}: rank {self.rank} of {self.world}, {what}: {who} stopped or did not "
+                            f"answer within rank_timeout_s = {self.timeout_s:g}s ({type(e).__name__}: {cause}); the "
+                            f"job stops here: restart it (every rank resumes from the log)")
 
     def gather(self, obj, what: str) -> list:
         """Every rank's `obj` (picklable), in rank order."""
@@ -69,7 +69,8 @@ class Ranks:
         try:
             n = torch.tensor([len(data) if self.publishes else 0], dtype=torch.int64)
             dist.broadcast(n, self.publish_rank, group=self.group)
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.publishes else torch.empty(int(n), dtype=torch.uint8)
+            buf = torch.frombuffer(bytearray(data),
+                                   dtype=torch.uint8) if self.publishes else torch.empty(int(n), dtype=torch.uint8)
             dist.broadcast(buf, self.publish_rank, group=self.group)
         except Exception as e:  # noqa: BLE001
             raise self._lost(what, e) from e

@@ -42,7 +42,8 @@ class Resumed:
     checkpoint: bool = False    # the caller publishes a checkpoint of `replica` at `position` before anything else
 
 
-def catch_up(log, run: str, replica, position: Position, on_bad_record: OnBadRecord = OnBadRecord.SKIP, trust=None) -> Follower:
+def catch_up(log, run: str, replica, position: Position, on_bad_record: OnBadRecord = OnBadRecord.SKIP,
+             trust=None) -> Follower:
     """Apply the log from `position` to its end on `replica`, classifying every record as a site does:
     duplicates skipped, records that cannot be the run's skipped loudly, a gap or fork raises (another writer).
     `trust`: the trainer's keyring (a signed run applies only what its keys signed; the replica shares it)."""
@@ -79,8 +80,8 @@ class TrainerStart:
         run, log = self.run_id, self.log
         end = log.end_offset(self.checkpoints)
         if snapshot is not None and snapshot[0].run != run:
-            raise ConfigError(f"run {run}: the trainer's state dir holds a snapshot of run {snapshot[0].run!r}: give each run "
-                              f"its own state dir")
+            raise ConfigError(f"run {run}: the trainer's state dir holds a snapshot of run {snapshot[0].run!r}: give "
+                              f"each run its own state dir")
         if snapshot is not None:
             self.check_layout(snapshot[0])
         if head(log, self.checkpoints, run) is None:  # headers only: a checkpoint can be GBs
@@ -92,26 +93,29 @@ class TrainerStart:
                 self._check_no_site_ahead(snapshot[0])
                 return Decision("expired", end)
             if had and not self.new_history:
-                raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records have all expired, "
-                               f"and this trainer has no snapshot of it (state_dir); a new genesis under the same name would fork every "
-                               f"site. Restart with the trainer's state dir to continue it, or pass new_history=True (--new-history) "
-                               f"to start over (sites that followed the old history refuse the new one until their state is reset)")
+                raise LogError(f"run {run}: this log held a history of the run (offsets up to {had}) whose records "
+                               f"have all expired, and this trainer has no snapshot of it (state_dir); a new genesis "
+                               f"under the same name would fork every site. Restart with the trainer's state dir to "
+                               f"continue it, or pass new_history=True (--new-history) to start over (sites that "
+                               f"followed the old history refuse the new one until their state is reset)")
             return Decision("genesis", end, had=had)
         theirs = head(log, self.checkpoints, run).genesis
         if snapshot is not None and theirs is not None and theirs != snapshot[0].genesis.hex():
             raise ConfigError(f"run {run}: the trainer's state dir holds v{snapshot[0].version} of history "
-                              f"{snapshot[0].genesis.hex()[:12]}, the log's checkpoints are of history {theirs[:12]} (another "
-                              f"trainer started the run again): give this trainer the state dir of the history on the log, or none")
+                              f"{snapshot[0].genesis.hex()[:12]}, the log's checkpoints are of history {theirs[:12]} "
+                              f"(another trainer started the run again): give this trainer the state dir of the "
+                              f"history on the log, or none")
         begin = log.begin_offset(self.updates)
         start = choose_start(log, run, snapshot, verifier=verifier)  # a checkpoint another key signed is refused here
         if start.source is not Source.SNAPSHOT:
             replica, position = start.replica, start.position
             self.check_layout(replica)
             if not log.retained(self.updates, position.next_offset):
-                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets {position.next_offset}.."
-                               f"{begin - 1}) have expired; the versions after v{replica.version} cannot be rebuilt without a trainer "
-                               f"snapshot taken after them (state_dir, saved at every checkpoint and on close). Restart with that "
-                               f"state dir, or start over with new_history=True (--new-history)")
+                raise LogError(f"run {run}: the updates after checkpoint v{replica.version} (offsets "
+                               f"{position.next_offset}..{begin - 1}) have expired; the versions after "
+                               f"v{replica.version} cannot be rebuilt without a trainer snapshot taken after them "
+                               f"(state_dir, saved at every checkpoint and on close). Restart with that state dir, or "
+                               f"start over with new_history=True (--new-history)")
         return Decision("resume", end, start)
 
     def run(self, snapshot, params: list, keyring=None, decided: Decision | None = None) -> Resumed:
@@ -129,9 +133,11 @@ class TrainerStart:
             replica = PolicyReplica.genesis(run, self.manifest, [p.detach() for p in params], self.site_optimizer,
                                             nonce=os.urandom(NONCE_BYTES))
             if decided.had:
-                logger.warning("run %s: STARTING A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run,
+                logger.warning(
+                    "run %s: STARTING A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run,
                                replica.genesis.hex()[:12])
-            logger.info("run %s: genesis (%d params, digest %s), published as the first checkpoint", run, self.manifest.numel,
+            logger.info("run %s: genesis (%d params, digest %s), published as the first checkpoint", run,
+                        self.manifest.numel,
                         replica.digest.hex()[:12])
             return Resumed(replica, Position(log.end_offset(self.updates), 0), None, checkpoint=True)
         start = decided.start
@@ -139,10 +145,13 @@ class TrainerStart:
         snapshot_version = replica.version if start.source is Source.SNAPSHOT else None
         # a signed run: the trainer applies only what its key signed, whatever it started from
         follower = catch_up(log, run, replica, position, self.on_bad_record, trust=keyring)
-        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12], start.source.value)
-        stale = not log.retained(self.updates, head(log, self.checkpoints, run).updates_offset or 0)  # no site could bootstrap from it
+        logger.info("run %s: resumed at v%d (digest %s) from %s", run, replica.version, replica.digest.hex()[:12],
+                    start.source.value)
+        # no site could bootstrap from it
+        stale = not log.retained(self.updates, head(log, self.checkpoints, run).updates_offset or 0)
         if stale:
-            logger.warning("run %s: the newest checkpoint's updates have expired; a fresh checkpoint at v%d is published", run,
+            logger.warning("run %s: the newest checkpoint's updates have expired; a fresh checkpoint at v%d is "
+                           "published", run,
                            replica.version)
         return Resumed(replica, follower.position(), snapshot_version, dict(follower.skips), checkpoint=stale)
 
@@ -151,14 +160,17 @@ class TrainerStart:
         run, manifest = self.run_id, self.manifest
         # The digest definition is the run's, fixed at its genesis, whichever one this build gives new runs (the trainer
         # goes on under the run's manifest: HiLoProducer.open hands on started.replica.manifest).
-        if replica.manifest.manifest_id != dataclasses.replace(manifest, digest_version=replica.manifest.digest_version).manifest_id:
+        if replica.manifest.manifest_id != dataclasses.replace(manifest,
+                                                               digest_version=replica.manifest.digest_version).manifest_id:
             raise LogError(f"run {run}: the model's LoRA adapter does not match the run's manifest "
                            f"(model: {manifest.base_model}, rank {manifest.rank}, {len(manifest.blocks)} blocks; "
-                           f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, {len(replica.manifest.blocks)} blocks)")
+                           f"run: {replica.manifest.base_model}, rank {replica.manifest.rank}, "
+                           f"{len(replica.manifest.blocks)} blocks)")
         if replica.state.optimizer != self.site_optimizer:
             def says(o):
                 return "mode delta (sites apply 'add')" if o == ADD else f"mode gradient, optimizer {o!r}"
-            raise ConfigError(f"run {run} is a {says(replica.state.optimizer)} run; this config says {says(self.site_optimizer)}")
+            raise ConfigError(f"run {run} is a {says(replica.state.optimizer)} run; this config says "
+                              f"{says(self.site_optimizer)}")
 
     def _check_no_site_ahead(self, replica):
         """Continuing an expired log from `replica` must not fork a site that is already past it."""
@@ -166,10 +178,12 @@ class TrainerStart:
         for group, _, report in site_reports(self.log, run):  # sites' committed positions outlive the records
             if report.version > replica.version:
                 raise LogError(f"run {run}: site group {group} is at v{report.version}, beyond this trainer's snapshot "
-                               f"v{replica.version}; continuing from the snapshot would fork it. Use the trainer's newest state dir")
+                               f"v{replica.version}; continuing from the snapshot would fork it. Use the trainer's "
+                               f"newest state dir")
 
     def _continue_expired(self, replica, position):
         """Every record expired, but this trainer's snapshot holds the history: re-publish it as a checkpoint, go on."""
-        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (a fresh checkpoint "
-                       "is published)", self.run_id, replica.version)
-        return Resumed(replica, Position(self.log.end_offset(self.updates), position.log_bytes), replica.version, checkpoint=True)
+        logger.warning("run %s: the log's records have expired; continuing from this trainer's snapshot v%d (a fresh "
+                       "checkpoint is published)", self.run_id, replica.version)
+        return Resumed(replica, Position(self.log.end_offset(self.updates), position.log_bytes), replica.version,
+                       checkpoint=True)

@@ -67,7 +67,8 @@ class RetentionGuard:
     def __init__(self, log, run: str):
         self.log, self.run = log, run
         self.updates, self.checkpoints = updates_topic(run), checkpoints_topic(run)
-        self.limits = {t: Limits.of(log, t) for t in (self.updates, self.checkpoints)}  # at start a failure is the log's error
+        # at start a failure is the log's error
+        self.limits = {t: Limits.of(log, t) for t in (self.updates, self.checkpoints)}
         self.read_at = time.monotonic()
         self.checkpoint_at = None     # unix time the newest checkpoint was published (None: not by this process)
         self.checkpoint_bytes = None  # bytes of the newest checkpoint this process published
@@ -95,12 +96,14 @@ class RetentionGuard:
         try:
             new = {t: Limits.of(self.log, t) for t in self.limits}
         except LogError as e:  # the guard goes on with what it knew; the next read may succeed
-            logger.warning("run %s: reading the topics' retention again failed (%s); keeping the limits read before", self.run, e)
+            logger.warning("run %s: reading the topics' retention again failed (%s); keeping the limits read before",
+                           self.run, e)
             return
         changes = [(topic, change) for topic, lim in new.items() for change in self.limits[topic].changes(lim)]
         self.limits = new
         for topic, change in changes:
-            logger.warning("run %s: %s %s (the retention guard follows it; read again every %.1fs)", self.run, topic, change,
+            logger.warning("run %s: %s %s (the retention guard follows it; read again every %.1fs)", self.run, topic,
+                           change,
                            self.interval_s)
         self._say_unkeepable()
 
@@ -114,7 +117,8 @@ class RetentionGuard:
         now = time.time() if now is None else now
         upd, ckpt = self.limits[self.updates], self.limits[self.checkpoints]
         if upd.ms and self.first_update_at is not None and (now - self.first_update_at) * 1e3 >= SHARE * upd.ms:
-            return f"the updates after it were first written {now - self.first_update_at:.0f}s ago ({self.updates} retention.ms {upd.ms})"
+            return (f"the updates after it were first written {now - self.first_update_at:.0f}s ago ({self.updates} "
+                    f"retention.ms {upd.ms})")
         if upd.bytes and self.bytes_since >= SHARE * upd.bytes:
             return f"{self.bytes_since} update bytes written since it ({self.updates} retention.bytes {upd.bytes})"
         if ckpt.ms and self.checkpoint_at is not None and (now - self.checkpoint_at) * 1e3 >= SHARE * ckpt.ms:
@@ -122,8 +126,9 @@ class RetentionGuard:
         return None
 
     def joinable_until(self) -> float:
-        """Unix time until which a new site can join from the newest checkpoint as things stand (inf: nothing can expire;
-        nan: unknown, a restarted trainer before its first checkpoint). Past `now` where the bytes after it exceed a limit."""
+        """Unix time until which a new site can join from the newest checkpoint as things stand (inf: nothing can
+        expire; nan: unknown, a restarted trainer before its first checkpoint). Past `now` where the bytes after it
+        exceed a limit."""
         upd, ckpt = self.limits[self.updates], self.limits[self.checkpoints]
         if not self.limited:
             return math.inf
@@ -164,7 +169,8 @@ class RetentionGuard:
         """One line when the checkpoints topic cannot keep a checkpoint, once per limit."""
         limit = self.limits[self.checkpoints].bytes
         if self._unkeepable() and self.said_unkeepable != limit:
-            logger.warning("run %s: %s retention.bytes %d is below one checkpoint (%d bytes): the topic cannot keep a whole "
-                           "checkpoint, so no new site can join; raise it above %d or unset it", self.run, self.checkpoints,
+            logger.warning("run %s: %s retention.bytes %d is below one checkpoint (%d bytes): the topic cannot keep a "
+                           "whole checkpoint, so no new site can join; raise it above %d or unset it", self.run,
+                           self.checkpoints,
                            limit, self.checkpoint_bytes, self.checkpoint_bytes)
             self.said_unkeepable = limit

@@ -1,8 +1,10 @@
 """The trainer's audit of what each site served: a sampled share of rollouts recomputed under the versions they claim.
 
-    auditor = Auditor(AuditConfig(share=0.1), model, manifest, keep=S + 1, store=VerdictStore(f"{state_dir}/audit.json"))
+    auditor = Auditor(AuditConfig(share=0.1), model, manifest, keep=S + 1,
+                      store=VerdictStore(f"{state_dir}/audit.json"))
     auditor.remember(version, replica.state.params)        # after every published version (and at start)
-    reason = auditor.judge(rollout, prompt)                 # None, "bad-stamp", "audit-failed" or "quarantined" (dropped)
+    reason = auditor.judge(rollout, prompt)                 # None, "bad-stamp", "audit-failed" or "quarantined"
+                                                              (dropped)
     auditor.save()                                          # before each version is published (the exchange does it)
 
 The digest chain proves each site's replica is the trainer's, bit for bit; nothing in it proves the rollouts were
@@ -75,29 +77,37 @@ class AuditConfig:
     quarantined, and the dtype the sites serve adapters in; checked at construction. Each field's help is in its
     metadata (`hilo rl --help`, docs/cli.md)."""
 
-    share: float = opt(0.1, "share of rollouts audited (0 to 1), drawn per rollout with a key only the trainer holds: each "
+    share: float = opt(0.1,
+                       "share of rollouts audited (0 to 1), drawn per rollout with a key only the trainer holds: each "
                        "audit is one forward pass of prompt + completion under the version the rollout claims")
-    tolerance: float | None = opt(None, "the largest per-token |log-probability difference| an audited rollout may show; "
-                                  "none: the measured one for the site's engine and adapter dtype (producer/audit_noise.py: "
-                                  "vLLM CPU fp32 1e-4, bf16 5e-2; `hilo bench audit --served`)")
+    tolerance: float | None = opt(None,
+                                  "the largest per-token |log-probability difference| an audited rollout may show; "
+                                  "none: the measured one for the site's engine and adapter dtype "
+                                  "(producer/audit_noise.py: vLLM CPU fp32 1e-4, bf16 5e-2; `hilo bench audit "
+                                  "--served`)")
     quarantine_after: int = opt(2, "failed audits after which a site is quarantined (its rollouts dropped)")
-    served_dtype: str = opt("float32", "the dtype the sites export adapters in (their --export-dtype): the audit rounds each "
+    served_dtype: str = opt("float32",
+                            "the dtype the sites export adapters in (their --export-dtype): the audit rounds each "
                             "version's params to it, as vLLM was given them")
-    noise_z_limit: float = opt(8.0, "quarantine a site whose audited tokens' |log-probability differences| exceed the honest "
-                               "ones measured for its engine and dtype by this many standard errors, summed over all its tokens "
-                               "(the statistical verdict: catches a difference too small for the per-token tolerance)")
-    noise_headroom: float = opt(10.0, "the honest mean and spread the statistical verdict assumes: the registry's (measured on the "
-                                "tiny base) times this (a sharper base shows larger honest differences)")
+    noise_z_limit: float = opt(8.0, "quarantine a site whose audited tokens' |log-probability differences| exceed the "
+                               "honest ones measured for its engine and dtype by this many standard errors, summed "
+                               "over all its tokens (the statistical verdict: catches a difference too small for the "
+                               "per-token tolerance)")
+    noise_headroom: float = opt(10.0, "the honest mean and spread the statistical verdict assumes: the registry's "
+                                "(measured on the tiny base) times this (a sharper base shows larger honest "
+                                "differences)")
     noise_min_tokens: int = opt(16, "audited tokens of a site before its statistical verdict is judged")
-    sampling_z_limit: float = opt(8.0, "quarantine a site whose sampled tokens' standardized surprisal sum |z| exceeds this "
-                                  "(honest sampling: z is close to N(0, 1)); catches sampling from another policy while "
-                                  "reporting the right log-probabilities, statistically")
+    sampling_z_limit: float = opt(8.0,
+                                  "quarantine a site whose sampled tokens' standardized surprisal sum |z| exceeds this "
+                                  "(honest sampling: z is close to N(0, 1)); catches sampling from another policy "
+                                  "while reporting the right log-probabilities, statistically")
     sampling_min_tokens: int = opt(200, "audited tokens of a site before its sampling z is judged")
     release_after: int = opt(16, "a quarantined site's probe: its rollouts are audited (and still dropped) within "
-                             "probe_share of the trainer's time, and this many passed in a row, with its sampling z and its "
-                             "statistical verdict over them at most half their limits, release it; 0: no probe, only an "
-                             "operator releases a site (Auditor.clear)")
-    probe_share: float = opt(0.05, "the most of the trainer's time (since the audit started) probes of quarantined sites may "
+                             "probe_share of the trainer's time, and this many passed in a row, with its sampling z "
+                             "and its statistical verdict over them at most half their limits, release it; 0: no "
+                             "probe, only an operator releases a site (Auditor.clear)")
+    probe_share: float = opt(0.05,
+                             "the most of the trainer's time (since the audit started) probes of quarantined sites may "
                              "take: a probe rollout that would exceed it is dropped unaudited")
 
     def __post_init__(self):
@@ -126,7 +136,8 @@ class Auditor:
     rollout may span at most S versions). store: where the verdicts outlive this process (audit_verdicts.py; its
     key is then the draw's), None: they live in this process."""
 
-    def __init__(self, cfg: AuditConfig, model, manifest, keep: int, metrics=None, key: bytes | None = None, store=None):
+    def __init__(self, cfg: AuditConfig, model, manifest, keep: int, metrics=None, key: bytes | None = None,
+                 store=None):
         if keep < 1:
             raise ConfigError(f"Auditor.keep = {keep}: must be >= 1")
         self.cfg, self.model, self.metrics = cfg, model, metrics
@@ -136,12 +147,14 @@ class Auditor:
         self.key = key if key is not None else store.key() if store is not None else os.urandom(32)
         self.book = Verdicts(cfg, metrics, store)      # every site's verdict, its quarantine and probe
         self.seconds = 0.0                          # spent auditing, in all
-        self.probe_seconds, self.probe_longest = 0.0, 0.0  # of it, on quarantined sites' probes; the longest probe audit
+        # of it, on quarantined sites' probes; the longest probe audit
+        self.probe_seconds, self.probe_longest = 0.0, 0.0
         self.probes_skipped = 0                     # probe rollouts dropped unaudited: over the probes' budget
         self.started = time.perf_counter()          # the probes' budget is a share of the time since
         self.histogram = collections.Counter()      # honest-margin calibration: per-token |difference| by power of ten
         self._scored, self._batch_share = {}, 0.0   # what `prepare` scored ahead of `judge`, and its time per rollout
-        self._warned = set()                        # (site, dtype) of the served dtypes said to differ from the config's
+        # (site, dtype) of the served dtypes said to differ from the config's
+        self._warned = set()
 
     @property
     def verdicts(self) -> dict:
@@ -159,20 +172,22 @@ class Auditor:
         return self.versions.kept_bytes
 
     def remember(self, version: int, params) -> None:
-        """Keep `version`'s params (a replica's, in manifest order): it is published, the head; the oldest beyond `keep` go."""
+        """Keep `version`'s params (a replica's, in manifest order): it is published, the head; the oldest beyond `keep`
+        go."""
         self.versions.remember(version, params)
 
     def drawn(self, r) -> bool:
-        """Whether rollout `r` is in the audited share. Keyed with the trainer's secret over what the trainer issued (the
-        run and prompt id, checked by the book) and the sample index (< n, each once): no stamp, token or log-probability
-        the site writes moves it, and no site can tell which of its rollouts are drawn."""
+        """Whether rollout `r` is in the audited share. Keyed with the trainer's secret over what the trainer issued
+        (the run and prompt id, checked by the book) and the sample index (< n, each once): no stamp, token or
+        log-probability the site writes moves it, and no site can tell which of its rollouts are drawn."""
         if self.cfg.share >= 1:
             return True
         h = hmac.new(self.key, f"{r.run}\0{r.prompt_id}\0{r.sample}".encode(), hashlib.sha256).digest()
         return int.from_bytes(h[:8], "big") / 2 ** 64 < self.cfg.share
 
     def _audits(self, r) -> bool:
-        """Whether `judge` will recompute `r`: drawn (or its site on probation), believable stamps, every version kept."""
+        """Whether `judge` will recompute `r`: drawn (or its site on probation), believable stamps, every version
+        kept."""
         v = self.verdicts.get(r.site)
         if v is not None and v.quarantined:
             return False  # a probe is scored (and timed against its budget) in judge
@@ -180,8 +195,8 @@ class Auditor:
             and all(c in self.versions for c in _claimed(r))
 
     def prepare(self, pairs) -> None:
-        """Score, ahead of `judge`, every (rollout, prompt) of `pairs` that will be audited: one forward pass per claimed
-        version and dtype for up to BATCH rollouts (judge then only compares)."""
+        """Score, ahead of `judge`, every (rollout, prompt) of `pairs` that will be audited: one forward pass per
+        claimed version and dtype for up to BATCH rollouts (judge then only compares)."""
         self._scored.clear()
         todo, n = collections.defaultdict(list), 0
         for r, prompt in pairs:
@@ -194,7 +209,8 @@ class Auditor:
             params = self.versions.params(version, dtype)
             for i in range(0, len(items), BATCH):
                 chunk = items[i:i + BATCH]
-                for (r, _), scored in zip(chunk, completion_scores(self.model, [_sample(r, p) for r, p in chunk], params)):
+                for (r, _), scored in zip(chunk,
+                                          completion_scores(self.model, [_sample(r, p) for r, p in chunk], params)):
                     self._scored[_key(r), version] = scored
         spent = time.perf_counter() - t0
         self.seconds += spent
@@ -205,7 +221,8 @@ class Auditor:
         return self.book.of(site)
 
     def clear(self, site: str) -> None:
-        """An operator's decision: `site`'s rollouts are accepted again (its counts stay; its sampling test starts over)."""
+        """An operator's decision: `site`'s rollouts are accepted again (its counts stay; its sampling test starts
+        over)."""
         self.book.clear(site)
 
     def save(self) -> None:
@@ -217,7 +234,8 @@ class Auditor:
         "bad-stamp" when its version stamps cannot be true (checked on every rollout, drawn or not); "audit-failed"
         when its log-probabilities are not the claimed versions' (both count toward the site's quarantine)."""
         v = self.verdict(r.site)
-        probing = v.quarantined  # every rollout of a quarantined site is its probe: audited, and dropped whatever it shows
+        # every rollout of a quarantined site is its probe: audited, and dropped whatever it shows
+        probing = v.quarantined
         if probing and not (self.cfg.release_after and self.probe_room()):
             self.probes_skipped += int(bool(self.cfg.release_after))  # a probe over its budget: dropped unaudited
             return "quarantined"
@@ -236,7 +254,8 @@ class Auditor:
         t0 = time.perf_counter()
         tolerance = self._tolerance(r)
         scored = [self._scored.pop((_key(r), c), None) for c in claimed]
-        ahead = self._batch_share if all(s is not None for s in scored) else 0.0  # its share of prepare's forward passes
+        # its share of prepare's forward passes
+        ahead = self._batch_share if all(s is not None for s in scored) else 0.0
         scored = [s if s is not None else completion_scores(self.model, [_sample(r, prompt)],
                                                               self.versions.params(c, self._dtype(r)))[0]
                   for c, s in zip(claimed, scored)]
@@ -270,15 +289,18 @@ class Auditor:
         return self.book.failed(v, "audit-failed", _evidence(r, claimed, scored, theirs, m, tolerance))
 
     def probe_room(self) -> bool:
-        """Whether the probes have time left: their seconds so far within probe_share of the trainer's since the start."""
+        """Whether the probes have time left: their seconds so far within probe_share of the trainer's since the
+        start."""
         return self.probe_seconds <= self.cfg.probe_share * (time.perf_counter() - self.started)
 
     def _tolerance(self, r) -> float:
         """The per-token tolerance for `r`: the config's, else the one measured for its site's engine and dtype."""
-        return self.cfg.tolerance if self.cfg.tolerance is not None else honest_noise(r.engine, self._dtype(r)).tolerance
+        return self.cfg.tolerance if self.cfg.tolerance is not None else honest_noise(r.engine,
+                                                                                      self._dtype(r)).tolerance
 
     def _served(self, v: Verdict, r) -> None:
-        """Note what the site says served `r`; a dtype other than the trainer's assumption is said once (and audited at)."""
+        """Note what the site says served `r`; a dtype other than the trainer's assumption is said once (and audited
+        at)."""
         if r.export_dtype is None and r.engine is None:
             return  # a site that does not say (written before these fields): the config's dtype is assumed
         dtype = self._dtype(r)
@@ -290,8 +312,9 @@ class Auditor:
                            "vLLM bfloat16" if dtype == "float16" else f"vLLM {dtype}")
         if dtype != self.cfg.served_dtype and (v.site, dtype) not in self._warned:
             self._warned.add((v.site, dtype))
-            logger.warning("site %s serves %s, not the %s adapters this trainer assumed (--audit-served-dtype): its rollouts "
-                           "are audited at %s, as it served them", v.site, v.served, self.cfg.served_dtype, dtype)
+            logger.warning("site %s serves %s, not the %s adapters this trainer assumed (--audit-served-dtype): its "
+                           "rollouts are audited at %s, as it served them", v.site, v.served, self.cfg.served_dtype,
+                           dtype)
 
     def _dtype(self, r) -> str:
         """The dtype `r`'s site exported the adapter in: what it says, else the config's."""
@@ -300,7 +323,8 @@ class Auditor:
     def summary(self) -> dict:
         """What the audit found: per site, the share, the tolerance and the honest per-token differences by decade."""
         return {"share": self.cfg.share, "tolerance": self.cfg.tolerance, "seconds": round(self.seconds, 3),
-                "probe_seconds": self.probe_seconds, "probe_longest_s": self.probe_longest, "probes_skipped": self.probes_skipped,
+                "probe_seconds": self.probe_seconds, "probe_longest_s": self.probe_longest,
+                "probes_skipped": self.probes_skipped,
                 "probe_budget_s": self.cfg.probe_share * (time.perf_counter() - self.started),
                 "kept_versions": len(self.versions), "kept_bytes": self.kept_bytes,
                 "sites": {s: v.to_dict() for s, v in sorted(self.verdicts.items())},
@@ -328,9 +352,9 @@ def _evidence(r, claimed, scored, theirs, m, tolerance: float) -> str:
         return (f"prompt {r.prompt_id} sample {r.sample} claims {claim} with {len(theirs)} log-probabilities for "
                 f"{len(scored[0][0])} tokens")
     order = "" if len(claimed) == 1 else " (the closest of the versions claimed, in order)"
-    return (f"prompt {r.prompt_id} sample {r.sample} claims {claim}: token {m.at} (id {r.completion_ids[m.at]}) the site "
-            f"says {float(theirs[m.at]):.6f}, v{claimed[m.version]} gives {float(scored[m.version][0][m.at]):.6f}{order}, "
-            f"|difference| {m.worst:.3g} > tolerance {tolerance:g}")
+    return (f"prompt {r.prompt_id} sample {r.sample} claims {claim}: token {m.at} (id {r.completion_ids[m.at]}) the "
+            f"site says {float(theirs[m.at]):.6f}, v{claimed[m.version]} gives "
+            f"{float(scored[m.version][0][m.at]):.6f}{order}, |difference| {m.worst:.3g} > tolerance {tolerance:g}")
 
 
 def _sample(r, prompt) -> tuple:

@@ -23,8 +23,10 @@ from hilo.schemas.rollouts import PromptRecord, RolloutRecord
 
 # Why a rollout is not trained on: the reasons the trainer counts (and its metrics label).
 DROP_REASONS = ("stale", "other-run", "unknown-prompt", "unknown-sample", "duplicate", "too-long", "too-old-policy",
-                "bad-stamp", "audit-failed", "quarantined",  # the audit's (producer/rollout_audit.py), asked by the book
-                "malformed", "non-finite", "unsigned", "forged")  # the last four: refused before the book (rollout_exchange)
+                # the audit's (producer/rollout_audit.py), asked by the book
+                "bad-stamp", "audit-failed", "quarantined",
+                # the last four: refused before the book (rollout_exchange)
+                "malformed", "non-finite", "unsigned", "forged")
 AUDIT_REASONS = ("bad-stamp", "audit-failed", "quarantined")
 RETIRING = ("stale", "too-old-policy", *AUDIT_REASONS)  # the group can no longer complete: it leaves flight
 
@@ -69,7 +71,8 @@ class RolloutBook:
         self.run, self.policy = run, policy
         self.in_flight = {}                      # prompt id -> PromptRecord
         self.received = {}                       # prompt id -> {sample: RolloutRecord}
-        self.done = set()                        # prompt ids completed: a late sample of one is a duplicate (ids are small)
+        # prompt ids completed: a late sample of one is a duplicate (ids are small)
+        self.done = set()
         self.retired = set()                     # prompt ids aged out: a late sample of one is stale too
         self.retired_by = {}                     # prompt id -> the audit's reason, for prompts the audit retired
         self.dropped = collections.Counter()     # reason -> rollouts not trained on
@@ -80,9 +83,11 @@ class RolloutBook:
         return self.policy.max_in_flight - len(self.in_flight)
 
     def issue(self, prompt: PromptRecord) -> PromptRecord:
-        """Record `prompt` as in flight (the caller publishes it); ConfigError when there is no room or the id was used."""
+        """Record `prompt` as in flight (the caller publishes it); ConfigError when there is no room or the id was
+        used."""
         if prompt.run != self.run:
-            raise ConfigError(f"RolloutBook.issue: prompt {prompt.prompt_id} is of run {prompt.run!r}, not {self.run!r}")
+            raise ConfigError(
+                f"RolloutBook.issue: prompt {prompt.prompt_id} is of run {prompt.run!r}, not {self.run!r}")
         if prompt.prompt_id in self.in_flight or prompt.prompt_id in self.done or prompt.prompt_id in self.retired:
             raise ConfigError(f"RolloutBook.issue: prompt id {prompt.prompt_id!r} was already issued in run {self.run}")
         if self.room() < 1:
@@ -93,7 +98,8 @@ class RolloutBook:
         return prompt
 
     def restore(self, prompt: PromptRecord) -> None:
-        """A prompt a previous trainer process issued, back in flight (admission control counts it, never refuses it)."""
+        """A prompt a previous trainer process issued, back in flight (admission control counts it, never refuses
+        it)."""
         self.in_flight[prompt.prompt_id] = prompt
         self.received[prompt.prompt_id] = {}
 
@@ -125,14 +131,16 @@ class RolloutBook:
         if r.run != self.run:
             return "other-run"
         if r.prompt_id in self.retired:
-            return self.retired_by.get(r.prompt_id, "stale")  # a late sample of a group the audit dropped: the same reason
+            # a late sample of a group the audit dropped: the same reason
+            return self.retired_by.get(r.prompt_id, "stale")
         if r.prompt_id in self.done or r.sample in self.received.get(r.prompt_id, {}):
             return "duplicate"
         prompt = self.in_flight.get(r.prompt_id)
         if prompt is None:
             return "unknown-prompt"
         if offset is not None and offset < prompt.rollouts_from:
-            return "unknown-prompt"  # written before the prompt was issued: whenever it is read, as a running trainer refuses it
+            # written before the prompt was issued: whenever it is read, as a running trainer refuses it
+            return "unknown-prompt"
         if r.sample >= prompt.sampling.n:
             return "unknown-sample"
         if len(r.completion_ids) > prompt.sampling.max_tokens:

@@ -42,8 +42,8 @@ def site_keys(directory) -> dict:
     d = pathlib.Path(directory)
     keys = {v.key_id: v for v in (Verifier.load(p) for p in sorted(d.glob("*.pub")))} if d.is_dir() else {}
     if not keys:
-        raise ConfigError(f"trusted site keys {d}: no *.pub public keys there (`hilo keys generate --out DIR` makes a site's "
-                          f"pair; copy its .pub here)")
+        raise ConfigError(f"trusted site keys {d}: no *.pub public keys there (`hilo keys generate --out DIR` makes a "
+                          f"site's pair; copy its .pub here)")
     return keys
 
 
@@ -69,10 +69,12 @@ class RolloutExchange:
     def __init__(self, log, run: str, policy, partitions: int, trusted_sites: dict | None = None, keyring=None,
                  rollouts_from: int = 0, metrics=None, ledger=None, clock=time.monotonic, auditor=None):
         """Store the parts (no I/O); `RolloutExchange.open` is how a trainer makes one. `partitions`: RUN.prompts'.
-        `keyring`: the trainer's (producer.keyring): prompts are signed with its signer of the moment (None: unsigned)."""
+        `keyring`: the trainer's (producer.keyring): prompts are signed with its signer of the moment (None:
+        unsigned)."""
         self.log, self.run, self.metrics, self.ledger, self.clock = log, run, metrics, ledger, clock
         self.keyring = keyring if keyring is not None else Keyring()
-        self.auditor = auditor              # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
+        # producer/rollout_audit.Auditor: checks a share of rollouts, quarantines sites
+        self.auditor = auditor
         self.book = RolloutBook(run, policy)
         self.trusted = trusted_sites
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
@@ -110,7 +112,8 @@ class RolloutExchange:
                 except HiloError:
                     continue
                 if isinstance(p, PromptRecord) and p.run == self.run and p.prompt_id not in trained | retired:
-                    back.append((k * self.partitions + part, p))  # issued in turn over the partitions: its place in issue order
+                    # issued in turn over the partitions: its place in issue order
+                    back.append((k * self.partitions + part, p))
         for _, p in sorted(back, key=lambda e: e[0]):  # oldest issued first, as the running trainer held them
             self.book.restore(p)
         self.issued = issued
@@ -120,13 +123,14 @@ class RolloutExchange:
             pid = rec.key.decode(errors="replace") if rec.key else ""
             if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
                 r = self._rollout(rec)
-                if r is not None and r.prompt_id in self.book.in_flight and self._offer(rec, r, trainer_version) is None:
+                if r is not None and r.prompt_id in self.book.in_flight and self._offer(rec, r,
+                                                                                        trainer_version) is None:
                     replayed += 1
         self.next_offset = max(self.next_offset, end)
         self.restored = {"trained": len(trained), "retired": len(retired), "in_flight": len(self.book.in_flight),
                          "rollouts": replayed}
-        logger.info("run %s: return path restored at v%d: %d prompts trained on, %d retired, %d in flight again with %d "
-                    "rollouts", self.run, trainer_version, *self.restored.values())
+        logger.info("run %s: return path restored at v%d: %d prompts trained on, %d retired, %d in flight again with "
+                    "%d rollouts", self.run, trainer_version, *self.restored.values())
         return self.restored
 
     def record_step(self, version: int, groups) -> None:
@@ -142,7 +146,8 @@ class RolloutExchange:
 
     def issue(self, source) -> int:
         """Publish prompts from the iterator `source` while admission control has room; how many were issued. Each
-        carries rollouts_from, the end of RUN.rollouts now: an answer can only come after it (see RolloutBook._check)."""
+        carries rollouts_from, the end of RUN.rollouts now: an answer can only come after it (see
+        RolloutBook._check)."""
         n, since = 0, None
         while self.book.room() > 0:
             prompt = self.unsent or next(source, None)
@@ -189,9 +194,10 @@ class RolloutExchange:
                     self._offer(rec, r, trainer_version)
             self.next_offset = batch.next_offset
         for pid, n, oldest in self.book.age_out(trainer_version):  # complete or not, these can no longer be trained
-            self._refused("stale", f"prompt {pid}: its group ({n} samples so far) aged out before it was trained: a sample of "
-                                   f"v{oldest} is {trainer_version - oldest} versions behind trainer v{trainer_version} "
-                                   f"(S = {self.book.policy.max_staleness})", counted=True, n=n)
+            self._refused("stale",
+                          f"prompt {pid}: its group ({n} samples so far) aged out before it was trained: a sample of "
+                                   f"v{oldest} is {trainer_version - oldest} versions behind trainer "
+                                   f"v{trainer_version} (S = {self.book.policy.max_staleness})", counted=True, n=n)
         groups = self.book.complete_groups(trainer_version, most)
         if self.metrics is not None:
             self.metrics.set("prompts_in_flight", len(self.book.in_flight))
@@ -203,9 +209,11 @@ class RolloutExchange:
 
     def _offer(self, rec, r: RolloutRecord, trainer_version: int) -> str | None:
         """Offer `r`, read at `rec`, to the book (and the audit); a refusal is said (the book counted it)."""
-        reason = self.book.offer(r, trainer_version, rec.offset, self.auditor.judge if self.auditor is not None else None)
+        reason = self.book.offer(r, trainer_version, rec.offset,
+                                 self.auditor.judge if self.auditor is not None else None)
         if reason is not None:
-            self._refused(reason, f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} from site "
+            self._refused(reason,
+                          f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} from site "
                                   f"{r.site} ({_stamps(r)}, trainer at v{trainer_version})", counted=True)
         while self.auditor is not None and self.auditor.newly_quarantined:
             site = self.auditor.newly_quarantined.pop(0)
@@ -215,8 +223,8 @@ class RolloutExchange:
             if n and self.metrics is not None:
                 self.metrics.inc("rollouts_dropped", n, reason="quarantined")
             if retired:
-                logger.warning("run %s: %d samples of %d prompts from quarantined site %s dropped; fresh prompts replace "
-                               "them", self.run, n, len(retired), site)
+                logger.warning("run %s: %d samples of %d prompts from quarantined site %s dropped; fresh prompts "
+                               "replace them", self.run, n, len(retired), site)
         return reason
 
     def _rollout(self, rec) -> RolloutRecord | None:
@@ -246,7 +254,8 @@ class RolloutExchange:
         now = self.clock()
         if now - self._warned.get(reason, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned[reason] = now
-            logger.warning("run %s: rollout refused (%s): %s (%d so far; said once a minute per reason)", self.run, reason,
+            logger.warning("run %s: rollout refused (%s): %s (%d so far; said once a minute per reason)", self.run,
+                           reason,
                            detail, self.book.dropped[reason])
         return None
 

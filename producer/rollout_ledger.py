@@ -30,7 +30,8 @@ class RolloutLedger:
             os.fsync(f.fileno())
 
     def settled(self, published: int) -> tuple:
-        """(trained prompt ids, retired prompt ids) of every version up to `published`, the last line of each winning."""
+        """(trained prompt ids, retired prompt ids) of every version up to `published`, the last line of each
+        winning."""
         by_version = {}
         try:
             with open(self.path, encoding="utf-8") as f:
@@ -45,7 +46,8 @@ class RolloutLedger:
             except ValueError:
                 if n == len(lines) - 1:  # torn by a crash mid-write: never fsynced, so never published either
                     continue
-                raise ConfigError(f"{self.path}: line {n + 1} is not JSON: the trainer's rollout ledger is damaged") from None
+                raise ConfigError(
+                    f"{self.path}: line {n + 1} is not JSON: the trainer's rollout ledger is damaged") from None
             by_version[e["v"]] = e
         trained, retired = set(), set()
         for v, e in by_version.items():

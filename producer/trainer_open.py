@@ -31,19 +31,22 @@ def _check_room(config: ProducerConfig, manifest) -> None:
     room = config.budget.payload_bytes(manifest)
     if config.codec != "dense" and room <= 0:
         raise ConfigError(f"ProducerConfig.budget: {config.budget.message_bytes(manifest)} bytes per message for this "
-                          f"{manifest.adapter_bytes()}-byte adapter leave {room} bytes of payload after the header; raise the budget")
+                          f"{manifest.adapter_bytes()}-byte adapter leave {room} bytes of payload after the header; "
+                          f"raise the budget")
 
 
 def _start(log, config: ProducerConfig, manifest, params: list, keyring: Keyring, checkpoints: Checkpoints) -> tuple:
     """(store, Resumed, fencing token). Every refusal first, by reading the log only: a trainer that would be refused
     (another model, optimizer, history or key) must not fence the one that runs. Then fence every earlier trainer of
-    the run (Kafka: its open transaction is aborted), catch up to the head, and publish the checkpoint the start needs."""
+    the run (Kafka: its open transaction is aborted), catch up to the head, and publish the checkpoint the start
+    needs."""
     store = SnapshotStore(config.state_dir) if config.state_dir else None
     snapshot, verifier = store.load() if store else None, keyring.root
     site_optimizer = SYNC_MODES[config.mode].site_optimizer(config.optimizer)
     start = TrainerStart(log, config.run, manifest, site_optimizer, config.new_history, config.on_bad_record)
     decided = start.decide(snapshot, verifier)
-    at = (head(log, updates_topic(config.run), config.run) or H.RecordHeaders()).version or 0  # a stray record may say anything
+    # a stray record may say anything
+    at = (head(log, updates_topic(config.run), config.run) or H.RecordHeaders()).version or 0
     token = log.become_writer(config.run, at)
     started = start.run(snapshot, params, keyring, decided)
     if started.checkpoint:
@@ -64,12 +67,14 @@ def open_alone(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=
     log = log_backend or open_log(config.target, chunk_bytes=config.chunk_bytes)
     try:
         log.create_topics(config.run)
-        checkpoints = Checkpoints.open(log, config.run, config.checkpoint_every, config.keep_checkpoints, config.chunk_bytes,
+        checkpoints = Checkpoints.open(log, config.run, config.checkpoint_every, config.keep_checkpoints,
+                                       config.chunk_bytes,
                                        keyring, metrics)
         store, started, token = _start(log, config, manifest, weights.values(), keyring, checkpoints)
         ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),
                                HistoryWriter(config.history) if config.history else None, store)
-        producer = cls(model, config, log, keyring, metrics, checkpoints, started, token, ledger, (started.replica.manifest, weights))
+        producer = cls(model, config, log, keyring, metrics, checkpoints, started, token, ledger,
+                       (started.replica.manifest, weights))
     except BaseException:
         if log_backend is None:
             log.close()
@@ -78,7 +83,8 @@ def open_alone(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=
     metrics.set("published_version", started.replica.version)
     ledger.started(started.replica)
     if started.snapshot_version is not None:
-        trainer_state.restore(store, started.snapshot_version, producer.replica, producer.builder.encoder, producer.sync,
+        trainer_state.restore(store, started.snapshot_version, producer.replica, producer.builder.encoder,
+                              producer.sync,
                               config.run)
     producer.write_back()
     return producer

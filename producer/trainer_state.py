@@ -27,9 +27,10 @@ def restore(store, snapshot_version: int, replica, encoder, sync, run: str) -> b
     data = {n: store.load_extra(n) for n in names}
     lacking = [n for n, d in data.items() if d is None]
     if lacking or replica.version != snapshot_version:
-        logger.warning("run %s: resuming at v%d without the trainer state of that version (%s); error feedback restarts "
-                       "from zero%s", run, replica.version,
-                       f"the snapshot has no {', '.join(lacking)}" if lacking else f"the snapshot is of v{snapshot_version}",
+        logger.warning("run %s: resuming at v%d without the trainer state of that version (%s); error feedback "
+                       "restarts from zero%s", run, replica.version,
+                       f"the snapshot has no {', '.join(lacking)}" if lacking
+                       else f"the snapshot is of v{snapshot_version}",
                        sync.lost_on_restart)
         return False
     where = f"{store.dir}/snapshot"

@@ -46,13 +46,16 @@ class UpdateBuilder:
         self.replica = replica
         self.encoder = encoder
         self.optimizer = get_optimizer(replica.state.optimizer)
-        self.on_encoded = None  # a multi-rank job's: sends each message to the other ranks before the apply (rank_trainer.py)
+        # a multi-rank job's: sends each message to the other ranks before the apply (rank_trainer.py)
+        self.on_encoded = None
 
-    def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None, target: list | None = None) -> Proposal:
+    def propose(self, grads: list, hparams: dict | None = None, meta: dict | None = None,
+                target: list | None = None) -> Proposal:
         """Encode `grads` (manifest order) and compute the step they lead to; nothing is mutated. With `target`
         (delta mode's master params), the message's meta records `lag`: how far the sites still trail it."""
         if len(grads) != len(self.replica.manifest.blocks):
-            raise ConfigError(f"UpdateBuilder.propose: {len(grads)} gradients for {len(self.replica.manifest.blocks)} blocks")
+            raise ConfigError(f"UpdateBuilder.propose: {len(grads)} gradients for {len(self.replica.manifest.blocks)} "
+                              f"blocks")
         h = self.optimizer.defaults() | (hparams or {})
         h = self.optimizer.check_hparams({k: float(v) for k, v in h.items()}, "UpdateBuilder.propose")
         t0 = time.perf_counter()
@@ -79,7 +82,8 @@ class UpdateBuilder:
         """Adopt a proposal whose message the log holds: the replica's state and the encoder's residual."""
         if proposal.message.parent_digest != self.replica.digest:
             raise ConfigError(f"UpdateBuilder.commit: v{proposal.version} was proposed from another state "
-                              f"(parent {proposal.message.parent_digest.hex()[:12]}, replica {self.replica.digest.hex()[:12]})")
+                              f"(parent {proposal.message.parent_digest.hex()[:12]}, replica "
+                              f"{self.replica.digest.hex()[:12]})")
         self.replica.commit(proposal.state, proposal.message.digest)
         self.encoder.commit(proposal.encoding)
 
