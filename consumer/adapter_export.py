@@ -29,7 +29,8 @@ def adapter_config(manifest) -> dict:
 
 
 def export_adapter(replica, out_root, dtype: str = "bfloat16", keep: int = 3, protect=()) -> pathlib.Path:
-    """Write version `replica.version` under out_root and prune older versions (never those in `protect`); returns its directory."""
+    """Write version `replica.version` under out_root and prune older versions (never those in `protect`); returns its
+    directory."""
     root = pathlib.Path(out_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{replica.version:08d}"

@@ -50,8 +50,8 @@ class GenerateConfig:
     long, and the key it signs rollouts with; checked at construction. Each field's help is in its metadata
     (`hilo consume --help`, docs/cli.md)."""
 
-    reward: str = opt(help="MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit task's: "
-                      "hilo.ops.digit_task:reward)")
+    reward: str = opt(help="MODULE:FUNCTION of the reward, reward(prompt_ids, completion_ids) -> float (the digit "
+                      "task's: hilo.ops.digit_task:reward)")
     batch_prompts: int = opt(4, "prompts taken at a time")
     lease_s: float = opt(120.0, "embedded log only: how long taken prompts stay this site's")
     signing_key: str | None = opt(None, "the site's Ed25519 private key; its rollouts are signed")
@@ -146,7 +146,8 @@ class Generator:
             self._count("lease_lost", len(lease), e)
             return 0
         except LogError as e:  # the log said no or did not answer: the prompts are read again (nothing was settled, or
-            logger.warning("site %s: settling failed (%s); the prompts are read again", self.site, e)  # it was, and they are not)
+            # it was, and they are not)
+            logger.warning("site %s: settling failed (%s); the prompts are read again", self.site, e)
             self.queue.release(lease)
             return 0
         crash_points.reach("generate.settled")
@@ -204,7 +205,8 @@ class Generator:
             self._count("malformed", 1, e)
             return None
         if not isinstance(p, PromptRecord) or p.run != self.run:
-            self._count("other-run" if isinstance(p, PromptRecord) else "malformed", 1, f"{what}: not a prompt of run {self.run}")
+            self._count("other-run" if isinstance(p, PromptRecord) else "malformed", 1,
+                        f"{what}: not a prompt of run {self.run}")
             return None
         return p
 
@@ -213,11 +215,13 @@ class Generator:
         t0 = time.perf_counter()
         samples, end = self.sample(p, version)
         t1 = time.perf_counter()
-        engine = f"vllm {self.server.version}" if self.server.version else None  # what served it, for the trainer's audit
+        # what served it, for the trainer's audit
+        engine = f"vllm {self.server.version}" if self.server.version else None
         out = []
         for i, (ids, logprobs, finish) in enumerate(samples):
             reward = float(self.reward(p.token_ids, ids))
-            r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward, self.reward_name,
+            r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward,
+                              self.reward_name,
                               finish if finish in ("stop", "length") else "abort",
                               {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}, self.serving.dtype, engine)
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
@@ -225,8 +229,8 @@ class Generator:
         return out
 
     def sample(self, p: PromptRecord, version: int) -> tuple:
-        """(samples, version served at the end) of prompt `p`, started at `version`: each sample is (token ids, behaviour
-        log-probabilities, finish reason) as vLLM gave them. A seam (see the class)."""
+        """(samples, version served at the end) of prompt `p`, started at `version`: each sample is (token ids,
+        behaviour log-probabilities, finish reason) as vLLM gave them. A seam (see the class)."""
         return self.server.complete(p.token_ids, p.sampling), self.serving.version
 
     def _count(self, reason, n, detail=None):
@@ -235,4 +239,5 @@ class Generator:
         if self.metrics is not None:
             self.metrics.inc("prompts_refused", n, reason=reason)
         if first:
-            logger.warning("site %s: refused a prompt (%s): %s (said once per reason; counted)", self.site, reason, detail)
+            logger.warning("site %s: refused a prompt (%s): %s (said once per reason; counted)", self.site, reason,
+                           detail)

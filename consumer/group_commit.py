@@ -13,7 +13,8 @@ from hilo.log.retry import Backoff
 from hilo.schemas.errors import HiloError
 
 logger = logging.getLogger(__name__)
-BACKOFF_S = (0.5, 10.0)  # first and longest wait between failed commits: a position is true within ~20 s of a fault's end
+# first and longest wait between failed commits: a position is true within ~20 s of a fault's end
+BACKOFF_S = (0.5, 10.0)
 
 
 class GroupCommitter:
@@ -46,8 +47,9 @@ class GroupCommitter:
                 self.log.commit(self.group, self.topic, *item)
             except HiloError as e:
                 if not self.failing:
-                    logger.warning("site %s: committing its position failed (%s); applying and serving go on, the commit is "
-                                   "retried in the background (hilo lag shows the last committed position meanwhile)", self.site, e)
+                    logger.warning("site %s: committing its position failed (%s); applying and serving go on, the "
+                                   "commit is retried in the background (hilo lag shows the last committed position "
+                                   "meanwhile)", self.site, e)
                 self.failing = True
                 with self._cv:
                     if self._pending is None:

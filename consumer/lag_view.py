@@ -9,7 +9,8 @@ from typing import ClassVar
 
 @dataclass(frozen=True)
 class LagView:
-    """The head (version, update bytes through it) and the applied position; the head is never behind what is applied."""
+    """The head (version, update bytes through it) and the applied position; the head is never behind what is
+    applied."""
 
     head_version: int
     head_bytes: int
@@ -24,12 +25,14 @@ class LagView:
 
     def applied(self, version: int, log_bytes: int) -> "LagView":
         """After applying `version`, whose messages through it total `log_bytes`."""
-        return replace(self, applied_version=version, applied_bytes=log_bytes, head_version=max(self.head_version, version),
+        return replace(self, applied_version=version, applied_bytes=log_bytes,
+                       head_version=max(self.head_version, version),
                        head_bytes=max(self.head_bytes, log_bytes))
 
     def with_head(self, version: int, log_bytes: int) -> "LagView":
         """After reading the head again."""
-        return replace(self, head_version=max(version, self.applied_version), head_bytes=max(log_bytes, self.applied_bytes))
+        return replace(self, head_version=max(version, self.applied_version),
+                       head_bytes=max(log_bytes, self.applied_bytes))
 
     @property
     def lag_versions(self) -> int:
@@ -53,5 +56,6 @@ class LagView:
         if outage is not None:
             return False, f"v{self.applied_version}: {outage}"
         if self.lag_versions > max_lag:
-            return False, f"v{self.applied_version} is {self.lag_versions} versions behind the head v{self.head_version} (bound {max_lag})"
+            return False, (f"v{self.applied_version} is {self.lag_versions} versions behind the head "
+                           f"v{self.head_version} (bound {max_lag})")
         return True, f"v{self.applied_version}, {self.lag_versions} behind the head"

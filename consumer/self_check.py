@@ -4,10 +4,10 @@
 
 The replica is the trainer's state bit for bit (the digest chain proves it); nothing proved that vLLM serves it. A
 load that failed silently, a stale adapter cached under the same name, an engine on another dtype, rank or base
-model: each gives other log-probabilities for the same tokens. After every load the site asks vLLM for the log-probabilities of the
-most likely next tokens after each prefix of a fixed probe (replica/forward.py `probe_ids`), computes the same with
-its own forward pass of the version it just loaded (the params as exported: rounded to the export dtype), and
-compares them token by token. Over the tolerance it does not generate
+model: each gives other log-probabilities for the same tokens. After every load the site asks vLLM for the
+log-probabilities of the most likely next tokens after each prefix of a fixed probe (replica/forward.py `probe_ids`),
+computes the same with its own forward pass of the version it just loaded (the params as exported: rounded to the export
+dtype), and compares them token by token. Over the tolerance it does not generate
 with that load, says so in one line naming the version and the worst difference, and retries the load
 (consumer/serving.py). The forward pass needs the base model vLLM serves as a local directory (the path vLLM
 reports, or `--self-check-base`); it is loaded once, in fp32.
@@ -49,8 +49,8 @@ class SelfCheck:
             return self.model
         base = self.base_dir or self.server.base_model()
         if not os.path.isdir(base):
-            raise ConfigError(f"the self-check needs the base model vLLM serves as a local directory; {base!r} is not one "
-                              f"here (--self-check-base DIR names it, --no-self-check turns the check off)")
+            raise ConfigError(f"the self-check needs the base model vLLM serves as a local directory; {base!r} is not "
+                              f"one here (--self-check-base DIR names it, --no-self-check turns the check off)")
         self.model = policy_model(base, manifest)
         self.names, self.manifest = lora_names(self.model, manifest), manifest
         self.probe = probe_ids(self.model.config.vocab_size)
@@ -74,7 +74,7 @@ class SelfCheck:
                     worst, where = d, (k + 1, token)
         self.worst, self.seconds = worst, time.perf_counter() - t0
         if not worst <= self.tolerance:
-            raise SelfCheckFailed(f"vLLM does not serve v{replica.version}: its log-probabilities of the probe differ from "
-                                  f"the replica's by up to {worst:.3g} (token {where[1]} after {where[0]} of the probe's "
-                                  f"{len(self.probe)} tokens; tolerance {self.tolerance:g})")
+            raise SelfCheckFailed(f"vLLM does not serve v{replica.version}: its log-probabilities of the probe differ "
+                                  f"from the replica's by up to {worst:.3g} (token {where[1]} after {where[0]} of the "
+                                  f"probe's {len(self.probe)} tokens; tolerance {self.tolerance:g})")
         return worst

@@ -50,8 +50,8 @@ class Serving:
         so nothing serves, hooks or prunes by them; the replay exports what is needed again."""
         gone = discard_beyond(self.adapters_dir, version)
         if gone:
-            logger.warning("site %s: removed adapter dirs v%d..v%d left beyond the bootstrapped v%d (written before a crash; "
-                           "replayed versions are exported again)", self.site, gone[0], gone[-1], version)
+            logger.warning("site %s: removed adapter dirs v%d..v%d left beyond the bootstrapped v%d (written before a "
+                           "crash; replayed versions are exported again)", self.site, gone[0], gone[-1], version)
 
     def start(self, replica, url: str) -> bool:
         """Check the server and load `replica`'s version now: a wrong server or adapter fails here, in one line. A
@@ -108,7 +108,8 @@ class Serving:
         if self.checker is not None:
             self.metrics.set("self_check_worst_difference", self.checker.worst)
             self.metrics.observe("stage_seconds", self.checker.seconds, stage="self_check")
-            logger.info("site %s: self-check of v%d passed: worst log-probability difference %.3g (tolerance %g)", self.site,
+            logger.info("site %s: self-check of v%d passed: worst log-probability difference %.3g (tolerance %g)",
+                        self.site,
                         version, self.checker.worst, self.checker.tolerance)
         self.state.on_loaded()
         self.timing["load_s"] = load_s  # the self-check's time is its own stage
@@ -122,14 +123,15 @@ class Serving:
         return export_adapter(replica, self.adapters_dir, self.dtype, self.keep, protect=protect)
 
     def adapter_to_load(self, exported):
-        """The adapter dir to load into vLLM for the newest exported version: `exported` itself. A seam (see the class)."""
+        """The adapter dir to load into vLLM for the newest exported version: `exported` itself. A seam (see the
+        class)."""
         return exported
 
     def _retry_later(self, error) -> None:
         wait = self.state.on_failed(time.monotonic())
         if isinstance(error, SelfCheckFailed):
-            logger.warning("site %s: self-check failed: %s; generating nothing until a load passes, retrying the newest in "
-                           "%.0fs", self.site, error, wait)
+            logger.warning("site %s: self-check failed: %s; generating nothing until a load passes, retrying the "
+                           "newest in %.0fs", self.site, error, wait)
             return
         logger.warning("site %s: vLLM did not take v%d (%s); still serving %s, retrying the newest in %.0fs", self.site,
                        self.state.exported[0], error, f"v{self.version}" if self.state.serving else "nothing", wait)

@@ -44,7 +44,8 @@ class Site:
     """One site's follower plus its side effects (serving, snapshots, group commit), and its loop. Building one does
     no I/O; `Site.open(config)` opens the log, waits for the run, bootstraps and checks vLLM."""
 
-    # seams: the classes a site builds its serving and generator from; ops/faults/lies.py sets lying subclasses, the product never
+    # seams: the classes a site builds its serving and generator from; ops/faults/lies.py sets lying subclasses, the
+    # product never
     serving_type = Serving
     generator_type = Generator
 
@@ -127,7 +128,8 @@ class Site:
         if self.history:
             self.history.notes(self.snapshots.drain())
         self.commit()
-        logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, event.version, event.digest.hex()[:12],
+        logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, event.version,
+                     event.digest.hex()[:12],
                      event.last_offset)
 
     def publish_newest(self, strict: bool = False) -> None:
@@ -149,13 +151,17 @@ class Site:
 
     def commit(self):
         """Hand the position and its SiteReport to the background committer of this site's consumer group. Advisory:
-        the snapshot is the site's truth, so a failing commit never stops or slows it; it is retried (group_commit.py)."""
+        the snapshot is the site's truth, so a failing commit never stops or slows it; it is retried
+        (group_commit.py)."""
         f, bps = self.follower, self.link.bps
-        report = SiteReport(self.cfg.site, f.replica.version, f.replica.digest.hex(), f.log_bytes, round(self.clock(), 3),
-                            self.serving.version, None if bps is None else round(bps))  # link: what `--budget auto` sizes by
+        report = SiteReport(self.cfg.site, f.replica.version, f.replica.digest.hex(), f.log_bytes,
+                            round(self.clock(), 3),
+                            # link: what `--budget auto` sizes by
+                            self.serving.version, None if bps is None else round(bps))
         crash_points.reach("site.committing")
         if self.committer is None:
-            self.committer = GroupCommitter(self.log, site_group(self.cfg.run, self.cfg.site), updates_topic(self.cfg.run),
+            self.committer = GroupCommitter(self.log, site_group(self.cfg.run, self.cfg.site),
+                                            updates_topic(self.cfg.run),
                                             self.cfg.site)
         self.committer.submit(f.next_offset, report.to_json())
 
@@ -238,8 +244,8 @@ class Site:
         return n
 
     def close(self) -> None:
-        """Idempotent end (`run()`'s; a polled site calls it): snapshot, last commit, read-ahead, prompt queue, and the log
-        if `Site.open` opened it (one passed in is the caller's)."""
+        """Idempotent end (`run()`'s; a polled site calls it): snapshot, last commit, read-ahead, prompt queue, and the
+        log if `Site.open` opened it (one passed in is the caller's)."""
         self.snapshots.close(self.follower, self.clock())  # waits for the write in flight, then leaves one at the head
         if self.committer is not None:
             self.committer.close()

@@ -10,7 +10,8 @@ the next version into the ones it replaced, replica.recycle) the state is copied
 from one snapshot to the next, with its version, digest, history, recent digests and the follower's position of that
 version; one thread writes the copy (replay/snapshot.py) while the loop applies the next versions. The loop stalls
 for the copy, not the write: at 1.7B/AdamW 0.13-0.15 s against the 3.8 s (13.7 s in docs/results/replay.json) of a
-synchronous msgpack + zstd save (docs/results/snapshot.json); the copy costs a third set of state buffers (837 MB there).
+synchronous msgpack + zstd save (docs/results/snapshot.json); the copy costs a third set of state buffers (837 MB
+there).
 """
 import collections
 import logging
@@ -83,8 +84,10 @@ class Snapshots:
         self.deferred = False         # a due snapshot is waiting for the writer
         self.skipped = 0              # due snapshots that waited for the writer
         self.failures = 0             # background writes that failed
-        self.notes = []               # what snapshots cost, for the site's history: drained by `drain` (list.append is atomic)
-        self.reserver = None          # the thread allocating the copy's buffers at the first version (StateCopy.reserve)
+        # what snapshots cost, for the site's history: drained by `drain` (list.append is atomic)
+        self.notes = []
+        # the thread allocating the copy's buffers at the first version (StateCopy.reserve)
+        self.reserver = None
         self.refused = None           # the StateNotWritten the site stops on: no snapshot is tried after it
 
     def due(self) -> bool:
@@ -116,7 +119,8 @@ class Snapshots:
             if not self.deferred:
                 self.deferred, self.skipped = True, self.skipped + 1
                 self.metrics.inc("snapshots_deferred")
-                logger.info("snapshot of v%d deferred: the previous one is still being written", follower.replica.version)
+                logger.info("snapshot of v%d deferred: the previous one is still being written",
+                            follower.replica.version)
             return
         self.reserver.join()  # long done by the first due snapshot, unless it is due at the first version
         t0 = time.perf_counter()
@@ -139,16 +143,18 @@ class Snapshots:
             self.failure, self.failures = (copy.version, e), self.failures + 1
             self.metrics.inc("snapshot_failures")
             if not isinstance(e, StateNotWritten):  # that one is said by the site stopping on it (`check`), in one line
-                logger.error("snapshot of v%d failed in the background: %s; the previous snapshot is whole", copy.version,
+                logger.error("snapshot of v%d failed in the background: %s; the previous snapshot is whole",
+                             copy.version,
                              f"{type(e).__name__}: {e}")
             return
         self.saved = (copy.version, position.next_offset)
-        self.notes.append({"snapshot_written": copy.version, "write_s": round(time.perf_counter() - t0, 4), "bytes": self.store.size()})
+        self.notes.append({"snapshot_written": copy.version, "write_s": round(time.perf_counter() - t0, 4),
+                           "bytes": self.store.size()})
 
     def _counter(self, t0: float):
-        """What `store.save` calls when a snapshot begun at `t0` is whole on disk: it is counted (stage "snapshot") before
-        it is put in place, so a scrape that finds it in the state dir finds it counted (counted after the save returned,
-        after the old one was removed, a scrape in between showed one snapshot fewer than the dir held)."""
+        """What `store.save` calls when a snapshot begun at `t0` is whole on disk: it is counted (stage "snapshot")
+        before it is put in place, so a scrape that finds it in the state dir finds it counted (counted after the save
+        returned, after the old one was removed, a scrape in between showed one snapshot fewer than the dir held)."""
         return lambda: self.metrics.observe("stage_seconds", time.perf_counter() - t0, stage="snapshot")
 
     def drain(self) -> list:
@@ -158,9 +164,10 @@ class Snapshots:
 
     def check(self) -> None:
         """Join a finished writer; raise its failure, once (the site checks between reads too, so an idle site stops as
-        soon). The site stops on it (Site.run), as it did when the write was synchronous: a write that failed (disk full,
-        permissions, I/O) will fail again, and a site going on would leave its snapshot ever further behind, unbounding
-        the replay a crash costs, with nothing but a log line to say so (docs/operations.md: out of space)."""
+        soon). The site stops on it (Site.run), as it did when the write was synchronous: a write that failed (disk
+        full, permissions, I/O) will fail again, and a site going on would leave its snapshot ever further behind,
+        unbounding the replay a crash costs, with nothing but a log line to say so (docs/operations.md: out of
+        space)."""
         if self.writer is not None and not self.writer.is_alive():
             self.writer.join()
             self.writer = None
@@ -189,7 +196,8 @@ class Snapshots:
         if self.refused is not None:
             return
         try:
-            self.store.save(follower.replica, follower.position(saved_at=now), written=self._counter(time.perf_counter()))
+            self.store.save(follower.replica, follower.position(saved_at=now),
+                            written=self._counter(time.perf_counter()))
         except StateNotWritten as e:
             self.refused = e
             raise

@@ -62,7 +62,8 @@ class VllmServer(Engine):
         except (ValueError, KeyError, TypeError):
             version = None
         if version is None:
-            raise VllmError(f"{self.url} is not a vLLM server (GET /version answered HTTP {r.status_code}, no vLLM version)")
+            raise VllmError(f"{self.url} is not a vLLM server (GET /version answered HTTP {r.status_code}, no vLLM "
+                            f"version)")
         self.version = version
         return version
 
@@ -72,14 +73,16 @@ class VllmServer(Engine):
         try:
             return next(m["root"] for m in r.json()["data"] if m.get("parent") is None)
         except (ValueError, KeyError, TypeError, StopIteration):
-            raise VllmError(f"vLLM at {self.url}: GET /v1/models answered HTTP {r.status_code} without a base model") from None
+            raise VllmError(
+                f"vLLM at {self.url}: GET /v1/models answered HTTP {r.status_code} without a base model") from None
 
     def load(self, adapter_dir, version: int) -> None:
         """Make requests naming `lora_name` use the adapter in `adapter_dir` (policy version `version`)."""
         plugin = self._load(adapter_dir, f"v{version}'s adapter")
         if self.plugin is None and not plugin:
-            logger.warning("vLLM at %s (%s) runs without the hilo-sync plugin (ops/vllm/plugin): it re-reads the adapter "
-                           "directory on every request; the site keeps the served directory, so this is slow, not wrong",
+            logger.warning("vLLM at %s (%s) runs without the hilo-sync plugin (ops/vllm/plugin): it re-reads the "
+                           "adapter directory on every request; the site keeps the served directory, so this is slow, "
+                           "not wrong",
                            self.url, self.version)
         self.plugin = plugin
         logger.info("vLLM at %s now serves v%d as %r", self.url, version, self.lora_name)
@@ -110,12 +113,13 @@ class VllmServer(Engine):
         try:
             return {m["id"]: m["root"] for m in r.json()["data"] if m.get("parent") is not None}
         except (ValueError, KeyError, TypeError):
-            raise VllmError(f"vLLM at {self.url}: GET /v1/models answered HTTP {r.status_code} without a model list") from None
+            raise VllmError(
+                f"vLLM at {self.url}: GET /v1/models answered HTTP {r.status_code} without a model list") from None
 
     def probe_plugin(self, adapter_dir) -> bool:
-        """Whether the hilo-sync plugin is active: loads `adapter_dir` in place under `lora_name`, then unloads that name
-        (the engine may keep the weights in one of its LoRA slots until another adapter needs it). VllmError if vLLM
-        refuses the adapter."""
+        """Whether the hilo-sync plugin is active: loads `adapter_dir` in place under `lora_name`, then unloads that
+        name (the engine may keep the weights in one of its LoRA slots until another adapter needs it). VllmError if
+        vLLM refuses the adapter."""
         try:
             return self._load(adapter_dir, "the adapter")
         finally:
@@ -142,8 +146,8 @@ class VllmServer(Engine):
                 raise ValueError(f"{len(out)} answers for {len(prefixes)} prefixes")
             return out
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise VllmError(f"vLLM at {self.url}: a log-probabilities answer without the next tokens' log-probabilities "
-                            f"({type(e).__name__}: {e})") from None
+            raise VllmError(f"vLLM at {self.url}: a log-probabilities answer without the next tokens' "
+                            f"log-probabilities ({type(e).__name__}: {e})") from None
 
     def complete(self, prompt_ids, sampling) -> list:
         """`sampling.n` completions of the token ids `prompt_ids` by the adapter `lora_name`: one (completion token ids,
@@ -157,11 +161,13 @@ class VllmServer(Engine):
             raise VllmError(f"vLLM at {self.url} refused a completion request: {_reason(r)}")
         try:
             choices = sorted(r.json()["choices"], key=lambda c: c["index"])
-            return [(tuple(c["token_ids"]), tuple(float(x) for x in c["logprobs"]["token_logprobs"]), c["finish_reason"])
+            return [(tuple(c["token_ids"]), tuple(float(x) for x in c["logprobs"]["token_logprobs"]),
+                     c["finish_reason"])
                     for c in choices]
         except (ValueError, KeyError, TypeError) as e:
-            raise VllmError(f"vLLM at {self.url}: a completion answer without token ids or log-probabilities ({type(e).__name__}: "
-                            f"{e}); vLLM >= 0.10 returns them with return_token_ids and logprobs") from None
+            raise VllmError(f"vLLM at {self.url}: a completion answer without token ids or log-probabilities "
+                            f"({type(e).__name__}: {e}); vLLM >= 0.10 returns them with return_token_ids and "
+                            f"logprobs") from None
 
 
 def _reason(r: requests.Response) -> str:
