@@ -15,10 +15,14 @@ from hilo.schemas.errors import ConfigError, LogError
 # role -> [(resource type, name template, pattern type, operations)]; {run} is the run id.
 GRANTS = {
     "trainer": [
-        (Res.TOPIC, "{updates}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
-        (Res.TOPIC, "{checkpoints}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
-        (Res.TOPIC, "{prompts}", Pattern.LITERAL, (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
-        (Res.TOPIC, "{rollouts}", Pattern.LITERAL, (Op.CREATE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),  # reads them only
+        (Res.TOPIC, "{updates}", Pattern.LITERAL,
+         (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        (Res.TOPIC, "{checkpoints}", Pattern.LITERAL,
+         (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        (Res.TOPIC, "{prompts}", Pattern.LITERAL,
+         (Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
+        # reads them only
+        (Res.TOPIC, "{rollouts}", Pattern.LITERAL, (Op.CREATE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.DELETE)),
         (Res.TRANSACTIONAL_ID, "hilo.{run}", Pattern.LITERAL, (Op.WRITE, Op.DESCRIBE)),    # its transactional producer
         (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.DESCRIBE,)),              # sites' positions, on a restart
         (Res.CLUSTER, "kafka-cluster", Pattern.LITERAL, (Op.DESCRIBE_CONFIGS, Op.IDEMPOTENT_WRITE)),  # chunk-size check
@@ -26,7 +30,8 @@ GRANTS = {
     "site": [
         (Res.TOPIC, "{updates}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
         (Res.TOPIC, "{checkpoints}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
-        (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.READ, Op.DESCRIBE)),       # its hilo.RUN.SITE group, hilo.RUN.generate
+        # its hilo.RUN.SITE group, hilo.RUN.generate
+        (Res.GROUP, "{groups}", Pattern.PREFIXED, (Op.READ, Op.DESCRIBE)),
         # the return path: take prompts, write rollouts only (never the policy's topics), under its own transactional id
         (Res.TOPIC, "{prompts}", Pattern.LITERAL, (Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
         (Res.TOPIC, "{rollouts}", Pattern.LITERAL, (Op.WRITE, Op.DESCRIBE, Op.DESCRIBE_CONFIGS)),
@@ -37,7 +42,8 @@ GRANTS = {
 
 def acls_for(run: str, role: str, principal: str) -> list:
     """The ACL objects the table gives `principal` (User:NAME) in `role` for `run`."""
-    names = {"run": run, "updates": updates_topic(run), "checkpoints": checkpoints_topic(run), "groups": site_group(run, ""),
+    names = {"run": run, "updates": updates_topic(run), "checkpoints": checkpoints_topic(run),
+             "groups": site_group(run, ""),
              "prompts": prompts_topic(run), "rollouts": rollouts_topic(run), "generate": generate_group(run)}
     return [ACL(principal=principal, host="*", operation=op, permission_type=ACLPermissionType.ALLOW,
                 resource_pattern=ResourcePattern(kind, template.format(**names), pattern))
@@ -52,7 +58,8 @@ def principal(user: str) -> str:
 def _kafka(log):
     """The log's Kafka admin client; ConfigError for a log that has no ACLs (the embedded file log)."""
     if not hasattr(log, "admin"):
-        raise ConfigError(f"--log {log.url}: ACLs are Kafka's; the embedded file log has none (one machine, file permissions)")
+        raise ConfigError(f"--log {log.url}: ACLs are Kafka's; the embedded file log has none (one machine, file "
+                          f"permissions)")
     return log.admin
 
 
@@ -70,15 +77,21 @@ def grant(log, run: str, users: dict) -> int:
 
 
 def show(log, run: str) -> list:
-    """Rows (principal, operation, resource type, name, pattern) of the cluster's ACLs that match this run's resources."""
+    """Rows (principal, operation, resource type, name, pattern) of the cluster's ACLs that match this run's
+    resources."""
     rows = []
-    for kind, name in ((Res.TOPIC, updates_topic(run)), (Res.TOPIC, checkpoints_topic(run)), (Res.GROUP, site_group(run, "x")),
+    for kind, name in ((Res.TOPIC, updates_topic(run)), (Res.TOPIC, checkpoints_topic(run)),
+                       (Res.GROUP, site_group(run, "x")),
                        (Res.TRANSACTIONAL_ID, f"hilo.{run}")):
         flt = ACLFilter(principal=None, host="*", operation=Op.ANY, permission_type=ACLPermissionType.ANY,
                         resource_pattern=ResourcePatternFilter(kind, name, Pattern.MATCH))
         acls, err = _kafka(log).describe_acls(flt)
         if getattr(err, "errno", 0):
-            raise LogError(f"{log.url}: listing ACLs failed: {err.__name__ if isinstance(err, type) else type(err).__name__}")
-        rows += [{"principal": a.principal, "operation": a.operation.name, "resource": a.resource_pattern.resource_type.name,
-                  "name": a.resource_pattern.resource_name, "pattern": a.resource_pattern.pattern_type.name} for a in acls]
-    return sorted({tuple(r.items()): r for r in rows}.values(), key=lambda r: (r["principal"], r["resource"], r["name"], r["operation"]))
+            raise LogError(f"{log.url}: listing ACLs failed: "
+                           f"{err.__name__ if isinstance(err, type) else type(err).__name__}")
+        rows += [{"principal": a.principal, "operation": a.operation.name,
+                  "resource": a.resource_pattern.resource_type.name,
+                  "name": a.resource_pattern.resource_name, "pattern": a.resource_pattern.pattern_type.name}
+                 for a in acls]
+    return sorted({tuple(r.items()): r for r in rows}.values(),
+                  key=lambda r: (r["principal"], r["resource"], r["name"], r["operation"]))

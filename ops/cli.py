@@ -34,8 +34,8 @@ def version_line() -> str:
         installed = version("hilo-sync")
     except PackageNotFoundError:  # run from a source tree that was never installed
         installed = "unknown (not installed)"
-    return (f"hilo-sync {installed} (wire format {SCHEMA_VERSION}, arithmetic {MATH_VERSION}, state digest {DIGEST_VERSION}; "
-            f"Python {sys.version.split()[0]})")
+    return (f"hilo-sync {installed} (wire format {SCHEMA_VERSION}, arithmetic {MATH_VERSION}, state digest "
+            f"{DIGEST_VERSION}; Python {sys.version.split()[0]})")
 
 
 class _Version(argparse.Action):
@@ -69,9 +69,11 @@ def parser(argv=None) -> argparse.ArgumentParser:
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action=_Version,
                     help="print the version, the wire-format, arithmetic and digest versions it speaks, and exit")
-    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: %(default)s")
+    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                    help="default: %(default)s")
     ap.add_argument("--log-format", default="text", choices=["text", "json"],
-                    help="json: one JSON object a line (timestamp, level, logger, message) for log shippers (default: %(default)s)")
+                    help="json: one JSON object a line (timestamp, level, logger, message) for log shippers (default: "
+                         "%(default)s)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None if argv is None else _chosen(argv)
     for name, (module, summary) in COMMANDS.items():

@@ -75,7 +75,8 @@ def _table(parser, actions) -> list:
 
 def _shown(action) -> bool:
     """Whether an action is an option to document (not --help, a hidden one, or a subcommand table)."""
-    return not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and action.help is not argparse.SUPPRESS
+    return not isinstance(action,
+                          (argparse._HelpAction, argparse._SubParsersAction)) and action.help is not argparse.SUPPRESS
 
 
 def _section(parser, title: str, summary: str, level: int) -> list:

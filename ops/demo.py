@@ -64,7 +64,8 @@ def run_demo(log_url: str | None, steps: int, as_json: bool, out=sys.stdout) -> 
     def on_step(version, loss, compute_s, info):
         sizes.append(info["bytes"])
         if version % 10 == 0 or version == 1:
-            say(f"  v{version:3d}  loss {loss:.3f}  message {info['bytes']:,} B ({100 * info['bytes'] / adapter:.2f}% of adapter)")
+            say(f"  v{version:3d}  loss {loss:.3f}  message {info['bytes']:,} B ({100 * info['bytes'] / adapter:.2f}% "
+                f"of adapter)")
         if version == kill_at:
             applied = _wait_applied(url, run, "site-2", 1)  # kill it while it follows, not while it imports torch
             procs["site-2"].send_signal(signal.SIGKILL)
@@ -90,7 +91,8 @@ def run_demo(log_url: str | None, steps: int, as_json: bool, out=sys.stdout) -> 
     sites = [{"site": s, "version": rows.get(s, {}).get("applied_version"), "digest": rows.get(s, {}).get("digest"),
               "exit_code": codes[s]} for s in SITES]
     ok = all(x["digest"] == trainer_digest and x["version"] == steps and x["exit_code"] == 0 for x in sites)
-    summary = {"run": run, "log": url, "versions": producer.version, "final_loss": round(loss, 4), "trainer_digest": trainer_digest,
+    summary = {"run": run, "log": url, "versions": producer.version, "final_loss": round(loss, 4),
+               "trainer_digest": trainer_digest,
                "sites": sites, "bytes_per_step": round(sum(sizes) / len(sizes)), "adapter_bytes": adapter,
                "fraction_of_adapter": sum(sizes) / len(sizes) / adapter, "events": events, "ok": ok, "work_dir": work}
     if as_json:
@@ -103,6 +105,7 @@ def run_demo(log_url: str | None, steps: int, as_json: bool, out=sys.stdout) -> 
             mark = "OK " if x["digest"] == trainer_digest else "MISMATCH"
             say(f"  {mark} {x['site']}: v{x['version']} {x['digest']} (exit {x['exit_code']})")
         say("\n" + format_rows(list(rows.values())))
-        say("\nall sites match the trainer" if ok else "\nFAILED: a site does not match the trainer (see logs in the work dir)")
+        say("\nall sites match the trainer" if ok
+            else "\nFAILED: a site does not match the trainer (see logs in the work dir)")
     producer.close()
     return 0 if ok else 1

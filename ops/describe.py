@@ -57,10 +57,12 @@ def joinable(log, run: str, rows: list) -> dict:
     ms, limit = limit_of(ckpt["retention.ms"]), limit_of(ckpt["retention.bytes"])
     until = [written + ms / 1e3] if ms and written is not None else []
     if limit is not None and h.size is not None and limit < h.size:
-        out["unkeepable"] = f"retention.bytes {limit} is below one checkpoint ({h.size} bytes): no checkpoint can be kept"
+        out["unkeepable"] = (f"retention.bytes {limit} is below one checkpoint ({h.size} bytes): no checkpoint can be "
+                             f"kept")
     first = h.updates_offset
     if first < upd["begin_offset"]:
-        return out | {"now": False, "until": None, "why": f"the updates after checkpoint v{h.version} (from offset {first}) expired"}
+        return out | {"now": False, "until": None,
+                      "why": f"the updates after checkpoint v{h.version} (from offset {first}) expired"}
     recs = log.read(updates_topic(run), first, timeout_s=5.0, max_bytes=1) if first < upd["end_offset"] else []
     ms = limit_of(upd["retention.ms"])
     if recs and recs[0].timestamp is not None and ms:
@@ -91,10 +93,12 @@ def _joinable_line(j: dict) -> str:
     if "unkeepable" in j:
         return f"new sites: cannot join: {j['unkeepable']}"
     if not j["now"]:
-        return f"new sites: cannot join now: {j.get('why', 'the newest checkpoint or the first update after it expired')}"
+        return (f"new sites: cannot join now: "
+                f"{j.get('why', 'the newest checkpoint or the first update after it expired')}")
     when = "no expiry (retention unlimited)" if j["until"] is None else \
         time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(j["until"])) + f" (in {j['until'] - time.time():.0f}s)"
-    return f"new sites: can join now, from checkpoint v{j['checkpoint_version']}, until {when} without a newer checkpoint"
+    return (f"new sites: can join now, from checkpoint v{j['checkpoint_version']}, until {when} without a newer "
+            f"checkpoint")
 
 
 def format_rows(rows: list) -> str:

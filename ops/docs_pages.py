@@ -98,24 +98,29 @@ def scale_table(root: pathlib.Path) -> str:
     def cells(res):
         return {(c["task"], c["optimizer"], c["sync"], c["budget"]): c for c in res["cells"]}
     s, big = cells(small), cells(large)
-    rows = ["| task | optimizer | full pass@4 | spar4 @1.6% | KL gain vs full, small -> large |", "|---|---|---:|---:|---:|"]
+    rows = ["| task | optimizer | full pass@4 | spar4 @1.6% | KL gain vs full, small -> large |",
+            "|---|---|---:|---:|---:|"]
     for (task, opt, sync, budget), c in big.items():
         if sync == "full":
             continue
-        full, small_full, small_cell = big[(task, opt, "full", None)], s[(task, opt, "full", None)], s[(task, opt, sync, budget)]
+        full, small_full, small_cell = big[(task, opt, "full", None)], s[(task, opt, "full", None)], s[(task, opt, sync,
+                                                                                                        budget)]
         gains = (_kl_gain(small_cell, small_full, small["untrained"]), _kl_gain(c, full, large["untrained"]))
-        rows.append(f"| {task} | {opt} | {full['pass4_mean']:.3f} | {vs_full(c)} | {100 * gains[0]:.0f}% -> {100 * gains[1]:.0f}% |")
+        rows.append(f"| {task} | {opt} | {full['pass4_mean']:.3f} | {vs_full(c)} | {100 * gains[0]:.0f}% -> "
+                    f"{100 * gains[1]:.0f}% |")
     return "\n".join(rows)
 
 
 def serve_table(root: pathlib.Path) -> str:
     """Publish to first request served by the new version, per stage (medians of `hilo bench serve`)."""
-    rows = ["| shape | LoRA params | adapter bf16 | publish s | apply s | export s | reload s | first request s | publish -> served s |",
+    rows = ["| shape | LoRA params | adapter bf16 | publish s | apply s | export s | reload s | first request s | "
+            "publish -> served s |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in _load(root, f"{RESULTS}/serve.json")["shapes"]:
         m = s["median"]
-        rows.append(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | {m['publish_s']:.3f} | "
-                    f"{m['apply_s']:.3f} | {m['export_s']:.3f} | {m['reload_s']:.3f} | {m['first_s']:.3f} | {m['total_s']:.3f} |")
+        rows.append(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | "
+                    f"{m['publish_s']:.3f} | {m['apply_s']:.3f} | {m['export_s']:.3f} | {m['reload_s']:.3f} | "
+                    f"{m['first_s']:.3f} | {m['total_s']:.3f} |")
     return "\n".join(rows)
 
 
@@ -127,11 +132,12 @@ def faults_table(root: pathlib.Path) -> str:
     for who, kills in (("trainer", res["trainer_kills"]), ("site", res["site_kills"])):
         for point, n in kills.items():
             rows.append(f"| {who} | `{point}` | {POINTS.get(point, 'a random instant')} | {n} |")
-    found = (f"Versions published: {res['versions']:,}; trainer processes killed: {sum(res['trainer_kills'].values())}, "
-             f"site processes killed: {sum(res['site_kills'].values())}; history anomalies (gaps, duplicates, forks, "
-             f"acknowledged versions lost): {len(res['anomalies'])}; divergent digests: {res['divergent_digests']} "
-             f"(trainer, killed site and late site end at `{res['digests']['trainer'][:8]}...`); "
-             f"{res['trainer_s']:.0f} s of trainer kills, {res['sites_s']:.0f} s of site kills.")
+    found = (f"Versions published: {res['versions']:,}; trainer processes killed: "
+             f"{sum(res['trainer_kills'].values())}, site processes killed: {sum(res['site_kills'].values())}; history "
+             f"anomalies (gaps, duplicates, forks, acknowledged versions lost): {len(res['anomalies'])}; divergent "
+             f"digests: {res['divergent_digests']} (trainer, killed site and late site end at "
+             f"`{res['digests']['trainer'][:8]}...`); {res['trainer_s']:.0f} s of trainer kills, {res['sites_s']:.0f} "
+             f"s of site kills.")
     return "\n".join(rows + ["", found])
 
 
@@ -140,7 +146,8 @@ def scrape_table(root: pathlib.Path) -> str:
     r = _load(root, f"{RESULTS}/scrape.json")
     row = (f"| {r['shape']} | {r['versions']} | {r['every_ms']:.0f} | {r['scrapes']:,} | {r['p50_ms']:.1f} | "
            f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['inconsistent']} | {r['target_p99_ms']:.0f} |")
-    head = ["| shape | versions | scrape every ms | scrapes | p50 ms | p99 ms | max ms | inconsistent | p99 target ms |",
+    head = [
+        "| shape | versions | scrape every ms | scrapes | p50 ms | p99 ms | max ms | inconsistent | p99 target ms |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     return "\n".join([*head, row])
 
@@ -156,7 +163,8 @@ def startup_table(root: pathlib.Path) -> str:
 def measured_on_table(root: pathlib.Path) -> str:
     """Where each saved result was measured (its `measured_on`, ops/bench/machine.py); a file without one is an error.
     A results file merging runs (replay.json) has a row per run."""
-    rows = ["| results | commit | code | recorded | cores | CPU model | triad GB/s |", "|---|---|---|---|---:|---|---:|"]
+    rows = ["| results | commit | code | recorded | cores | CPU model | triad GB/s |",
+            "|---|---|---|---|---:|---|---:|"]
     code = {True: "uncommitted changes", False: "as committed"}
     for rel in sorted(s for s in sources() if s.endswith(".json")):
         res = _load(root, rel)
@@ -190,10 +198,13 @@ def headline_table(root: pathlib.Path) -> str:
     ranks = {r["ranks"]: r for r in _load(root, f"{RESULTS}/ranks.json")["rows"]}
     pace = _load(root, f"{RESULTS}/pace.json")
     rows = {  # what -> measured
-        # the message, the trainer's encode and a site's apply, as `hilo bench replay` and `hilo bench pace` measured them
-        f"one version of a Qwen3-1.7B rank-64 adapter ({adamw['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 codec":
-            (f"{adamw['message_bytes'] / 1e6:.2f} MB ({100 * adamw['message_bytes'] / adamw['adapter_bytes_bf16']:.2f}%); "
-             f"encode {pace['encode_median_s']:.2f} s, decode + AdamW step {adamw['stage_s_per_version']['apply']:.3f} s"),
+        # the message, the trainer's encode and a site's apply, as `hilo bench replay` and `hilo bench pace` measured
+        # them
+        f"one version of a Qwen3-1.7B rank-64 adapter ({adamw['adapter_bytes_bf16'] / 1e6:.2f} MB in bf16), spar4 "
+        f"codec":
+            (f"{adamw['message_bytes'] / 1e6:.2f} MB "
+             f"({100 * adamw['message_bytes'] / adamw['adapter_bytes_bf16']:.2f}%); encode "
+             f"{pace['encode_median_s']:.2f} s, decode + AdamW step {adamw['stage_s_per_version']['apply']:.3f} s"),
         f"pass@4 against full sync at 1.6% per version, {len(delta)} task x optimizer pairs":
             (f"delta mode {min(delta):+.1f} to {max(delta):+.1f} points (within 1 on {sum(g >= -1 for g in delta)} of "
              f"{len(delta)}); gradient mode {min(grad):+.1f} to {max(grad):+.1f} (within 3 on "
@@ -207,10 +218,12 @@ def headline_table(root: pathlib.Path) -> str:
             (f"{sum(faults['trainer_kills'].values())} trainers and {sum(faults['site_kills'].values())} sites killed: "
              f"{len(faults['anomalies'])} gaps, duplicates, forks or lost versions; {faults['divergent_digests']} "
              "divergent digests"),
-        f"a site {adamw['versions']} versions behind catching up (Qwen3-1.7B r64, AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
+        f"a site {adamw['versions']} versions behind catching up (Qwen3-1.7B r64, "
+        f"AdamW)": f"{adamw['versions_per_s']:.2f} versions/s",
         "one Qwen3-1.7B r64 AdamW version applied by a site (decode, step, NaN/Inf check, digest)":
-            (f"{adamw['stage_s_per_version']['apply']:.3f} s on the fused kernel, {torch_path['stage_s_per_version']['apply']:.3f} s on "
-             f"the torch path it must equal ({adamw['apply_over_floor']:.1f}x the memory-bandwidth floor at "
+            (f"{adamw['stage_s_per_version']['apply']:.3f} s on the fused kernel, "
+             f"{torch_path['stage_s_per_version']['apply']:.3f} s on the torch path it must equal "
+             f"({adamw['apply_over_floor']:.1f}x the memory-bandwidth floor at "
              f"{next(r for r in replay['runs'] if r['shape'] == 'qwen3-1.7b')['triad_gbps']:.0f} GB/s)"),
         f"a site following a run that gains a Qwen3-1.7B r64 AdamW version every {pace['interval_s']:g} s "
         f"({pace['versions']} versions)":
@@ -218,9 +231,11 @@ def headline_table(root: pathlib.Path) -> str:
              f"{pace['freshness_p99_s']:.2f} s; trainer's encode {pace['encode_median_s']:.2f} s per version"),
         "a 2-rank trainer's step against a lone one's (torchrun, Qwen3-1.7B r64, one core per rank)":
             (f"{ranks[2]['period_s']:.2f} s against {ranks[1]['period_s']:.2f} s "
-             f"({ranks[2]['period_s'] / ranks[1]['period_s']:.2f}x): the other rank applies the broadcast message after the step"),
+             f"({ranks[2]['period_s'] / ranks[1]['period_s']:.2f}x): the other rank applies the broadcast message "
+             f"after the step"),
     }
-    return "\n".join(["| what | measured |", "|---|---|"] + [f"| {what} | {measured} |" for what, measured in rows.items()])
+    return "\n".join(["| what | measured |", "|---|---|"] + [f"| {what} | {measured} |" for what,
+                                                             measured in rows.items()])
 
 
 def acls_table(root: pathlib.Path) -> str:
@@ -231,7 +246,8 @@ def acls_table(root: pathlib.Path) -> str:
         ops = {}  # (resource type, name, pattern) -> operations, in the table's order
         for acl in acls_for("exp1", role, f"User:{role}"):
             rp = acl.resource_pattern
-            ops.setdefault((rp.resource_type.name, rp.resource_name, rp.pattern_type.name), []).append(acl.operation.name)
+            ops.setdefault((rp.resource_type.name, rp.resource_name, rp.pattern_type.name),
+                           []).append(acl.operation.name)
         for (kind, name, pattern), names in ops.items():
             what = f"{kind.lower().replace('_', ' ')} `{name}`" + (" (prefixed)" if pattern == "PREFIXED" else "")
             rows.append(f"| {role} | {what} | {', '.join(n.title().replace('_', '') for n in names)} |")
@@ -243,7 +259,8 @@ def doctor_table(root: pathlib.Path) -> str:
     from hilo.ops.doctor import CHECKS
     rows = ["| check | runs with | checks |", "| --- | --- | --- |"]
     for c in CHECKS:
-        given = ", ".join("a kafka:// `--log`" if n == "kafka" else f"`--{n.replace('_', '-')}`" for n in c.needs) or "always"
+        given = ", ".join("a kafka:// `--log`" if n == "kafka" else f"`--{n.replace('_', '-')}`"
+                          for n in c.needs) or "always"
         rows.append(f"| `{c.name}` | {given} | {c.about} |")
     return "\n".join(rows)
 
@@ -255,7 +272,8 @@ def metrics_table(root: pathlib.Path) -> str:
 
 
 REGIONS = {
-    "headline": Region(headline_table, (QUALITY, f"{RESULTS}/wan.json", f"{RESULTS}/serve.json", f"{RESULTS}/faults.json",
+    "headline": Region(headline_table,
+                       (QUALITY, f"{RESULTS}/wan.json", f"{RESULTS}/serve.json", f"{RESULTS}/faults.json",
                                         f"{RESULTS}/replay.json", f"{RESULTS}/ranks.json", f"{RESULTS}/pace.json")),
     "metrics": Region(metrics_table),
     "acls": Region(acls_table),
@@ -290,12 +308,14 @@ REGIONS = {
 
 
 def fill(text: str, names: tuple, root: pathlib.Path, page: str = "page") -> str:
-    """`text` with each `hilo docs` region rendered afresh; a region missing, unknown, repeated or unclosed is an error."""
+    """`text` with each `hilo docs` region rendered afresh; a region missing, unknown, repeated or unclosed is an
+    error."""
     out, pos, seen = [], 0, []
     for m in BEGIN.finditer(text):
         name = m["name"]
         if name not in names:
-            raise ConfigError(f"docs: {page} has a region {name!r} it does not generate (its regions: {', '.join(names)})")
+            raise ConfigError(f"docs: {page} has a region {name!r} it does not generate (its regions: "
+                              f"{', '.join(names)})")
         if name in seen:
             raise ConfigError(f"docs: {page} has the region {name!r} twice")
         if m.start() < pos:
@@ -321,15 +341,18 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
     def render(root: pathlib.Path) -> str:
         path = root / page
         if not path.is_file():
-            raise ConfigError(f"docs: {page} is missing: its prose and region markers are the template `hilo docs` fills")
+            raise ConfigError(f"docs: {page} is missing: its prose and region markers are the template `hilo docs` "
+                              f"fills")
         return fill(path.read_text(), names, root, page)
     render.regions = names
     return render
 
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
-              "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve", "faults",
-              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "trainer", "scrape",
+              "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve",
+              "faults",
+              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "trainer",
+              "scrape",
               "startup", "measured-on")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer

@@ -56,7 +56,8 @@ def follow_rotations(log, run: str, replica, start: int, end: int) -> list:
 
 
 def check_message(replica, msg, run: str, what: str):
-    """The message `msg` holds if a follower at `replica` would take it as its next version; raises what it would skip."""
+    """The message `msg` holds if a follower at `replica` would take it as its next version; raises what it would
+    skip."""
     if msg.kind == "key":
         return unframe_key(replica.verifier, msg, run, what)
     upd = unframe_update(replica, msg, what)
@@ -76,19 +77,22 @@ def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
         raise LogError(f"{topic}: offset {offset} is not retained (offsets {begin}..{end - 1})")
     recs = _records(log, topic, offset, 1)
     if not recs or recs[0].offset != offset:
-        raise LogError(f"{topic}: offset {offset} holds no record a reader gets (a transaction marker, or an aborted record)")
+        raise LogError(f"{topic}: offset {offset} holds no record a reader gets (a transaction marker, or an aborted "
+                       f"record)")
     first = recs[0]
     out = {"topic": topic, "offset": offset, "bytes": len(first.value or b""), "headers": dict(first.headers)}
     chunk = first.parsed.chunk
     n = chunk[1] if chunk else 1
     if chunk and not first.parsed.first_chunk:
         return out | {"verdict": "continuation", "reason": None,
-                      "detail": f"chunk {chunk[0]}/{chunk[1]} of a message that starts at an earlier offset (inspect that one)"}
+                      "detail": f"chunk {chunk[0]}/{chunk[1]} of a message that starts at an earlier offset (inspect "
+                                f"that one)"}
     try:
-        replica, position = bootstrap_from_log(log, run, verifier=verifier)  # what a new site starts from, and its limits
+        # what a new site starts from, and its limits
+        replica, position = bootstrap_from_log(log, run, verifier=verifier)
     except HiloError as e:  # says what is true of the checkpoints; this says what it means here
-        raise LogError(f"{topic} offset {offset}: no verdict, for a site judges a record by the manifest and state of a "
-                       f"checkpoint, and none could be used: {e}") from None
+        raise LogError(f"{topic} offset {offset}: no verdict, for a site judges a record by the manifest and state of "
+                       f"a checkpoint, and none could be used: {e}") from None
     rotations = follow_rotations(log, run, replica, position.next_offset, offset)  # the key a site trusts by `offset`
     r = update_reassembler(run, topic, replica.manifest)
     try:
@@ -105,12 +109,16 @@ def inspect_offset(log, run: str, offset: int, verifier=None) -> dict:
         reason = reason_of(e)
         return out | {"verdict": "skipped" if reason else "refused", "reason": reason, "detail": str(e)}
     kind = "update" if isinstance(body, UpdateMessage) else "key"
-    info = {"kind": kind, "version": msg.version, "offsets": [msg.first_offset, msg.last_offset], "message_bytes": len(msg.data)}
+    info = {"kind": kind, "version": msg.version, "offsets": [msg.first_offset, msg.last_offset],
+            "message_bytes": len(msg.data)}
     if isinstance(body, UpdateMessage):
-        info |= {"parent_digest": body.parent_digest.hex(), "digest": body.digest.hex(), "codec": body.codec, "optimizer": body.optimizer}
-    checked = f"passes every check a site runs before the chain (the step from checkpoint v{replica.version} is finite)" \
+        info |= {"parent_digest": body.parent_digest.hex(), "digest": body.digest.hex(), "codec": body.codec,
+                 "optimizer": body.optimizer}
+    checked = (f"passes every check a site runs before the chain (the step from checkpoint v{replica.version} is "
+               f"finite)") \
         if kind == "update" else "a key record of this run"
     trusted = "" if verifier is None else ", signed by the trusted key" + (
-        f" {replica.verifier.key_id.hex()}, trusted from v{rotations[-1].from_version} by a verified rotation" if rotations else "")
+        f" {replica.verifier.key_id.hex()}, trusted from v{rotations[-1].from_version} by a verified rotation"
+        if rotations else "")
     return out | {"verdict": "valid", "reason": None, "detail": checked + trusted
                   + "; whether it is the next version depends on the reader's state", "message": info}

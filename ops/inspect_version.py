@@ -25,7 +25,8 @@ def find_update(log, run: str, version: int):
                         return msg, upd
         pos = recs[-1].offset + 1
     head = last_message(log, topic, run)
-    raise LogError(f"{topic}: no complete update for v{version} (retained versions end at v{head.version if head else 0})")
+    raise LogError(f"{topic}: no complete update for v{version} (retained versions end at "
+                   f"v{head.version if head else 0})")
 
 
 def describe(log, run: str, version: int, manifest=None) -> dict:
@@ -35,10 +36,13 @@ def describe(log, run: str, version: int, manifest=None) -> dict:
     for e in upd.blocks:
         size = sum(len(v) for v in e.values() if isinstance(v, bytes))
         rank = e.get("k", e.get("n", "all"))
-        blocks.append({"i": e["i"], "block": manifest.blocks[e["i"]].key if manifest else None, "k": rank, "bytes": size})
+        blocks.append({"i": e["i"], "block": manifest.blocks[e["i"]].key if manifest else None, "k": rank,
+                       "bytes": size})
     return {
         "run": upd.run, "version": upd.version, "offsets": [msg.first_offset, msg.last_offset], "bytes": len(msg.data),
-        "chunks": msg.last_offset - msg.first_offset + 1, "parent_digest": upd.parent_digest.hex(), "digest": upd.digest.hex(),
+        "chunks": msg.last_offset - msg.first_offset + 1, "parent_digest": upd.parent_digest.hex(),
+        "digest": upd.digest.hex(),
         "manifest_id": upd.manifest_id.hex(), "codec": upd.codec, "codec_params": upd.codec_params,
-        "optimizer": upd.optimizer, "hparams": upd.hparams, "meta": upd.meta, "blocks_sent": len(blocks), "blocks": blocks,
+        "optimizer": upd.optimizer, "hparams": upd.hparams, "meta": upd.meta, "blocks_sent": len(blocks),
+        "blocks": blocks,
     }

@@ -8,7 +8,8 @@ from hilo.schemas import headers as H
 from hilo.schemas.errors import HiloError
 
 MIRROR_COLUMNS = ("CLUSTER", "NEWEST-VERSION", "SOURCE-HEAD", "LAG", "LAG-SECONDS")
-COLUMNS = ("SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "TRAINER-LAG", "CURRENT-OFFSET",
+COLUMNS = ("SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG", "LAG-BYTES", "TRAINER-LAG",
+           "CURRENT-OFFSET",
            "LOG-END-OFFSET", "LAST-APPLIED")
 
 
@@ -18,7 +19,8 @@ def lag_rows(log, run: str, now: float | None = None) -> list:
     topic = updates_topic(run)
     h = head(log, topic, run) or H.RecordHeaders()
     head_version, head_bytes = h.version or 0, h.log_bytes or 0
-    trainer_lag = h.lag  # delta mode: how far the head version trails the trainer's master (relative); None in gradient mode
+    # delta mode: how far the head version trails the trainer's master (relative); None in gradient mode
+    trainer_lag = h.lag
     end = log.end_offset(topic)
     rows = []
     for _, offset, r in site_reports(log, run):
@@ -45,10 +47,12 @@ def _age(s):
 
 def format_rows(rows) -> str:
     """Fixed-width table."""
-    cells = [COLUMNS] + [(r["site"], str(r["applied_version"]), "-" if r["serving_version"] is None else str(r["serving_version"]),
+    cells = [COLUMNS] + [(r["site"], str(r["applied_version"]),
+                          "-" if r["serving_version"] is None else str(r["serving_version"]),
                           str(r["head_version"]), str(r["lag"]), str(r["lag_bytes"]),
                           "-" if r.get("trainer_lag") is None else f"{r['trainer_lag']:.2e}",
-                          str(r["current_offset"]), str(r["log_end_offset"]), _age(r["last_applied_age_s"])) for r in rows]
+                          str(r["current_offset"]), str(r["log_end_offset"]), _age(r["last_applied_age_s"]))
+                         for r in rows]
     return _table(cells[0], cells[1:])
 
 
@@ -96,7 +100,8 @@ def region_site_rows(source, mirrors: dict, run: str, now: float | None = None) 
     for url, log in {source.url: source, **mirrors}.items():
         for r in lag_rows(log, run, now):
             v = r["applied_version"]
-            rows.append(r | {"cluster": url, "lag_vs_source": src_head - v if v >= 0 and src_head is not None else None})
+            rows.append(r | {"cluster": url,
+                             "lag_vs_source": src_head - v if v >= 0 and src_head is not None else None})
     return rows
 
 

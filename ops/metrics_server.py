@@ -28,9 +28,10 @@ class MetricsConfig:
     """Where the endpoint listens and what /readyz requires; checked at construction. Each field's help is in its
     metadata (`hilo consume --help`, docs/cli.md); a command without --metrics-port builds none and serves nothing."""
 
-    metrics_port: int = opt(help="serve /metrics, /healthz and /readyz on this TCP port (0: any free port, logged at start; "
-                            "not given: serve nothing)")
-    metrics_host: str = opt("0.0.0.0", "the address that port is bound on (0.0.0.0: every interface, as Prometheus scrapes "
+    metrics_port: int = opt(help="serve /metrics, /healthz and /readyz on this TCP port (0: any free port, logged at "
+                            "start; not given: serve nothing)")
+    metrics_host: str = opt("0.0.0.0",
+                            "the address that port is bound on (0.0.0.0: every interface, as Prometheus scrapes "
                             "from another machine)")
     ready_max_lag: int = opt(10, "/readyz answers 503 while a site is more than this many versions behind the head")
 
@@ -65,7 +66,8 @@ class MetricsServer:
         self.metrics_app = make_wsgi_app(registry)
         self.ready = _starting
         try:
-            self.httpd = make_server(cfg.metrics_host, cfg.metrics_port, self.app, server_class=_Server, handler_class=_Quiet)
+            self.httpd = make_server(cfg.metrics_host, cfg.metrics_port, self.app, server_class=_Server,
+                                     handler_class=_Quiet)
         except OSError as e:
             why = {errno.EADDRINUSE: "in use", errno.EACCES: "not allowed (ports below 1024 need root)",
                    errno.EADDRNOTAVAIL: "an address this machine does not have"}.get(e.errno, e.strerror)

@@ -95,7 +95,8 @@ def encode(ab: torch.Tensor) -> tuple:
 def cache_path(spec: PretrainSpec) -> pathlib.Path:
     """Where the model `spec` makes is cached: $HILO_CACHE/models/NAME-HASH.pt (the hash of the spec and VERSION)."""
     root = pathlib.Path(os.environ.get("HILO_CACHE", pathlib.Path.home() / ".cache/hilo-sync")) / "models"
-    ident = {k: v for k, v in asdict(spec).items() if not (k == "until_val_acc" and v is None)}  # older specs keep their key
+    # older specs keep their key
+    ident = {k: v for k, v in asdict(spec).items() if not (k == "until_val_acc" and v is None)}
     key = hashlib.sha256(json.dumps(ident | {"v": VERSION}, sort_keys=True).encode()).hexdigest()[:12]
     return root / f"{spec.name}-{key}.pt"
 
@@ -129,11 +130,13 @@ def pretrained(spec: PretrainSpec, log=print):
                 acc = greedy_accuracy(model.eval(), "val")
                 model.train()
                 if acc >= spec.until_val_acc:
-                    log(f"pretrain {spec.name}: greedy val accuracy {acc:.3f} >= {spec.until_val_acc} at step {step + 1}")
+                    log(f"pretrain {spec.name}: greedy val accuracy {acc:.3f} >= {spec.until_val_acc} at step "
+                        f"{step + 1}")
                     break
         else:
             if spec.until_val_acc is not None:
-                raise ConfigError(f"pretrain {spec.name}: greedy val accuracy below {spec.until_val_acc} after {spec.steps} steps")
+                raise ConfigError(f"pretrain {spec.name}: greedy val accuracy below {spec.until_val_acc} after "
+                                  f"{spec.steps} steps")
     finally:
         torch.set_num_threads(threads)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,18 +55,21 @@ class RLConfig:
     sites generate, the staleness bound, the GRPO batch and the trainer's optimizer and compression; checked at
     construction. Each field's help is in its metadata (`hilo rl --help`, docs/cli.md)."""
 
-    vllm: str | None = opt(None, "base URL of the vLLM server the sites generate with (ops/vllm/start.sh), or a comma list: "
-                           "site i uses the i-th (modulo), so each site can have its own server. Not needed with sites = 0 "
-                           "(the sites run elsewhere; given, it is checked)")
-    base: str = opt("tiny", "the model trained and served: tiny (random; reward stays ~0) or student (pretrained on the digit "
-                    "task; ops/rl_bases.py). The servers must serve it: python -m hilo.ops.rl_bases NAME prints the directory")
+    vllm: str | None = opt(None,
+                           "base URL of the vLLM server the sites generate with (ops/vllm/start.sh), or a comma list: "
+                           "site i uses the i-th (modulo), so each site can have its own server. Not needed with sites "
+                           "= 0 (the sites run elsewhere; given, it is checked)")
+    base: str = opt("tiny",
+                    "the model trained and served: tiny (random; reward stays ~0) or student (pretrained on the digit "
+                    "task; ops/rl_bases.py). The servers must serve it: python -m hilo.ops.rl_bases NAME prints the "
+                    "directory")
     log: str | None = opt(None, "the log URL (none: a file:// log in a temp folder)")
     run: str | None = opt(None, "the run id; with state_dir, the run to resume (none: a new one, rl-TIME-PID)")
-    state_dir: str | None = opt(None, "the trainer's state (its snapshot, the rollout ledger, producer/rollout_ledger.py, and "
-                                "the audit's verdicts, producer/audit_verdicts.py): "
-                                "a restarted `hilo rl` with the same run and state dir continues where the log says it was, "
-                                "training on no group twice, losing no prompt in flight and still refusing a site it "
-                                "quarantined")
+    state_dir: str | None = opt(None, "the trainer's state (its snapshot, the rollout ledger, "
+                                "producer/rollout_ledger.py, and the audit's verdicts, producer/audit_verdicts.py): "
+                                "a restarted `hilo rl` with the same run and state dir continues where the log says it "
+                                "was, training on no group twice, losing no prompt in flight and still refusing a site "
+                                "it quarantined")
     sites: int = opt(2, "how many generating sites this command starts (0: sites started elsewhere answer)")
     prompt_partitions: int = opt(4, "partitions of RUN.prompts on Kafka (at most this many sites share the prompts)")
     staleness: int = opt(2, "S, how many versions a sample's policy may trail the trainer's (0: synchronous)")
@@ -78,20 +81,22 @@ class RLConfig:
     budget: float = opt(0.016, "bytes per version as a fraction of the bf16 adapter")
     seed: int = opt(0, "prompts and sampling seeds")
     reward: str = opt(REWARD, "MODULE:FUNCTION of the reward")
-    trainer_threads: int = opt(1, "torch threads of the trainer. On one machine it shares the cores with the sites and vLLM, "
-                               "and OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a run 1.6x "
-                               "slower")
-    audit: AuditConfig = opt(help="how the trainer audits the sites' rollouts (producer/rollout_audit.py): the share, the "
-                             "tolerance, the quarantine threshold", factory=AuditConfig)
+    trainer_threads: int = opt(1, "torch threads of the trainer. On one machine it shares the cores with the sites and "
+                               "vLLM, and OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a "
+                               "run 1.6x slower")
+    audit: AuditConfig = opt(help="how the trainer audits the sites' rollouts (producer/rollout_audit.py): the share, "
+                             "the tolerance, the quarantine threshold", factory=AuditConfig)
 
     def __post_init__(self):
-        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2), ("staleness", 0),
+        for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2),
+                         ("staleness", 0),
                          ("trainer_threads", 1)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if self.vllm is None and self.sites == 0:
             pass  # the sites run elsewhere, each checking its own server
-        elif not isinstance(self.vllm, str) or not all(u.startswith(("http://", "https://")) for u in self.vllm.split(",")):
+        elif not isinstance(self.vllm,
+                            str) or not all(u.startswith(("http://", "https://")) for u in self.vllm.split(",")):
             raise ConfigError(f"RLConfig.vllm = {self.vllm!r}: expected the http:// URL of a running vLLM server "
                               f"(--vllm URL; ops/vllm/start.sh starts one)")
         rl_base(self.base)
@@ -106,7 +111,8 @@ def grpo_loss(model, exchange, groups) -> tuple:
     """(loss, stats) of one GRPO step over complete groups: advantage (r - mean) / (std + 1e-4) per group, each token's
     log-probability weighted by its truncated importance weight (behaviour: vLLM's), mean over samples."""
     terms, rewards, truncated, kl = [], [], [], []
-    logps = iter(completion_logprobs(model, [(g.prompt.token_ids, x.completion_ids) for g in groups for x in g.rollouts]))
+    logps = iter(completion_logprobs(model,
+                                     [(g.prompt.token_ids, x.completion_ids) for g in groups for x in g.rollouts]))
     for g in groups:
         r = torch.tensor([x.reward for x in g.rollouts], dtype=torch.float32)
         adv = (r - r.mean()) / (r.std() + 1e-4)
@@ -121,7 +127,8 @@ def grpo_loss(model, exchange, groups) -> tuple:
                   "mismatch_kl": sum(kl) / len(kl)}
 
 
-def gather(exchange, source, version: int, ready: list, batch_prompts: int, check=lambda: None, poll_s: float = 0.2) -> list:
+def gather(exchange, source, version: int, ready: list, batch_prompts: int, check=lambda: None,
+           poll_s: float = 0.2) -> list:
     """The `batch_prompts` complete groups the step at `version` trains on, collected in `ready` (the caller's
     min_version counts them as queued ahead); issues prompts while admission control has room and calls check()
     between polls (it raises to give up). It takes no more groups than the step needs: the exchange keeps the rest
@@ -139,7 +146,8 @@ def gather(exchange, source, version: int, ready: list, batch_prompts: int, chec
 def staleness_row(groups) -> dict:
     """What a step's row reports of the staleness it trained with: the mean and the count of each value."""
     stale = [s for g in groups for s in g.staleness]
-    return {"staleness": round(sum(stale) / len(stale), 2), "staleness_counts": {str(k): stale.count(k) for k in sorted(set(stale))}}
+    return {"staleness": round(sum(stale) / len(stale), 2),
+            "staleness_counts": {str(k): stale.count(k) for k in sorted(set(stale))}}
 
 
 def check_servers(cfg: RLConfig) -> None:
@@ -168,7 +176,8 @@ def _site(cfg, vllm, url, run, name, work):
     """One `hilo consume --generate` process; its log in WORK/NAME.log."""
     cmd = [sys.executable, "-m", "hilo.ops.cli", "consume", "--log", url, "--run", run, "--site", name,
            "--state-dir", f"{work}/{name}", "--vllm", vllm, "--lora-name", f"{run}-{name}", "--export-dtype", "float32",
-           "--generate", "--reward", cfg.reward, "--generate-batch", "2", "--until-version", str(cfg.steps), "--no-progress",
+           "--generate", "--reward", cfg.reward, "--generate-batch", "2", "--until-version", str(cfg.steps),
+           "--no-progress",
            "--wait-checkpoint", "300"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(f"{work}/{name}.log", "w"), text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -181,11 +190,13 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     work = tempfile.mkdtemp(prefix="hilo-rl-")
     url = cfg.log or f"file://{work}/log"
     run = cfg.run or f"rl-{int(time.time())}-{os.getpid()}"
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json else (lambda *a: print(*a, file=out, flush=True))
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json else (lambda *a: print(*a, file=out,
+                                                                                                flush=True))
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads)
     model = with_lora(rl_base(cfg.base).model())
-    producer = HiLoProducer.open(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget), optimizer="adamw",
+    producer = HiLoProducer.open(model, ProducerConfig(run=run, log=url, codec=cfg.codec, budget=Budget(cfg.budget),
+                                                       optimizer="adamw",
                                                   state_dir=cfg.state_dir))
     policy = RolloutPolicy(batch_prompts=cfg.batch_prompts, max_staleness=cfg.staleness)
     ledger = RolloutLedger(f"{cfg.state_dir}/rollouts.jsonl") if cfg.state_dir else None
@@ -213,11 +224,12 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             return max(0, now - cfg.staleness)
         return max(0, now + (len(ready) + len(exchange.book.in_flight)) // cfg.batch_prompts - cfg.staleness)
 
-    source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed, min_version=min_version),
+    source = itertools.islice(prompts(run, Sampling(cfg.samples, 1.0, 1.0, 4, cfg.seed), cfg.seed,
+                                      min_version=min_version),
                               exchange.issued, None)
     names = [f"site-{i + 1}" for i in range(cfg.sites)]
-    say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = {cfg.batch_prompts}, "
-        f"n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
+    say(f"hilo rl: run {run}, log {url}, {cfg.sites} sites on {cfg.vllm}, S = {cfg.staleness}, B = "
+        f"{cfg.batch_prompts}, n = {cfg.samples}, {cfg.steps} steps; work dir {work}")
     procs = {n: _site(cfg, cfg.servers[i % len(cfg.servers)], url, run, n, work) for i, n in enumerate(names)}
     rows, t0, idle, gone = [], time.monotonic(), 0.0, set()
     try:
@@ -228,8 +240,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 dead = [n for n, p in procs.items() if p.poll() is not None]
                 for n in sorted(set(dead) - gone):  # said once; the group moves its prompts to the others
                     gone.add(n)
-                    say(f"hilo rl: {n} exited ({procs[n].returncode}) at step {producer.version + 1}; the other sites take "
-                        f"its prompts (its log: {work}/{n}.log){last_words(f'{work}/{n}.log')}")
+                    say(f"hilo rl: {n} exited ({procs[n].returncode}) at step {producer.version + 1}; the other sites "
+                        f"take its prompts (its log: {work}/{n}.log){last_words(f'{work}/{n}.log')}")
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")
                 if time.monotonic() - waited > STALL_S:
@@ -238,7 +250,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
             audited_s = auditor.seconds if auditor else 0.0
             groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)  # waits out outages
             wait_s = time.monotonic() - waited
-            audit_s = (auditor.seconds if auditor else 0.0) - audited_s  # part of the wait: the trainer audits while it waits
+            # part of the wait: the trainer audits while it waits
+            audit_s = (auditor.seconds if auditor else 0.0) - audited_s
             step_t0 = time.monotonic()
             idle += wait_s
             exchange.record_step(producer.version + 1, groups)  # before the version is published (propose, then commit)
@@ -255,7 +268,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                 lags = {}
             row = {"step": producer.version, "reward": round(stats["reward"], 4), **staleness_row(groups),
                    "in_flight": len(exchange.book.in_flight), "truncated": round(stats["truncated"], 4),
-                   "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names}, "wait_s": round(wait_s, 3),
+                   "mismatch_kl": stats["mismatch_kl"], "lag": {n: lags.get(n) for n in names},
+                   "wait_s": round(wait_s, 3),
                    "train_s": round(train_s, 3), "audit_s": round(audit_s, 4), "bytes": nbytes,
                    "rollouts": sum(len(g.rollouts) for g in groups), "published_at": published_at,
                    "t": round(time.monotonic() - t0, 2)}
@@ -277,31 +291,36 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     mine = producer.replica.digest.hex()
     ok = all(d == mine for d in digests.values())
     wall = time.monotonic() - t0
-    summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2), "version": producer.version,
+    summary = {"run": run, "config": dataclasses.asdict(cfg), "steps": rows, "wall_s": round(wall, 2),
+               "version": producer.version,
                "restored": exchange.restored, "issued": exchange.issued,
                "in_flight": sorted(set(exchange.book.in_flight) - set(exchange.book.complete())),
                "complete_unused": sorted(exchange.book.complete()),  # complete after the last step needed them
-               "trainer_idle_fraction": round(idle / wall, 3), "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
-               "dropped": dict(exchange.book.dropped), "adapter_bytes": producer.manifest.adapter_bytes(), "work_dir": work,
+               "trainer_idle_fraction": round(idle / wall, 3),
+               "longest_wait_s": max((r["wait_s"] for r in rows), default=0.0),
+               "dropped": dict(exchange.book.dropped), "adapter_bytes": producer.manifest.adapter_bytes(),
+               "work_dir": work,
                "trainer_digest": mine, "site_digests": digests, "ok": ok,
                "audit": auditor.summary() if auditor else None}
     say(f"\n{'site':10s} {'digest':34s} match")
     for n, d in digests.items():
         say(f"{n:10s} {d[:32]:34s} {'yes' if d == mine else 'NO'}")
-    say(f"{'trainer':10s} {mine:34s}\nwall {wall:.1f} s, trainer idle {100 * idle / wall:.0f}% (longest wait for a batch "
-        f"{summary['longest_wait_s']:.1f} s), dropped "
+    say(f"{'trainer':10s} {mine:34s}\nwall {wall:.1f} s, trainer idle {100 * idle / wall:.0f}% (longest wait for a "
+        f"batch {summary['longest_wait_s']:.1f} s), dropped "
         f"{dict(exchange.book.dropped) or 'none'}; {'OK' if ok else 'DIGESTS DIFFER'}")
     if auditor is not None:
         for n, v in sorted(auditor.verdicts.items()):
             say(f"audit {n}: {v.audited} audited, {v.passed} passed, {v.failed} failed, worst difference {v.worst:.3g} "
-                f"(tolerance {'measured' if cfg.audit.tolerance is None else format(cfg.audit.tolerance, 'g')}), statistical "
-                f"verdict z {v.noise_z:+.2f} over {v.noise_tokens} tokens, sampling z {v.z:+.2f} over {v.tokens} tokens"
+                f"(tolerance {'measured' if cfg.audit.tolerance is None else format(cfg.audit.tolerance, 'g')}), "
+                f"statistical verdict z {v.noise_z:+.2f} over {v.noise_tokens} tokens, sampling z {v.z:+.2f} over "
+                f"{v.tokens} tokens"
                 + (f", {v.refused} refused by their version stamps" if v.refused else "")
-                + (f"; served by {v.served}" if v.served else "") + (f"; QUARANTINED: {v.evidence}" if v.quarantined else ""))
+                + (f"; served by {v.served}" if v.served else "") + (f"; QUARANTINED: {v.evidence}" if v.quarantined
+                                                                     else ""))
         say(f"audit: {auditor.seconds:.2f} s of the trainer's time ({100 * auditor.seconds / wall:.1f}% of the run), "
-            f"{auditor.kept_bytes:,} bytes of params kept for {len(auditor.versions)} versions; probes of quarantined sites "
-            f"{auditor.probe_seconds:.2f} s (at most {100 * cfg.audit.probe_share:g}% of the time), {auditor.probes_skipped} "
-            f"probe rollouts dropped unaudited over that budget")
+            f"{auditor.kept_bytes:,} bytes of params kept for {len(auditor.versions)} versions; probes of quarantined "
+            f"sites {auditor.probe_seconds:.2f} s (at most {100 * cfg.audit.probe_share:g}% of the time), "
+            f"{auditor.probes_skipped} probe rollouts dropped unaudited over that budget")
     if as_json:
         print(json.dumps(summary), file=out)
     return 0 if ok else 1

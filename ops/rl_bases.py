@@ -55,7 +55,8 @@ def vllm_dir(name: str) -> str:
     """The base's transformers directory under $HILO_CACHE/vllm-base (written once, then reused): what vLLM loads."""
     from hilo.ops.tiny_trainer import save_for_vllm
     b = base(name)
-    out = pathlib.Path(os.environ.get("HILO_CACHE", pathlib.Path.home() / ".cache/hilo-sync")) / "vllm-base" / b.dir_name
+    out = pathlib.Path(os.environ.get("HILO_CACHE",
+                                      pathlib.Path.home() / ".cache/hilo-sync")) / "vllm-base" / b.dir_name
     if not (out / "config.json").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         save_for_vllm(b.model(), out)

@@ -18,7 +18,8 @@ def build_base(seed: int = 0, hidden: int = 256, layers: int = 4):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(TOKENS), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+    cfg = Qwen3Config(vocab_size=len(TOKENS), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=32,
                       tie_word_embeddings=True, pad_token_id=PAD, bos_token_id=PAD, eos_token_id=STOI[";"])
     model = Qwen3ForCausalLM(cfg)
@@ -107,7 +108,8 @@ def save_for_vllm(model, out_dir) -> str:
 
 if __name__ == "__main__":
     import argparse
-    ap = argparse.ArgumentParser(description="Save the tiny Qwen3 base model (and tokenizer) as a transformers directory.")
+    ap = argparse.ArgumentParser(description="Save the tiny Qwen3 base model (and tokenizer) as a transformers "
+                                             "directory.")
     ap.add_argument("out", help="directory to write")
     ap.add_argument("--seed", type=int, default=0, help="base weights seed (default: %(default)s)")
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (default: %(default)s)")

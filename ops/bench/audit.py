@@ -36,8 +36,10 @@ class AuditBenchConfig:
     """The runs of `hilo bench audit`: the vLLM server(s) and base, the shares audited, and each run's size; checked at
     construction. Each field's help is in its metadata (`hilo bench audit --help`, docs/cli.md)."""
 
-    vllm: str | None = opt(None, "the vLLM server(s) the sites use, serving `base` (a comma list: site i uses the i-th)")
-    served: tuple = opt((), "vLLM servers of the tiny base as URL=DTYPE (the dtype it serves and its sites export adapters "
+    vllm: str | None = opt(None,
+                           "the vLLM server(s) the sites use, serving `base` (a comma list: site i uses the i-th)")
+    served: tuple = opt((),
+                        "vLLM servers of the tiny base as URL=DTYPE (the dtype it serves and its sites export adapters "
                         "in): each measured as ops/bench/audit_noise.py says")
     honest: int = opt(1000, "with --served: honest rollouts per served dtype (N)")
     liar: int = opt(200, "with --served: rollouts of each liar per served dtype")
@@ -50,17 +52,19 @@ class AuditBenchConfig:
 
     def __post_init__(self):
         if self.vllm is None and (self.shares or not self.served):
-            raise ConfigError("AuditBenchConfig.vllm = None: expected the URL of a vLLM server serving the base (--vllm URL), "
-                              "or only --served (with --shares '')")
+            raise ConfigError("AuditBenchConfig.vllm = None: expected the URL of a vLLM server serving the base "
+                              "(--vllm URL), or only --served (with --shares '')")
         for u in self.served:
             if "=" not in u or u.rpartition("=")[2] not in ("float32", "bfloat16", "float16"):
-                raise ConfigError(f"AuditBenchConfig.served: {u!r}: expected URL=DTYPE, DTYPE float32, bfloat16 or float16")
+                raise ConfigError(f"AuditBenchConfig.served: {u!r}: expected URL=DTYPE, DTYPE float32, bfloat16 or "
+                                  f"float16")
         for s in self.shares:
             self.rl(s)
 
     def rl(self, share: float) -> RLConfig:
         """The `hilo rl` config of one run."""
-        return RLConfig(vllm=self.vllm, base=self.base, sites=2, staleness=1, steps=self.steps, batch_prompts=self.batch_prompts,
+        return RLConfig(vllm=self.vllm, base=self.base, sites=2, staleness=1, steps=self.steps,
+                        batch_prompts=self.batch_prompts,
                         samples=self.samples, seed=self.seed, audit=AuditConfig(share=share), reward=PARTIAL)
 
 
@@ -76,7 +80,8 @@ def one_run(cfg: RLConfig) -> dict:
     sites = audit["sites"] if audit else {}
     row = {"share": cfg.audit.share, "steps": len(steps), "rollouts": sum(r["rollouts"] for r in steps),
            "audited": sum(v["audited"] for v in sites.values()), "passed": sum(v["passed"] for v in sites.values()),
-           "failed": sum(v["failed"] for v in sites.values()), "worst": max((v["worst"] for v in sites.values()), default=None),
+           "failed": sum(v["failed"] for v in sites.values()),
+           "worst": max((v["worst"] for v in sites.values()), default=None),
            "sampling_z": {s: round(v["z"], 2) for s, v in sites.items()},
            "token_differences": audit["token_differences"] if audit else {},
            "audit_s_per_step": statistics.mean(r["audit_s"] for r in steps),
@@ -88,7 +93,8 @@ def one_run(cfg: RLConfig) -> dict:
 
 
 def run(cfg: AuditBenchConfig) -> dict:
-    """Every share's run, then the calibration: the worst honest difference over all runs and the margin to the tolerance."""
+    """Every share's run, then the calibration: the worst honest difference over all runs and the margin to the
+    tolerance."""
     rows = []
     for i, share in enumerate(cfg.shares):
         print(f"bench audit [{i + 1}/{len(cfg.shares)}] share {share:g} ...", file=sys.stderr, flush=True)
@@ -104,8 +110,8 @@ def run(cfg: AuditBenchConfig) -> dict:
 
 def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
-    out = ["| share audited | rollouts | audited | failed | worst per-token difference | audit s / step | train s / step | "
-           "overhead | params kept | wall s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| share audited | rollouts | audited | failed | worst per-token difference | audit s / step | train s / "
+           "step | overhead | params kept | wall s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         worst = "-" if r["worst"] is None else f"{r['worst']:.2e}"
         overhead = "-" if r["overhead"] is None else f"{100 * r['overhead']:.0f}%"
@@ -119,7 +125,8 @@ def table(res: dict) -> str:
     if decades:
         out += ["", "Honest per-token |log-probability difference| (vLLM CPU, fp32 adapters), every audited token: "
                 + ", ".join(f"{k}: {decades[k]}" for k in sorted(decades, key=decade_order))
-                + f". Worst {res['honest_worst']:.2e}; this run's tolerance, {res['tolerance']:g}, is {res['margin']:g}x it."]
+                + f". Worst {res['honest_worst']:.2e}; this run's tolerance, {res['tolerance']:g}, is "
+                  f"{res['margin']:g}x it."]
     parts = (["\n".join(out)] if res["rows"] else []) + ([served_table(res["served"])] if res.get("served") else [])
     return "\n\n".join(parts)
 
@@ -141,13 +148,14 @@ def served_markdown(res: dict) -> str:
 def served_table(rows: list) -> str:
     """The table of the audit where sites serve: per dtype and rule, false quarantines and rollouts to each liar's."""
     out = ["| served | honest per-token abs(difference): mean / p99 / worst | rule | honest rollouts quarantined (N) | "
-           + " | ".join(f"{lie}: rollouts to quarantine" for lie in LIARS) + " |", "|---|---|---|---:|" + "---:|" * len(LIARS)]
+           + " | ".join(f"{lie}: rollouts to quarantine" for lie in LIARS) + " |",
+           "|---|---|---|---:|" + "---:|" * len(LIARS)]
     for r in rows:
         d = r["differences"]
         for rule in r["honest"]:
             h = r["honest"][rule]
             caught = [r["liars"][rule][lie]["first_quarantine"] for lie in LIARS]
-            out.append(f"| {r['engine']} CPU, {r['dtype']} | {d['abs_mean']:.2e} / {d['abs_p99']:.2e} / {d['worst']:.2e} | "
-                       f"{rule} | {h['quarantines']} ({r['honest_rollouts']}) | "
+            out.append(f"| {r['engine']} CPU, {r['dtype']} | {d['abs_mean']:.2e} / {d['abs_p99']:.2e} / "
+                       f"{d['worst']:.2e} | {rule} | {h['quarantines']} ({r['honest_rollouts']}) | "
                        + " | ".join("not caught" if c is None else str(c) for c in caught) + " |")
     return "\n".join(out)

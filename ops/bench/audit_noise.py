@@ -1,16 +1,17 @@
-"""`hilo bench audit --served`: the audit where sites serve, per served dtype: honest noise, liars, rollouts to detection.
+"""`hilo bench audit --served`: the audit where sites serve, per served dtype: honest noise, liars, rollouts to
+detection.
 
     hilo bench audit --served http://127.0.0.1:8011=float32,http://127.0.0.1:8012=bfloat16 --json
 
 For each vLLM server (serving the tiny base at the dtype named after it), this process plays an honest site: it exports
-the adapter of 3 versions (v0, then 2 steps of AdamW's first-step size, lr x sign of a real gradient) in that dtype, as a
-site with `--export-dtype DTYPE` does, loads each into the server and samples rollouts of digit-task prompts with their
-behaviour log-probabilities. The trainer's real Auditor (share 1, every default but the ones the bench compares) judges
-them: the honest per-token differences (signed, |.| by quantile), false quarantines over N honest rollouts, and for
-each liar of ops/faults/lies.py, rollouts until its site is quarantined: `previous` (v1 served, v2 claimed), `perturb`
-(v2's largest lora_B block x (1 + 1e-3)), `logprobs` (x 0.99) and `sharpen` (temperature x 0.25). Each is judged by
-the per-token rule alone (noise_z_limit off) and with the statistical verdict (audit_noise.py), so the table shows
-what the statistics add.
+the adapter of 3 versions (v0, then 2 steps of AdamW's first-step size, lr x sign of a real gradient) in that dtype, as
+a site with `--export-dtype DTYPE` does, loads each into the server and samples rollouts of digit-task prompts with
+their behaviour log-probabilities. The trainer's real Auditor (share 1, every default but the ones the bench compares)
+judges them: the honest per-token differences (signed, |.| by quantile), false quarantines over N honest rollouts, and
+for each liar of ops/faults/lies.py, rollouts until its site is quarantined: `previous` (v1 served, v2 claimed),
+`perturb` (v2's largest lora_B block x (1 + 1e-3)), `logprobs` (x 0.99) and `sharpen` (temperature x 0.25). Each is
+judged by the per-token rule alone (noise_z_limit off) and with the statistical verdict (audit_noise.py), so the table
+shows what the statistics add.
 """
 import dataclasses
 import math
@@ -62,7 +63,8 @@ def export(manifest, params, version: int, root: str, dtype: str) -> str:
     return str(export_adapter(replica, os.path.join(root, f"v{version}"), dtype=dtype, keep=1))
 
 
-def gather(server: VllmServer, adapter_dir: str, prompts, served: int, claimed: int, dtype: str, engine: str, lie=None) -> list:
+def gather(server: VllmServer, adapter_dir: str, prompts, served: int, claimed: int, dtype: str, engine: str,
+           lie=None) -> list:
     """[(RolloutRecord, PromptRecord)] of `prompts` sampled by `server` from `adapter_dir` (version `served`), stamped
     `claimed`, told as the lie `lie` tells them (None: honestly)."""
     server.load(adapter_dir, served)
@@ -116,7 +118,8 @@ def differences(model, vs, pairs) -> dict:
     a = d.abs()
     q = torch.quantile(a, torch.tensor([0.5, 0.9, 0.99, 0.999], dtype=torch.float64)).tolist()
     return {"tokens": len(d), "mean": float(d.mean()), "sd": float(d.std()), "abs_mean": float(a.mean()),
-            "abs_sd": float(a.std()), "abs_p50": q[0], "abs_p90": q[1], "abs_p99": q[2], "abs_p999": q[3], "worst": float(a.max())}
+            "abs_sd": float(a.std()), "abs_p50": q[0], "abs_p90": q[1], "abs_p99": q[2], "abs_p999": q[3],
+            "worst": float(a.max())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +167,8 @@ def measure(run: NoiseRun, log=lambda *a: None) -> dict:
     log(f"bench audit {run.dtype}: judging")
     # the statistical verdict at its default headroom (10: safe for a base sharper than the tiny one) and at 1 (the
     # tiny base's own measured noise, what a deployment that measured its own base would set)
-    rules = {"per-token": {"noise_z_limit": math.inf}, "statistical": {}, "statistical, headroom 1": {"noise_headroom": 1.0}}
+    rules = {"per-token": {"noise_z_limit": math.inf}, "statistical": {},
+             "statistical, headroom 1": {"noise_headroom": 1.0}}
     row = {"url": run.url, "dtype": run.dtype, "engine": engine, "honest_rollouts": len(honest),
            "differences": differences(model, vs, honest), "honest": {}, "liars": {}}
     for rule, cfg in rules.items():

@@ -5,8 +5,8 @@
 Adapters: LoRA rank 64 on q,k,v,o,gate,up,down of every layer (Qwen3-1.7B: 69,730,304 params, 139.46 MB
 bf16). Gradients: replica/synthetic.py (decaying, unequal spectra). Per row, medians over --steps
 messages after one warm-up: encode_ms = encoder (with error feedback and its self-check decode) + framing;
-apply_ms = verify + unframe + decode + optimizer step + digest on a separate replica; rel_error = ||decoded - c|| / ||c||
-for c = gradient + residual, the compression error of one message; sign_ms / verify_ms = the Ed25519 signature
+apply_ms = verify + unframe + decode + optimizer step + digest on a separate replica; rel_error = ||decoded - c|| /
+||c|| for c = gradient + residual, the compression error of one message; sign_ms / verify_ms = the Ed25519 signature
 of the framed message (over its SHA-256) and its check, alone. Messages are signed, as with --signing-key.
 """
 import statistics
@@ -85,8 +85,8 @@ def run(shapes, codecs, optimizers, steps, budget):
         rows.append(bench_one(s, c, o, steps, budget))
         if not tty:  # a log file still shows progress
             r = rows[-1]
-            print(f"bench codecs [{n + 1}/{len(combos)}] {s} {c} {o}: {r['bytes']:,} B, encode {r['encode_ms']:.0f} ms, "
-                  f"apply {r['apply_ms']:.0f} ms", file=sys.stderr, flush=True)
+            print(f"bench codecs [{n + 1}/{len(combos)}] {s} {c} {o}: {r['bytes']:,} B, encode {r['encode_ms']:.0f} "
+                  f"ms, apply {r['apply_ms']:.0f} ms", file=sys.stderr, flush=True)
     return rows
 
 

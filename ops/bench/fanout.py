@@ -11,9 +11,9 @@ publishes one version every --interval seconds once every site is following.
 Per site and version: freshness, the site's applied time minus the version's log timestamp (Kafka's CreateTime of its
 last record, set as the trainer sends it, just before the commit; a mirror keeps it; one machine, one clock; the
 first version is a warm-up and not counted), from the history each site writes, and the part of it the
-site spent verifying, decoding and applying (the rest is delivery: the broker's fetch path and waiting for a CPU). Per cluster and
-version: egress, the bytes of update records (values and headers) its sites read, plus on the source the one copy
-MirrorMaker reads (the message's record bytes; Kafka's protocol framing is not counted). Every site must end at
+site spent verifying, decoding and applying (the rest is delivery: the broker's fetch path and waiting for a CPU). Per
+cluster and version: egress, the bytes of update records (values and headers) its sites read, plus on the source the one
+copy MirrorMaker reads (the message's record bytes; Kafka's protocol framing is not counted). Every site must end at
 the trainer's digest. The figure of merit: the median freshness of the largest N over that of 1 site.
 """
 import dataclasses
@@ -41,7 +41,8 @@ class FanoutConfig:
     (`hilo bench fanout --help`, docs/cli.md)."""
 
     log: str = opt("kafka://127.0.0.1:9092", "the source cluster (the trainer's)")
-    mirror: str | None = opt(None, "a second cluster to split the largest site count over (MirrorMaker 2 fills it; none: "
+    mirror: str | None = opt(None,
+                             "a second cluster to split the largest site count over (MirrorMaker 2 fills it; none: "
                              "no split)")
     sites: tuple = opt((1, 4, 16), "site counts on the source alone")
     versions: int = opt(20, "versions published per layout (the first is a warm-up)")
@@ -52,7 +53,8 @@ class FanoutConfig:
         for name in ("log", "mirror"):
             url = getattr(self, name)
             if url is not None and not url.startswith("kafka://"):
-                raise ConfigError(f"FanoutConfig.{name} = {url!r}: expected a kafka:// URL (a mirror is a Kafka cluster)")
+                raise ConfigError(f"FanoutConfig.{name} = {url!r}: expected a kafka:// URL (a mirror is a Kafka "
+                                  f"cluster)")
         if not self.sites or any(not isinstance(n, int) or n < 1 for n in self.sites):
             raise ConfigError(f"FanoutConfig.sites = {self.sites!r}: expected site counts >= 1")
         if self.mirror is not None and max(self.sites) < 2:
@@ -153,7 +155,8 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
         placement = [cfg.log] * on_source + [cfg.mirror] * on_mirror
         sites = _Sites(work, run, placement, cfg.versions)
         sites.wait(lambda n: bool(sites.history(n)), "following", cfg.ready_s)
-        _say(f"bench fanout: {label}: every site follows; publishing {cfg.versions} versions, one per {cfg.interval_s} s")
+        _say(f"bench fanout: {label}: every site follows; publishing {cfg.versions} versions, one per "
+             f"{cfg.interval_s} s")
         t_next = time.monotonic()
         for _ in range(cfg.versions):
             time.sleep(max(0.0, t_next - time.monotonic()))  # the cadence under test, not synchronisation
@@ -168,8 +171,8 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
             url = sites.procs[name][1]
             applied = [e for e in sites.history(name) if "v" in e and not e.get("start")]
             if not applied or applied[-1]["v"] != cfg.versions or applied[-1]["d"] != digest:
-                raise RuntimeError(f"site {name} ended at {applied[-1]['v'] if applied else None}, not at the trainer's "
-                                   f"v{cfg.versions} digest {digest[:12]}")
+                raise RuntimeError(f"site {name} ended at {applied[-1]['v'] if applied else None}, not at the "
+                                   f"trainer's v{cfg.versions} digest {digest[:12]}")
             for e in applied:
                 if e["v"] >= 2:  # v1 is the warm-up
                     fresh[url].append((e["t"] - e["w"], e["a"]))
@@ -183,14 +186,15 @@ def one_layout(cfg: FanoutConfig, on_source: int, on_mirror: int, work: pathlib.
                "egress_mirror_per_version": round(egress[cfg.mirror] / per_version) if on_mirror else None,
                "apply_median_s": round(statistics.median(a for _, a in fresh[cfg.log] + fresh[cfg.mirror]), 4),
                "delivery_median_s": round(statistics.median(f - a for f, a in fresh[cfg.log] + fresh[cfg.mirror]), 4)}
-        for key, pairs in (("", fresh[cfg.log] + fresh[cfg.mirror]), ("source_", fresh[cfg.log]), ("mirror_", fresh[cfg.mirror])):
+        for key, pairs in (("", fresh[cfg.log] + fresh[cfg.mirror]), ("source_", fresh[cfg.log]),
+                           ("mirror_", fresh[cfg.mirror])):
             xs = [f for f, _ in pairs]
             if xs and (key != "source_" or on_mirror):
                 row[f"{key}freshness_median_s"] = round(statistics.median(xs), 4)
                 row[f"{key}freshness_p90_s"] = round(_pct(xs, 0.9), 4)
                 row[f"{key}freshness_max_s"] = round(max(xs), 4)
-        _say(f"bench fanout: {label}: freshness median {row['freshness_median_s']:.3f} s, p90 {row['freshness_p90_s']:.3f} s; "
-             f"source egress {row['egress_source_per_version']:,} B per version")
+        _say(f"bench fanout: {label}: freshness median {row['freshness_median_s']:.3f} s, p90 "
+             f"{row['freshness_p90_s']:.3f} s; source egress {row['egress_source_per_version']:,} B per version")
         return row
     finally:
         if sites:
@@ -212,8 +216,10 @@ def run_bench(cfg: FanoutConfig) -> dict:
     single = [r for r in rows if r["sites_mirror"] == 0]
     one, most = min(single, key=lambda r: r["sites_source"]), max(single, key=lambda r: r["sites_source"])
     return {"log": cfg.log, "mirror": cfg.mirror, "versions": cfg.versions, "interval_s": cfg.interval_s,
-            "codec": "spar4", "budget": "1.6%", "shape": "tiny (hidden 256, 4 layers, LoRA r16)", "cpus": os.cpu_count(),
-            "rows": rows, "freshness_ratio_most_to_one": round(most["freshness_median_s"] / one["freshness_median_s"], 2),
+            "codec": "spar4", "budget": "1.6%", "shape": "tiny (hidden 256, 4 layers, LoRA r16)",
+            "cpus": os.cpu_count(),
+            "rows": rows,
+            "freshness_ratio_most_to_one": round(most["freshness_median_s"] / one["freshness_median_s"], 2),
             "ratio_sites": [most["sites_source"], one["sites_source"]]}
 
 
@@ -224,8 +230,9 @@ def table(res: dict) -> str:
     for r in res["rows"]:
         where = f"{r['sites_source']} + {r['sites_mirror']}" if r["sites_mirror"] else f"{r['sites_source']}"
         mirror = f"{r['egress_mirror_per_version']:,} B" if r["sites_mirror"] else ""
-        out.append(f"| {where} | {r['freshness_median_s']:.3f} | {r['freshness_p90_s']:.3f} | {r['freshness_max_s']:.3f} | "
-                   f"{r['apply_median_s']:.3f} | {r['delivery_median_s']:.3f} | {r['egress_source_per_version']:,} B | {mirror} |")
+        out.append(f"| {where} | {r['freshness_median_s']:.3f} | {r['freshness_p90_s']:.3f} | "
+                   f"{r['freshness_max_s']:.3f} | {r['apply_median_s']:.3f} | {r['delivery_median_s']:.3f} | "
+                   f"{r['egress_source_per_version']:,} B | {mirror} |")
     return "\n".join(out)
 
 
@@ -235,5 +242,6 @@ def main(cfg: FanoutConfig, as_json: bool, out: str | None) -> int:
     res = run_bench(cfg)
     if not save(res, out_dir, "fanout", as_json):
         print(table(res))
-        print(f"median freshness, {res['ratio_sites'][0]} sites / {res['ratio_sites'][1]}: {res['freshness_ratio_most_to_one']}x")
+        print(f"median freshness, {res['ratio_sites'][0]} sites / {res['ratio_sites'][1]}: "
+              f"{res['freshness_ratio_most_to_one']}x")
     return 0

@@ -48,7 +48,8 @@ def _cli(args, env_extra=None, **kw):
 def _trainer_kills(url, run, n, folder, rng, bar):
     """n trainer processes killed at trainer points, then one that finishes; per point counts."""
     common = ["produce", "--log", url, "--run", run, "--codec", "spar", "--budget", "25%", "--checkpoint-every", "5",
-              "--history", str(folder / "trainer.jsonl"), "--pipeline"]  # pipelined: its points are the in-line ones and more
+              # pipelined: its points are the in-line ones and more
+              "--history", str(folder / "trainer.jsonl"), "--pipeline"]
     counts = {p: 0 for p in TRAINER_POINTS}
     for i in range(n):
         point = TRAINER_POINTS[i % len(TRAINER_POINTS)]
@@ -79,10 +80,12 @@ def _site_kills(url, run, n, folder, rng, producer, bar):
             except Exception as e:  # noqa: BLE001  (reported by the benchmark)
                 errors.append(e)
                 return
-            time.sleep(0.2)  # paces the trainer (~4 versions/s) so a site follows live, a batch a version; not synchronisation
+            # paces the trainer (~4 versions/s) so a site follows live, a batch a version; not synchronisation
+            time.sleep(0.2)
 
     trainer = threads.start(publish, "bench-trainer")
-    counts, state, launched, named, misses = {p: 0 for p in SITE_POINTS} | {"random": 0}, str(folder / "victim"), 0, 0, 0
+    counts, state, launched, named, misses = {p: 0
+                                              for p in SITE_POINTS} | {"random": 0}, str(folder / "victim"), 0, 0, 0
     common = ["consume", "--log", url, "--run", run, "--site", "victim", "--state-dir", state, "--snapshot-every", "2",
               "--keep-adapters", "2", "--no-progress", "--history", str(folder / "victim.jsonl")]
     try:
@@ -137,14 +140,16 @@ def main(as_json: bool, url: str, kills: int, trainer_kills: int, out: str | Non
     log = open_log(url)  # the last sites' (Site.open leaves a log it opens itself open) and the history check's
     try:
         def follow(name):
-            site = Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(folder / name), until_version=producer.version,
+            site = Site.open(SiteConfig(log=url, run=run, site=name, state_dir=str(folder / name),
+                                        until_version=producer.version,
                                         export_adapters=False, history=str(folder / f"{name}.jsonl")), log_backend=log)
             site.run(progress=False)
             return site
         final = follow("victim")
         late = follow("late")
         report = check(read_history(str(folder / "trainer.jsonl")),
-                       {s: read_history(str(folder / f"{s}.jsonl")) for s in ("victim", "late")}, log_versions(log, run))
+                       {s: read_history(str(folder / f"{s}.jsonl")) for s in ("victim", "late")},
+                       log_versions(log, run))
     finally:
         log.close()
     digests = {"trainer": producer.replica.digest.hex(), "victim": final.follower.replica.digest.hex(),
@@ -152,9 +157,10 @@ def main(as_json: bool, url: str, kills: int, trainer_kills: int, out: str | Non
     divergent = sum(d != digests["trainer"] for d in digests.values())
     producer.close()
     res = {"run": run, "log": url, "versions": producer.version, "trainer_kills": trainer_counts,
-           "site_kills": site_counts, "site_processes": launched, "anomalies": report.anomalies, "divergent_digests": divergent,
+           "site_kills": site_counts, "site_processes": launched, "anomalies": report.anomalies,
+           "divergent_digests": divergent,
            "digests": digests, "sites": report.sites, "trainer_s": round(t_trainer, 1), "sites_s": round(t_sites, 1)}
     if not save(res, folder, "faults", as_json):
-        print(f"{sum(trainer_counts.values())} trainer kills {trainer_counts}\n{sum(site_counts.values())} site kills {site_counts}\n"
-              f"{report.summary()}\ndivergent digests: {divergent}")
+        print(f"{sum(trainer_counts.values())} trainer kills {trainer_counts}\n{sum(site_counts.values())} site kills "
+              f"{site_counts}\n{report.summary()}\ndivergent digests: {divergent}")
     return 0 if report.ok and divergent == 0 else 1

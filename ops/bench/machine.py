@@ -63,4 +63,5 @@ def measured_on(triad: float | None = None) -> dict:
     head, dirty = commit()
     return {"commit": head, "dirty": dirty, "recorded": "at run",
             "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cores": cores(), "cpu_model": cpu_model(), "triad_gbps": round(triad if triad is not None else triad_gbps(), 2)}
+            "cores": cores(), "cpu_model": cpu_model(),
+            "triad_gbps": round(triad if triad is not None else triad_gbps(), 2)}

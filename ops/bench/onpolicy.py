@@ -148,7 +148,8 @@ def evaluate(model, teacher, split: str, k: int, n: int, gen: torch.Generator, p
     prompts, answers = encode(held_out(split, problems))
     ids = sample(model, prompts.repeat_interleave(n, 0), gen)
     ok = (ids[:, PROMPT_LEN:] == answers.repeat_interleave(n, 0)).all(1).view(-1, n)
-    first = ids.view(-1, n, ids.shape[1])[:, 0]  # KL on one sample per prompt: a forward of each model costs as much as sampling
+    # KL on one sample per prompt: a forward of each model costs as much as sampling
+    first = ids.view(-1, n, ids.shape[1])[:, 0]
     answer_logits = [m(input_ids=first).logits[:, PROMPT_LEN - 1:-1] for m in (model, teacher)]
     return {"pass1": pass_at_k(ok, 1), f"pass{k}": pass_at_k(ok, k), "kl": float(reverse_kl(*answer_logits).mean())}
 
@@ -260,13 +261,15 @@ def run(cfg: RunConfig, student_base, teacher, probe: list | None = None) -> dic
             lossless.append(lossless_delta_bytes(before, trainer.state.params))
     _set(params, rollout.state.params)
     model.eval()
-    scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples, torch.Generator().manual_seed(99 + cfg.seed),
+    scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples,
+                      torch.Generator().manual_seed(99 + cfg.seed),
                       cfg.eval_problems)
     moved = [torch.sub(p, s) for p, s in zip(rollout.state.params, start)]
     reference = [torch.sub(p, s) for p, s in zip(master.params, start)] if sync.mode == "delta" else shadow_move
     return {
         **scores, "curve": curve, "bytes_per_step": float(np.mean(sizes)),
-        "adapter_bytes": manifest.adapter_bytes(), "lossless_delta_bytes_per_step": float(np.mean(lossless)) if lossless else None,
+        "adapter_bytes": manifest.adapter_bytes(),
+        "lossless_delta_bytes_per_step": float(np.mean(lossless)) if lossless else None,
         "versions": cfg.steps, "rollout_digest_equal_versions": digests_equal,
         "shadow_cosine": _cosine(moved, reference), "sends_per_block": sends,
         "residual_ratio": float(np.mean(residual_ratio)) if residual_ratio else 0.0,

@@ -61,7 +61,8 @@ class PaceConfig:
         if self.shape not in QWEN3:
             raise ConfigError(f"PaceConfig.shape = {self.shape!r}: expected one of {sorted(QWEN3)}")
         if self.optimizer not in DEFAULT_LR and self.optimizer != "add":
-            raise ConfigError(f"PaceConfig.optimizer = {self.optimizer!r}: expected one of {sorted(DEFAULT_LR) + ['add']}")
+            raise ConfigError(f"PaceConfig.optimizer = {self.optimizer!r}: expected one of "
+                              f"{sorted(DEFAULT_LR) + ['add']}")
         if self.versions < 2:
             raise ConfigError(f"PaceConfig.versions = {self.versions}: must be >= 2 (the first is a warm-up)")
         if not self.interval_s > 0:
@@ -73,12 +74,14 @@ def _say(*a):
 
 
 def encode_run(cfg: PaceConfig) -> tuple:
-    """(v0 replica, [(version, framed bytes, digest)], encoder seconds per version, encode + apply seconds per version)."""
+    """(v0 replica, [(version, framed bytes, digest)], encoder seconds per version, encode + apply seconds per
+    version)."""
     manifest = qwen3_manifest(cfg.shape)
     trainer = PolicyReplica.genesis(RUN, manifest, initial_params(manifest), cfg.optimizer)
     v0 = PolicyReplica.from_checkpoint(trainer.checkpoint(), "v0")
     builder = UpdateBuilder(trainer, make_encoder("spar4", manifest, Budget(0.016)))
-    stream, hparams = GradientStream(manifest, seed=0), {"lr": DEFAULT_LR[cfg.optimizer]} if cfg.optimizer in DEFAULT_LR else {}
+    stream, hparams = GradientStream(manifest,
+                                     seed=0), {"lr": DEFAULT_LR[cfg.optimizer]} if cfg.optimizer in DEFAULT_LR else {}
     messages, encode, whole = [], [], []
     for v in range(1, cfg.versions + 1):
         proposal = builder.propose(stream.next(), hparams)
@@ -162,10 +165,12 @@ def follow(cfg: PaceConfig, v0: PolicyReplica, messages: list, work: pathlib.Pat
 
 
 def summarize(cfg: PaceConfig, appended: dict, history: list, digest: bytes) -> dict:
-    """The row: versions behind, freshness, the snapshots' stall, write time and size, from the append times and history."""
+    """The row: versions behind, freshness, the snapshots' stall, write time and size, from the append times and
+    history."""
     applied = {e["v"]: e for e in history if "v" in e and not e.get("start")}
     if max(applied, default=0) != cfg.versions or applied[cfg.versions]["d"] != digest.hex():
-        raise RuntimeError(f"the site ended at v{max(applied, default=0)}, not at the trainer's v{cfg.versions} digest {digest.hex()[:12]}")
+        raise RuntimeError(f"the site ended at v{max(applied, default=0)}, not at the trainer's v{cfg.versions} digest "
+                           f"{digest.hex()[:12]}")
     counted = range(2, cfg.versions + 1)  # v1 is the warm-up
     fresh = [applied[v]["t"] - appended[v] for v in counted]
     # behind at each append: the versions on the log (v counted) minus those the site had applied at that instant
@@ -214,13 +219,15 @@ def run_bench(cfg: PaceConfig) -> dict:
 def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
     return "\n".join([
-        f"| shape | optimizer | versions (1 per {res['interval_s']:g} s) | behind at most | freshness p50 / p99 / max s | "
+        f"| shape | optimizer | versions (1 per {res['interval_s']:g} s) | behind at most | freshness p50 / p99 / max "
+        f"s | "
         "apply median / max s | "
         "snapshot stall max s | loop's longest wait s | snapshot write s | snapshot MB | encode median / p90 s |",
         "|---|---|---:|---:|---|---|---:|---:|---:|---:|---|",
-        f"| {res['shape']} | {res['optimizer']} | {res['versions']} | {res['behind_max']} | {res['freshness_p50_s']:.3f} / "
-        f"{res['freshness_p99_s']:.3f} / {res['freshness_max_s']:.3f} | {res['apply_median_s']:.3f} / {res['apply_max_s']:.3f} | "
-        f"{res['snapshot_stall_max_s']:.3f} | {res['loop_wait_max_s']:.3f} | {res['snapshot_write_median_s'] or 0:.2f} | "
+        f"| {res['shape']} | {res['optimizer']} | {res['versions']} | {res['behind_max']} | "
+        f"{res['freshness_p50_s']:.3f} / {res['freshness_p99_s']:.3f} / {res['freshness_max_s']:.3f} | "
+        f"{res['apply_median_s']:.3f} / {res['apply_max_s']:.3f} | {res['snapshot_stall_max_s']:.3f} | "
+        f"{res['loop_wait_max_s']:.3f} | {res['snapshot_write_median_s'] or 0:.2f} | "
         f"{(res['snapshot_bytes'] or 0) / 1e6:,.0f} | {res['encode_median_s']:.3f} / {res['encode_p90_s']:.3f} |"])
 
 

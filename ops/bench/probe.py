@@ -46,12 +46,14 @@ class ProbeConfig:
             raise ConfigError(f"probe: task {self.task!r} must be distill or rl")
         bad = [o for o in self.optimizers if o not in OPTIMIZERS]
         if bad or not self.optimizers:
-            raise ConfigError(f"probe: optimizers {list(self.optimizers)} must be a non-empty subset of {list(OPTIMIZERS)}")
+            raise ConfigError(f"probe: optimizers {list(self.optimizers)} must be a non-empty subset of "
+                              f"{list(OPTIMIZERS)}")
         if self.sync not in SYNCS or SYNCS[self.sync].mode == "delta":
             raise ConfigError(f"probe: sync {self.sync!r} must be one whose trainer steps from the sites' params: "
                               f"{[k for k, v in SYNCS.items() if v.mode != 'delta']}")
         if len(self.lrs) != len(self.optimizers) or not all(lr > 0 for lr in self.lrs):
-            raise ConfigError(f"probe: lrs {list(self.lrs)} must give one positive rate per optimizer {list(self.optimizers)}")
+            raise ConfigError(f"probe: lrs {list(self.lrs)} must give one positive rate per optimizer "
+                              f"{list(self.optimizers)}")
         if not 0 < self.budget <= 4:
             raise ConfigError(f"probe: budget {self.budget} must be a fraction of the adapter in (0, 4]")
         if self.steps < 1 or not self.seeds:
@@ -89,7 +91,8 @@ def probe(cfg: ProbeConfig, say=print) -> dict:
         probes, runs = [], []
         for seed in cfg.seeds:
             got = []
-            r = run(RunConfig(cfg.task, optimizer, cfg.sync, lr, seed=seed, steps=cfg.steps, eval_split="val", budget=cfg.budget,
+            r = run(RunConfig(cfg.task, optimizer, cfg.sync, lr, seed=seed, steps=cfg.steps, eval_split="val",
+                              budget=cfg.budget,
                                 eval_problems=cfg.eval_problems),
                     student, teacher, got)
             probes += got
@@ -103,8 +106,8 @@ def probe(cfg: ProbeConfig, say=print) -> dict:
 
 def table(res: dict) -> str:
     """One markdown row per optimizer."""
-    rows = ["| optimizer | lr | blocks sent per version | decoded rank (of block rank) | step cosine to shadow (sent / unsent) "
-            "| step norm ratio (sent / unsent) | residual / gradient | shadow cosine at the end | val pass@1 |",
+    rows = ["| optimizer | lr | blocks sent per version | decoded rank (of block rank) | step cosine to shadow (sent / "
+            "unsent) | step norm ratio (sent / unsent) | residual / gradient | shadow cosine at the end | val pass@1 |",
             "|---|---:|---:|---|---|---|---:|---:|---:|"]
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     for optimizer, o in res["optimizers"].items():

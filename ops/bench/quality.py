@@ -1,7 +1,9 @@
 """`hilo bench quality`: does HiLo learn as well as full sync? The paper's comparison at CPU scale.
 
-    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS at 1.6%, 1 seed, 8 steps,
-                                            # the smoke student and teacher, 128 held-out problems: the pipeline, not quality
+    hilo bench quality --quick              # smoke run (CI): 2 tasks x 4 optimizers x QUICK_SYNCS at 1.6%, 1 seed,
+                                              8 steps,
+                                            # the smoke student and teacher, 128 held-out problems: the pipeline,
+                                              not quality
     hilo bench quality --json --out DIR     # the full sweep: 2 tasks x 4 optimizers x PLAN (sync x budget) x 5 seeds
 
 The protocol. Every (task, optimizer, sync, budget) cell gets its own learning rate, tuned on the val split
@@ -85,7 +87,8 @@ class SweepConfig:
         for name, allowed in (("tasks", TASKS), ("optimizers", OPTIMIZERS), ("syncs", tuple(SYNCS))):
             bad = [v for v in getattr(self, name) or () if v not in allowed]
             if bad or getattr(self, name) == ():
-                raise ConfigError(f"quality: {name} {list(getattr(self, name))} must be a non-empty subset of {list(allowed)}")
+                raise ConfigError(f"quality: {name} {list(getattr(self, name))} must be a non-empty subset of "
+                                  f"{list(allowed)}")
         if self.student is not None and self.student not in STUDENTS:
             raise ConfigError(f"quality: student {self.student!r} must be one of {list(STUDENTS)}")
         if self.lrs_from is not None and not os.path.isfile(self.lrs_from):
@@ -103,7 +106,8 @@ class SweepConfig:
         syncs = self.syncs or (QUICK_SYNCS if self.quick else tuple(PLAN))
         default = (RunConfig.budget,)
         pairs = [(s, None) if s == "full" else (s, b) for s in syncs
-                 for b in ((None,) if s == "full" else self.budgets or (default if self.quick else PLAN.get(s, default)))]
+                 for b in ((None,) if s == "full" else self.budgets
+                           or (default if self.quick else PLAN.get(s, default)))]
         rank, order = {b: i for i, b in enumerate(PRIORITY)}, {s: i for i, s in enumerate(PLAN)}
         return sorted(dict.fromkeys(pairs), key=lambda p: (rank.get(p[1], len(rank)), order.get(p[0], len(order))))
 
@@ -133,7 +137,8 @@ def _run_id(cfg: RunConfig, bases: dict, student=STUDENTS["h256-l4"]) -> str:
     # the pretrained models' weights are part of a run's identity: runs from another student are never mixed in
     # (`bases`: {"student": digest, "teacher": digest}; a spec alone trained to another model elsewhere)
     fields = {k: v for k, v in asdict(cfg).items() if not (k == "eval_problems" and v is None)}  # older runs' ids stand
-    ident = fields | {"v": RUN_VERSION, "student": asdict(student), "teacher": asdict(teacher_of(student)), "bases": bases}
+    ident = fields | {"v": RUN_VERSION, "student": asdict(student), "teacher": asdict(teacher_of(student)),
+                      "bases": bases}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{cfg.task}-{cfg.optimizer}-{cfg.sync}-lr{cfg.lr:g}-s{cfg.seed}-{key}"
 
@@ -169,7 +174,8 @@ def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, c
 
 
 def collapsed(score: float, floor: float) -> bool:
-    """A tuning run collapsed: it ended more than COLLAPSE_MARGIN below `floor` (worse than it started) or at NaN/Inf."""
+    """A tuning run collapsed: it ended more than COLLAPSE_MARGIN below `floor` (worse than it started) or at
+    NaN/Inf."""
     return not (math.isfinite(score) and score >= floor - COLLAPSE_MARGIN)
 
 
@@ -207,12 +213,14 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
     todo = {key: list(rates) for key, (_, rates) in cells.items()}
     best, unfinished = {}, {}
     while todo:
-        flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key, lrs in todo.items() for lr in lrs for s in TUNE_SEEDS]
+        flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key,
+                lrs in todo.items() for lr in lrs for s in TUNE_SEEDS]
         got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute, student)
         for (key, lr, c), r in zip(flat, got):
             if r is None:
-                unfinished.setdefault(key, f"quality: {runs.path} lacks the tuning run {c.task}/{c.optimizer}/{c.sync}@{c.budget} "
-                                           f"lr={c.lr:g} seed={c.seed}; run without --saved-only to finish it")
+                unfinished.setdefault(key, f"quality: {runs.path} lacks the tuning run "
+                                           f"{c.task}/{c.optimizer}/{c.sync}@{c.budget} lr={c.lr:g} seed={c.seed}; run "
+                                           f"without --saved-only to finish it")
             else:
                 results[key].setdefault(lr, []).append(r)
         todo = {}
@@ -232,7 +240,8 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
     for key, (c, _) in cells.items():
         for lr, rs in sorted(results[key].items()) if key in best else ():
             p1 = [r["pass1"] for r in rs]
-            rows.append({"task": c.task, "optimizer": c.optimizer, "sync": c.sync, "budget": c.budget if c.sync != "full" else None,
+            rows.append({"task": c.task, "optimizer": c.optimizer, "sync": c.sync,
+                         "budget": c.budget if c.sync != "full" else None,
                          "lr": lr, "val_pass1": statistics.mean(p1), "val_pass1_seeds": p1,
                          "val_pass4": statistics.mean(r["pass4"] for r in rs),
                          "stable": not any(collapsed(x, floor) for x in p1), "chosen": lr == best[key]})
@@ -242,7 +251,8 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
 def _rate_from(path: str, task: str, optimizer: str, sync: str, budget) -> float:
     """The learning rate the sweep in `path` (its quality.json) chose for this cell; ConfigError naming it if none."""
     for c in json.loads(pathlib.Path(path).read_text())["cells"]:
-        if (c["task"], c["optimizer"], c["sync"], c["budget"]) == (task, optimizer, sync, None if sync == "full" else budget):
+        if (c["task"], c["optimizer"], c["sync"], c["budget"]) == (task, optimizer, sync,
+                                                                   None if sync == "full" else budget):
             return c["lr"]
     raise ConfigError(f"quality: {path} has no cell {task}/{optimizer}/{sync}@{budget} to take a learning rate from")
 
@@ -258,7 +268,8 @@ def _cell(rc: RunConfig, rs: list, seeds: list, steps: int) -> dict:
     cell = {
         "task": rc.task, "optimizer": rc.optimizer, "sync": rc.sync, "budget": None if rc.sync == "full" else rc.budget,
         "lr": rc.lr, "seeds": len(rs), "seed_ids": seeds, "steps": steps,
-        "pass1_mean": statistics.mean(p1), "pass1_std": _sd(p1), "pass4_mean": statistics.mean(p4), "pass4_std": _sd(p4),
+        "pass1_mean": statistics.mean(p1), "pass1_std": _sd(p1), "pass4_mean": statistics.mean(p4),
+        "pass4_std": _sd(p4),
         "pass1_seeds": p1, "pass4_seeds": p4,
         "kl_mean": statistics.mean(r["kl"] for r in rs), "kl_std": _sd([r["kl"] for r in rs]),
         "bytes_per_step": statistics.mean(r["bytes_per_step"] for r in rs),
@@ -286,11 +297,12 @@ def paired(cell: dict, full: dict, key: str = "pass4") -> dict | None:
 
 
 def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
-    """Run the sweep (resuming from out/runs.jsonl); returns {"cells": [...], "lossless_delta_bytes_per_step": ..., ...}.
+    """Run the sweep (resuming from out/runs.jsonl); returns {"cells": [...], "lossless_delta_bytes_per_step": ...,
+    ...}.
 
-    Per budget in PRIORITY order: tune every cell of that budget on val (TUNE_SEEDS, `choose_rate`; full sync on its LR_GRID,
-    every other method on the 3 rates around full sync's choice), then run its test seeds (seed-major, so a sweep
-    stopped early has every cell at the same number of seeds, give or take one). With saved_only, a cell's
+    Per budget in PRIORITY order: tune every cell of that budget on val (TUNE_SEEDS, `choose_rate`; full sync on its
+    LR_GRID, every other method on the 3 rates around full sync's choice), then run its test seeds (seed-major, so a
+    sweep stopped early has every cell at the same number of seeds, give or take one). With saved_only, a cell's
     `seeds` counts the runs it has so far, and a cell whose tuning is unfinished is left out (named in `unfinished`).
     """
     t0 = time.time()
@@ -303,9 +315,11 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     base = {"student": shape, "student_greedy_test_acc": greedy_accuracy(student),
             "teacher_greedy_test_acc": greedy_accuracy(teacher),
             # where every run starts: the student before any on-policy step, scored exactly like a run's end
-            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99), problems),
+            "untrained": evaluate(student, teacher, "test", RunConfig.group, evals, torch.Generator().manual_seed(99),
+                                  problems),
             # the tuning rule's collapse line: a run that ends below where it started on val
-            "untrained_val": evaluate(student, teacher, "val", RunConfig.group, evals, torch.Generator().manual_seed(99), problems)}
+            "untrained_val": evaluate(student, teacher, "val", RunConfig.group, evals,
+                                      torch.Generator().manual_seed(99), problems)}
     bases = {"student": weights_digest(student), "teacher": weights_digest(teacher)}
     base["bases"] = bases
     _say(f"quality: student {bases['student'][:12]} greedy test accuracy {base['student_greedy_test_acc']:.3f}, "
@@ -328,7 +342,8 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
             elif cfg.lrs_from:
                 lrs = {(t, o, sync_): _rate_from(cfg.lrs_from, t, o, sync_, budget) for t in tasks for o in optimizers}
             else:
-                grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val", eval_samples=evals, budget=b,
+                grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val",
+                                                  eval_samples=evals, budget=b,
                                                   eval_problems=problems),
                                         LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
@@ -342,8 +357,10 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
                 raise
             missing.append(str(e))
             continue
-        _say(f"quality: budget {budget}: learning rates " + ", ".join(f"{t}/{o}/{s}={lr:g}" for (t, o, s), lr in lrs.items()))
-        cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b, eval_problems=problems)
+        _say(f"quality: budget {budget}: learning rates " + ", ".join(f"{t}/{o}/{s}={lr:g}" for (t, o, s),
+                                                                      lr in lrs.items()))
+        cellcfgs = [RunConfig(t, o, s, lrs[(t, o, s)], steps=steps, eval_samples=evals, budget=b,
+                              eval_problems=problems)
                     for t in tasks for o in optimizers for s in stage if (t, o, s) in lrs]
         if not cellcfgs:
             continue
@@ -382,9 +399,10 @@ def table(res: dict) -> str:
     """Markdown table of every cell: scores, the paired distance to full sync, bytes, and the fidelity columns."""
     full = {(c["task"], c["optimizer"]): c for c in res["cells"] if c["sync"] == "full"}
     u = res["untrained"]
-    out = [f"untrained student (every run's start): pass@1 {u['pass1']:.3f}, pass@4 {u['pass4']:.3f}, held-out KL {u['kl']:.3f}\n",
-           "| task | optimizer | sync | lr | seeds | pass@1 | pass@4 | pass@4 vs full (95% CI) | held-out KL | KL gain vs full "
-           "| bytes/step | % adapter | shadow cos | blocks never sent | sent <= 3x | residual ratio | lag |",
+    out = [f"untrained student (every run's start): pass@1 {u['pass1']:.3f}, pass@4 {u['pass4']:.3f}, held-out KL "
+           f"{u['kl']:.3f}\n",
+           "| task | optimizer | sync | lr | seeds | pass@1 | pass@4 | pass@4 vs full (95% CI) | held-out KL | KL gain "
+           "vs full | bytes/step | % adapter | shadow cos | blocks never sent | sent <= 3x | residual ratio | lag |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in res["cells"]:
         f = full.get((c["task"], c["optimizer"]))
@@ -392,15 +410,17 @@ def table(res: dict) -> str:
         lag = "" if c.get("lag_mean") is None else f"{c['lag_mean']:.3f}"
         out.append(f"| {c['task']} | {c['optimizer']} | {label(c)} | {c['lr']:g} | {c['seeds']} | "
                    f"{c['pass1_mean']:.3f} +- {c['pass1_std']:.3f} | "
-                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs_full(c)} | {c['kl_mean']:.3f} +- {c['kl_std']:.3f} | "
-                   f"{100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | {100 * c['fraction_of_adapter']:.2f} | {c['shadow_cosine']:.2f} | "
-                   f"{c['blocks_never_sent']:.1f} / {c['blocks']} | {c['blocks_sent_at_most_3']:.1f} | {c['residual_ratio']:.2f} | {lag} |")
+                   f"{c['pass4_mean']:.3f} +- {c['pass4_std']:.3f} | {vs_full(c)} | {c['kl_mean']:.3f} +- "
+                   f"{c['kl_std']:.3f} | {100 * kr:.0f}% | {c['bytes_per_step']:,.0f} | "
+                   f"{100 * c['fraction_of_adapter']:.2f} | {c['shadow_cosine']:.2f} | {c['blocks_never_sent']:.1f} / "
+                   f"{c['blocks']} | {c['blocks_sent_at_most_3']:.1f} | {c['residual_ratio']:.2f} | {lag} |")
     if res["lossless_delta_bytes_per_step"]:
         for name in ("spar", "spar4"):
             b = [c["bytes_per_step"] for c in res["cells"] if c["sync"] == name and c["budget"] == RunConfig.budget]
             if b:
-                out.append(f"\nlossless adapter-delta codec on the full-sync runs: {res['lossless_delta_bytes_per_step']:,.0f} B/step "
-                           f"= {res['lossless_delta_bytes_per_step'] / statistics.mean(b):.1f}x {name} @1.6%'s bytes")
+                out.append(f"\nlossless adapter-delta codec on the full-sync runs: "
+                           f"{res['lossless_delta_bytes_per_step']:,.0f} B/step = "
+                           f"{res['lossless_delta_bytes_per_step'] / statistics.mean(b):.1f}x {name} @1.6%'s bytes")
     return "\n".join(out)
 
 
@@ -410,7 +430,8 @@ def summary(res: dict) -> str:
     rows = {}
     for c in res["cells"]:
         rows.setdefault((c["task"], c["optimizer"]), {})[label(c)] = c
-    out = ["| task | optimizer | full pass@4 | " + " | ".join(methods) + " |", "|---|---|---:|" + "---:|" * len(methods)]
+    out = ["| task | optimizer | full pass@4 | " + " | ".join(methods) + " |",
+           "|---|---|---:|" + "---:|" * len(methods)]
     for (task, opt), row in rows.items():
         f = row.get("full")
         cols = [f"{f['pass4_mean']:.3f}" if f else "n/a"] + [vs_full(row[m]) if m in row else "" for m in methods]
@@ -424,7 +445,8 @@ def fidelity(res: dict) -> str:
     for c in res["cells"]:
         if c["sync"] != "full":
             groups.setdefault(label(c), []).append(c)
-    out = ["| method | pairs | bytes/step | shadow cosine | blocks never sent | sent <= 3x | residual ratio | site lag |",
+    out = ["| method | pairs | bytes/step | shadow cosine | blocks never sent | sent <= 3x | residual ratio | site "
+           "lag |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, cs in groups.items():
         mean = lambda k, cs=cs: statistics.mean(c[k] for c in cs)  # noqa: E731
@@ -443,7 +465,8 @@ def plots(res: dict, out: pathlib.Path) -> list:
     tasks = sorted({c["task"] for c in res["cells"]})
     opts = sorted({c["optimizer"] for c in res["cells"]})
     syncs = [s for s in SYNCS if any(c["sync"] == s for c in res["cells"])]
-    palette = ("black", "tab:red", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan",
+    palette = ("black", "tab:red", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple", "tab:olive",
+               "tab:cyan",
                "tab:pink", "tab:gray")
     colors = {s: palette[i % len(palette)] for i, s in enumerate(SYNCS)}  # every sync method has a colour
     markers = dict(zip(("adamw", "muon", "lion", "sgd"), "osD^"))
@@ -491,13 +514,17 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
                                                "bench", f"quality-{'quick-' if cfg.quick else ''}{int(time.time())}"))
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "runs.jsonl"
-    if cfg.saved_only and (not saved.exists() or saved.stat().st_size == 0):  # said before the base models are evaluated
-        raise ConfigError(f"quality: no finished cell in {saved}: nothing is saved there (--saved-only computes nothing)")
+    # said before the base models are evaluated
+    if cfg.saved_only and (not saved.exists() or saved.stat().st_size == 0):
+        raise ConfigError(f"quality: no finished cell in {saved}: nothing is saved there (--saved-only computes "
+                          f"nothing)")
     res = sweep(cfg, out)
     if not res["cells"]:  # only --saved-only gets here: nothing to plot or tabulate
-        raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}" + "".join(f"; {m}" for m in res["unfinished"]))
+        raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}" + "".join(f"; {m}"
+                                                                                         for m in res["unfinished"]))
     res["plots"] = plots(res, out)
-    res["measured_on"] = measured_on()  # the process that ran the last cells and wrote this (a resumed sweep ran earlier ones)
+    # the process that ran the last cells and wrote this (a resumed sweep ran earlier ones)
+    res["measured_on"] = measured_on()
     (out / "quality.json").write_text(json.dumps(res, indent=2))
     _say(f"quality: results in {out}")
     print(json.dumps(res, indent=2) if as_json

@@ -1,4 +1,5 @@
-"""A multi-rank trainer's step against a lone one's, at a real adapter's shape: what the broadcast and every rank's apply cost.
+"""A multi-rank trainer's step against a lone one's, at a real adapter's shape: what the broadcast and every rank's
+apply cost.
 
     python -m hilo.ops.bench.ranks [--shape qwen3-1.7b] [--steps 5] [--codec spar4] [--out DIR] [--json]
 
@@ -10,8 +11,8 @@ gradients (replica/synthetic.py) before each step, as DDP's all-reduce leaves th
 DDP's all-reduce would make the ranks meet. Timed on rank 0 after one warm-up step: `period_s`, barrier to barrier
 (the job's step: it waits for the slowest rank), and `step_s`, barrier to HiLoProducer.step returning; on the other
 rank `apply_s`, its decode and apply of the broadcast message (RankProducer.follow_s). Medians; the overhead is the
-2-rank period over the 1-rank one (whose period is its step), with each round's ratio: the rounds alternate the two jobs, so a busier
-minute on a shared machine shows as rounds that disagree.
+2-rank period over the 1-rank one (whose period is its step), with each round's ratio: the rounds alternate the two
+jobs, so a busier minute on a shared machine shows as rounds that disagree.
 """
 import argparse
 import json
@@ -38,7 +39,8 @@ class LoraShell(torch.nn.Module):
     def __init__(self, manifest):
         from peft import LoraConfig
         super().__init__()
-        self.peft_config = {"default": LoraConfig(r=manifest.rank, lora_alpha=manifest.alpha, target_modules=list(manifest.target_modules),
+        self.peft_config = {"default": LoraConfig(r=manifest.rank, lora_alpha=manifest.alpha,
+                                                  target_modules=list(manifest.target_modules),
                                                   base_model_name_or_path=manifest.base_model)}
         for b, init in zip(manifest.blocks, initial_params(manifest), strict=True):
             parent = self
@@ -64,7 +66,8 @@ def rank_main(shape: str, codec: str, steps: int, log_dir: str, out: str) -> Non
     manifest = qwen3_manifest(shape)
     model = LoraShell(manifest)
     stream = GradientStream(manifest, seed=0)
-    config = ProducerConfig(run="ranks", log=f"file://{log_dir}", codec=codec, budget=DEFAULT_BUDGET, checkpoint_every=1000)
+    config = ProducerConfig(run="ranks", log=f"file://{log_dir}", codec=codec, budget=DEFAULT_BUDGET,
+                            checkpoint_every=1000)
     producer = HiLoProducer.open(model, config)
     grads = stream.next()  # one draw, set before every step: drawing 1.7B-shape gradients is not what is timed
     step_s, apply_s, opened = [], [], []
@@ -81,7 +84,8 @@ def rank_main(shape: str, codec: str, steps: int, log_dir: str, out: str) -> Non
     period_s = [b - a for a, b in zip(opened[1:], opened[2:])]  # barrier to barrier: the job's step, the slowest rank's
     pathlib.Path(out, f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "world": world, "step_s": step_s[1:-1], "period_s": period_s,
-        "apply_s": [x for x in apply_s[1:-1] if x is not None], "version": producer.version, "digest": producer.replica.digest.hex()}))
+        "apply_s": [x for x in apply_s[1:-1] if x is not None], "version": producer.version,
+        "digest": producer.replica.digest.hex()}))
     producer.close()
     if world > 1:
         dist.barrier()  # tear down together (a rank that destroys while its peer has left can abort in C++)
@@ -98,7 +102,8 @@ def launch(module: str, world: int, args: list) -> list:
     thread each); every rank's report (TMP/rank{R}.json)."""
     with tempfile.TemporaryDirectory(prefix="hilo-ranks-") as tmp:
         args = ["-m", module, "--rank-job", *args, "--log-dir", f"{tmp}/log", "--out", tmp]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} | {"OMP_NUM_THREADS": "1"}
+        env = {k: v for k,
+               v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} | {"OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, *args] if world == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                            "--nproc_per_node", str(world), *args]
         subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=3600)
@@ -106,28 +111,32 @@ def launch(module: str, world: int, args: list) -> list:
 
 
 def table(res: dict) -> str:
-    """One line per job kind (medians over its rounds): its step, the publishing rank's, the other rank's apply, the overhead."""
+    """One line per job kind (medians over its rounds): its step, the publishing rank's, the other rank's apply, the
+    overhead."""
     out = [f"| {res['shape']} r64, {res['codec']}, 1 thread per rank | job's step s | publishing rank's step s | "
            f"other rank's apply s | over 1 rank |", "|---|---:|---:|---:|---:|"]
     lone = res["rows"][0]["period_s"]
     for r in res["rows"]:
         apply = ", ".join(f"{x:.3f}" for x in r["apply_s_other_ranks"]) or "-"
-        out.append(f"| {r['ranks']} rank{'s' if r['ranks'] > 1 else ''} | {r['period_s']:.3f} | {r['step_s']:.3f} | {apply} | "
-                   f"{r['period_s'] / lone:.2f}x |")
+        out.append(f"| {r['ranks']} rank{'s' if r['ranks'] > 1 else ''} | {r['period_s']:.3f} | {r['step_s']:.3f} | "
+                   f"{apply} | {r['period_s'] / lone:.2f}x |")
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     """`hilo bench ranks`: the 1-rank and 2-rank jobs, and the overhead."""
-    ap = argparse.ArgumentParser(prog="hilo bench ranks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="hilo bench ranks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     ap.add_argument("--codec", default="spar4", help="the run's codec (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per job, after one warm-up (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=5,
+                    help="timed steps per job, after one warm-up (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=2, help="1-rank and 2-rank jobs, alternating, this many times each "
                     "(default: %(default)s)")
     ap.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     ap.add_argument("--json", action="store_true", help="print the JSON")
-    ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)  # one rank of a job (this module, relaunched)
+    # one rank of a job (this module, relaunched)
+    ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--log-dir", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rank_job:

@@ -40,7 +40,8 @@ from hilo.schemas.position import Position
 OPTIMIZERS = ("adamw", "sgd", "add")  # add: a delta-mode site (parameters only, no optimizer state)
 APPLY = ("kernel", "reference")       # PolicyReplica.apply_mode: the fused kernel, then the torch path it must equal
 CHUNK_BYTES = 900_000                 # the producer's default record size
-# bytes a fused step must move per parameter: AdamW reads p, g, m, v and writes p, m, v; SGD p, g, buf and p, buf; add p, g and p
+# bytes a fused step must move per parameter: AdamW reads p, g, m, v and writes p, m, v; SGD p, g, buf and p, buf; add
+# p, g and p
 FLOOR_BYTES = {"adamw": 28, "sgd": 20, "add": 12}
 
 
@@ -70,7 +71,8 @@ def publish(log, run: str, shape: str, optimizer: str, versions: int) -> tuple:
     return trainer.digest, statistics.mean(sizes), statistics.median(encode), statistics.median(alone)
 
 
-def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tuple = APPLY, triad: float | None = None) -> list:
+def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tuple = APPLY,
+        triad: float | None = None) -> list:
     """Publish once, replay from version 0 on each apply path, snapshot; one row per path."""
     run = f"replay-{optimizer}"
     log = open_log(f"file://{work}/log")
@@ -93,11 +95,14 @@ def one(shape: str, optimizer: str, behind: int, work: pathlib.Path, apply: tupl
                         stages[k] = stages.get(k, 0.0) + s
             replays[recycle] = (time.perf_counter() - t0, stages)
             if site.digest != digest or applied != behind:
-                raise RuntimeError(f"{shape}/{optimizer}/{mode}: replay (recycle={recycle}) applied {applied} of {behind} versions, "
-                                   f"digest {site.digest.hex()[:12]} vs the trainer's {digest.hex()[:12]}")
+                raise RuntimeError(f"{shape}/{optimizer}/{mode}: replay (recycle={recycle}) applied {applied} of "
+                                   f"{behind} versions, digest {site.digest.hex()[:12]} vs the trainer's "
+                                   f"{digest.hex()[:12]}")
         replay_s, stages = replays[True]
-        row = {"shape": shape, "optimizer": optimizer, "apply": mode, "versions": behind, "message_bytes": round(msg_bytes),
-               "trainer_encode_apply_s": round(encode_s, 3), "trainer_encode_s": round(encoder_s, 3), "replay_s": round(replay_s, 2),
+        row = {"shape": shape, "optimizer": optimizer, "apply": mode, "versions": behind,
+               "message_bytes": round(msg_bytes),
+               "trainer_encode_apply_s": round(encode_s, 3), "trainer_encode_s": round(encoder_s, 3),
+               "replay_s": round(replay_s, 2),
                "versions_per_s": round(behind / replay_s, 2),
                "stage_s_per_version": {k: round(v / behind, 4) for k, v in stages.items()},
                "versions_per_s_new_buffers": round(behind / replays[False][0], 2),
@@ -137,14 +142,16 @@ def run_bench(shape: str, behind: int, optimizers: list, apply: tuple = APPLY) -
                  f"{r['snapshot_bytes'] / 1e6:.0f} MB (save {r['snapshot_save_s']} s, load {r['snapshot_load_s']} s)")
     triad_after = triad_gbps()
     return {"shape": shape, "behind": behind, "codec": "spar4", "budget": "1.6%", "triad_gbps": round(triad, 2),
-            "triad_gbps_after": round(triad_after, 2), "floor_bytes_per_param": FLOOR_BYTES, "measured_on": measured_on(triad),
+            "triad_gbps_after": round(triad_after, 2), "floor_bytes_per_param": FLOOR_BYTES,
+            "measured_on": measured_on(triad),
             "rows": rows}
 
 
 def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
-    out = ["| shape | optimizer (site) | apply path | versions/s replayed | new buffers per version: versions/s | per version: fetch / "
-           "decode / apply s | apply over its floor | snapshot MB | save s | load s |", "|---|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    out = ["| shape | optimizer (site) | apply path | versions/s replayed | new buffers per version: versions/s | per "
+           "version: fetch / decode / apply s | apply over its floor | snapshot MB | save s | load s |",
+           "|---|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in res["rows"]:
         st = r["stage_s_per_version"]
         name = "add (delta mode)" if r["optimizer"] == "add" else r["optimizer"]
@@ -156,9 +163,9 @@ def table(res: dict) -> str:
     for run in res.get("runs", [res]):
         if "triad_gbps" in run:
             floors = ", ".join(f"{k} {v} B" for k, v in run["floor_bytes_per_param"].items())
-            out.append(f"\n{run['shape']} ({run['behind']} versions behind): triad bandwidth of the machine that ran it "
-                       f"{run['triad_gbps']:.1f} GB/s before the rows, {run['triad_gbps_after']:.1f} GB/s after (floor: "
-                       f"{floors} per parameter at the first).")
+            out.append(f"\n{run['shape']} ({run['behind']} versions behind): triad bandwidth of the machine that ran "
+                       f"it {run['triad_gbps']:.1f} GB/s before the rows, {run['triad_gbps_after']:.1f} GB/s after "
+                       f"(floor: {floors} per parameter at the first).")
     return "\n".join(out)
 
 

@@ -1,7 +1,8 @@
 """`hilo bench rl`: what asynchrony costs in reward and buys in wall time, on real RL runs across sites.
 
     ops/rl.sh bench                     # starts a vLLM server on the student base, runs this, stops the server
-    hilo bench rl --vllm URL --json     # with a server already serving the student (python -m hilo.ops.rl_bases student)
+    hilo bench rl --vllm URL --json     # with a server already serving the student
+                                          (python -m hilo.ops.rl_bases student)
 
 For each paired seed and each staleness bound S (0 = synchronous: every sample comes from the newest policy and the
 trainer waits for it), one `hilo rl` run (ops/rl.py): this process trains, 2 `hilo consume --generate` sites apply
@@ -44,7 +45,8 @@ class BenchConfig:
     metadata (`hilo bench rl --help`, docs/cli.md)."""
 
     vllm: str | None = opt(help="the vLLM server(s) the sites use (a comma list: site i uses the i-th), serving `base`")
-    base: str = opt("student", "the model, tiny or student (ops/rl_bases.py; python -m hilo.ops.rl_bases NAME writes its "
+    base: str = opt("student",
+                    "the model, tiny or student (ops/rl_bases.py; python -m hilo.ops.rl_bases NAME writes its "
                     "directory)")
     staleness: tuple = opt((0, 1, 2, 4), "the bounds S compared; the first is the reference")
     seeds: int = opt(5, "paired seeds")
@@ -57,10 +59,11 @@ class BenchConfig:
 
     def __post_init__(self):
         if self.vllm is None:
-            raise ConfigError("BenchConfig.vllm = None: expected the URL of a vLLM server serving the base (--vllm URL; "
-                              "ops/rl.sh bench starts one)")
+            raise ConfigError("BenchConfig.vllm = None: expected the URL of a vLLM server serving the base (--vllm "
+                              "URL; ops/rl.sh bench starts one)")
         if not self.staleness or self.seeds < 1:
-            raise ConfigError(f"BenchConfig: staleness {self.staleness} and seeds {self.seeds}: need at least one of each")
+            raise ConfigError(f"BenchConfig: staleness {self.staleness} and seeds {self.seeds}: need at least one of "
+                              f"each")
         for s in self.staleness:
             self.rl(s, 0)  # every run's config is valid before the first one starts
 
@@ -82,7 +85,8 @@ def _cpu_times() -> tuple:
 
 
 def serve_latencies(work: pathlib.Path, published: dict) -> dict:
-    """{site: [seconds from the trainer's commit of v to the site's vLLM serving v, per version]} from the sites' logs."""
+    """{site: [seconds from the trainer's commit of v to the site's vLLM serving v, per version]} from the sites'
+    logs."""
     out = {}
     for log in sorted(work.glob("site-*.log")):
         lat = []
@@ -152,7 +156,8 @@ def summarize(cfg: BenchConfig, runs: dict) -> list:
         lat = [r["serve_latency_s"]["median"] for r in rs.values() if r["serve_latency_s"]["median"] is not None]
         rows.append({
             "staleness": s, "seeds": len(rs),
-            "reward_final": statistics.mean(map(final, rs.values())), "reward_all": statistics.mean(map(overall, rs.values())),
+            "reward_final": statistics.mean(map(final, rs.values())),
+            "reward_all": statistics.mean(map(overall, rs.values())),
             "reward_final_vs_ref": mean_ci([final(rs[k]) - final(ref[k]) for k in ref]) if s != ref_s else None,
             "reward_all_vs_ref": mean_ci([overall(rs[k]) - overall(ref[k]) for k in ref]) if s != ref_s else None,
             "wall_s": statistics.mean(r["wall_s"] for r in rs.values()),
@@ -176,7 +181,8 @@ def _audit_columns(runs) -> dict:
     runs = [r for r in runs if "audited" in r]
     if not runs:
         return {}
-    audit_s, train_s = statistics.mean(r["audit_s_per_step"] for r in runs), statistics.mean(r["train_s_per_step"] for r in runs)
+    audit_s, train_s = statistics.mean(r["audit_s_per_step"] for r in runs), statistics.mean(r["train_s_per_step"]
+                                                                                             for r in runs)
     return {"audit_share": runs[0]["audit_share"], "audited": sum(r["audited"] for r in runs),
             "audit_failed": sum(r["audit_failed"] for r in runs), "audit_s_per_step": audit_s,
             "audit_overhead": audit_s / train_s if train_s else None}
@@ -211,8 +217,10 @@ def run_bench(cfg: BenchConfig, out_dir: pathlib.Path) -> dict:
     """Every (S, seed) run not already saved under out_dir, then the summary."""
     store = RunStore(out_dir)
     # a run is keyed by what changes its result: not the server's URL, nor the grid (more seeds or S values reuse it)
-    key = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("vllm", "staleness", "seeds")} | {"v": RUN_VERSION}
-    runs, todo = {}, [(s, seed) for seed in range(cfg.seeds) for s in cfg.staleness]  # seed-major: pairs finish together
+    key = {k: v for k,
+           v in dataclasses.asdict(cfg).items() if k not in ("vllm", "staleness", "seeds")} | {"v": RUN_VERSION}
+    # seed-major: pairs finish together
+    runs, todo = {}, [(s, seed) for seed in range(cfg.seeds) for s in cfg.staleness]
     for i, (s, seed) in enumerate(todo):
         rid = f"S{s}-seed{seed}-" + json.dumps(key, sort_keys=True)
         saved = store.get(rid)
@@ -222,7 +230,8 @@ def run_bench(cfg: BenchConfig, out_dir: pathlib.Path) -> dict:
             saved = one_run(cfg.rl(s, seed))
             store.put(rid, saved)
             print(f"bench rl [{i + 1}/{len(todo)}] S = {s}, seed {seed}: wall {saved['wall_s']:.1f} s, reward "
-                  f"{statistics.mean(saved['reward']):.3f} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+                  f"{statistics.mean(saved['reward']):.3f} ({time.monotonic() - t0:.0f} s)", file=sys.stderr,
+                  flush=True)
         runs[(s, seed)] = saved
     rows = summarize(cfg, runs)
     return {"config": dataclasses.asdict(cfg), "rows": rows, "plot": plot(cfg, runs, out_dir),
@@ -232,15 +241,16 @@ def run_bench(cfg: BenchConfig, out_dir: pathlib.Path) -> dict:
 def table(res: dict) -> str:
     """The table of docs/benchmarks.md."""
     out = ["| S | seeds | reward, last third | vs S = 0 (95% CI) | reward, all steps | vs S = 0 (95% CI) | wall s | "
-           "wall / S = 0 | trainer idle | rollouts/s | staleness histogram | publish -> served s (median) | mismatch KL | "
-           "bytes/version (adapter) | CPU busy | audited (share) | audit failures | audit s/step (overhead) |",
+           "wall / S = 0 | trainer idle | rollouts/s | staleness histogram | publish -> served s (median) | mismatch "
+           "KL | bytes/version (adapter) | CPU busy | audited (share) | audit failures | audit s/step (overhead) |",
            "|---:|---:|---:|---|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"]
 
     def audit(r):
         if "audited" not in r:
             return "- | - | -"
         overhead = "" if r["audit_overhead"] is None else f" ({100 * r['audit_overhead']:.0f}%)"
-        return f"{r['audited']} ({100 * r['audit_share']:.0f}%) | {r['audit_failed']} | {r['audit_s_per_step']:.3f}{overhead}"
+        return (f"{r['audited']} ({100 * r['audit_share']:.0f}%) | {r['audit_failed']} | "
+                f"{r['audit_s_per_step']:.3f}{overhead}")
 
     def ci(p):
         return "" if p is None else f"{p['diff']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
@@ -249,10 +259,11 @@ def table(res: dict) -> str:
         lat = r["serve_latency_median_s"]
         out.append(f"| {r['staleness']} | {r['seeds']} | {r['reward_final']:.3f} | {ci(r['reward_final_vs_ref'])} | "
                    f"{r['reward_all']:.3f} | {ci(r['reward_all_vs_ref'])} | {r['wall_s']:.1f} | "
-                   f"{', '.join(f'{x:.2f}' for x in r['wall_ratio_vs_ref'])} | {100 * r['trainer_idle_fraction']:.0f}% | "
-                   f"{r['rollouts_per_s']:.1f} | {' '.join(f'{k}:{n}' for k, n in r['staleness_hist'].items())} | "
+                   f"{', '.join(f'{x:.2f}' for x in r['wall_ratio_vs_ref'])} | {100 * r['trainer_idle_fraction']:.0f}% "
+                   f"| {r['rollouts_per_s']:.1f} | {' '.join(f'{k}:{n}' for k, n in r['staleness_hist'].items())} | "
                    f"{'-' if lat is None else f'{lat:.2f}'} | {r['mismatch_kl']:.1e} | "
-                   f"{r['bytes_per_version']:,.0f} ({r['adapter_bytes']:,}) | {100 * r['cpu_busy_fraction']:.0f}% | {audit(r)} |")
+                   f"{r['bytes_per_version']:,.0f} ({r['adapter_bytes']:,}) | {100 * r['cpu_busy_fraction']:.0f}% | "
+                   f"{audit(r)} |")
     return "\n".join(out)
 
 

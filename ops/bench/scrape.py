@@ -62,14 +62,16 @@ def run_bench(shape: str, versions: int, every_ms: float, work: pathlib.Path) ->
             latencies.append(time.perf_counter() - a)
             if m["hilo_site_lag_versions"] != m["hilo_site_head_version"] - m["hilo_site_applied_version"]:
                 inconsistent += 1
-            time.sleep(max(0.0, every_ms / 1000 - (time.perf_counter() - a)))  # the scrape interval (a rate, not a wait on anything)
+            # the scrape interval (a rate, not a wait on anything)
+            time.sleep(max(0.0, every_ms / 1000 - (time.perf_counter() - a)))
     finally:
         follower.join()
         server.close()
     catch_up_s = time.perf_counter() - t0
     ms = sorted(x * 1000 for x in latencies)
     return {"shape": shape, "versions": versions, "every_ms": every_ms, "catch_up_s": round(catch_up_s, 2),
-            "scrapes": len(ms), "p50_ms": round(ms[len(ms) // 2], 2), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+            "scrapes": len(ms), "p50_ms": round(ms[len(ms) // 2], 2),
+            "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
             "max_ms": round(ms[-1], 2), "inconsistent": inconsistent, "target_p99_ms": TARGET_P99_MS,
             "met": ms[min(len(ms) - 1, int(len(ms) * 0.99))] < TARGET_P99_MS and inconsistent == 0,
             "digest_ok": site.follower.replica.digest == digest}
@@ -81,7 +83,8 @@ def main(as_json: bool, shape: str, versions: int, every_ms: float, out: str | N
     with tempfile.TemporaryDirectory(prefix="hilo-scrape-") as work:
         res = run_bench(shape, versions, every_ms, pathlib.Path(work))
     if not save(res, out_dir, "scrape", as_json):
-        print(f"{res['shape']}: {res['scrapes']} scrapes while catching up {res['versions']} versions in {res['catch_up_s']} s: "
-              f"p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms (target < {TARGET_P99_MS:g}), max {res['max_ms']} ms; "
-              f"{res['inconsistent']} inconsistent; digest {'ok' if res['digest_ok'] else 'WRONG'}")
+        print(f"{res['shape']}: {res['scrapes']} scrapes while catching up {res['versions']} versions in "
+              f"{res['catch_up_s']} s: p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms (target < {TARGET_P99_MS:g}), "
+              f"max {res['max_ms']} ms; {res['inconsistent']} inconsistent; digest "
+              f"{'ok' if res['digest_ok'] else 'WRONG'}")
     return 0 if res["digest_ok"] else 1

@@ -72,12 +72,14 @@ def build_peft(shape: str, base_dir: pathlib.Path, seed: int = 0):
 
 def _server(base_dir: str, rank: int, run_dir: pathlib.Path):
     env = dict(os.environ, HILO_VLLM_PORT=str(PORT), HILO_VLLM_DIR=str(run_dir))
-    subprocess.run([str(OPS / "vllm" / "start.sh"), base_dir, "--max-lora-rank", str(rank), "--dtype", "bfloat16"], env=env, check=True)
+    subprocess.run([str(OPS / "vllm" / "start.sh"), base_dir, "--max-lora-rank", str(rank), "--dtype", "bfloat16"],
+                   env=env, check=True)
     return env
 
 
 def _logprob(url):
-    r = requests.post(f"{url}/v1/completions", json={"model": "policy", "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
+    r = requests.post(f"{url}/v1/completions",
+                      json={"model": "policy", "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
                                                      "logprobs": 5}, timeout=120)
     r.raise_for_status()
     return r.json()["choices"][0]["logprobs"]["top_logprobs"][0]
@@ -92,7 +94,8 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
     env = _server(str(base_dir), SHAPES[shape], run_dir)
     try:
         log = f"file://{work}/log-{shape}"
-        producer = HiLoProducer.open(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))  # spar at 1.6%
+        # spar at 1.6%
+        producer = HiLoProducer.open(model, ProducerConfig(run=f"serve-{shape}", log=log, checkpoint_every=10 ** 6))
         site = Site.open(SiteConfig(log=log, run=f"serve-{shape}", site="bench", state_dir=str(work / f"site-{shape}"),
                                vllm=url, keep_adapters=2))
         gen = torch.Generator().manual_seed(1)
@@ -113,9 +116,11 @@ def bench_shape(shape: str, versions: int, work: pathlib.Path) -> dict:
             t4 = time.perf_counter()
             assert site.serving.version == v and after != before, f"v{v} not served"
             before = after
-            rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1, "export_s": site.serving.timing["export_s"],
+            rows.append({"version": v, "publish_s": t1 - t0, "apply_s": t2 - t1,
+                         "export_s": site.serving.timing["export_s"],
                          "reload_s": site.serving.timing["load_s"], "first_s": t4 - t3, "total_s": t4 - t0})
-            _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload {site.serving.timing['load_s']:.2f} s)")
+            _say(f"bench serve: {shape} v{v}: publish -> served {t4 - t0:.2f} s (reload "
+                 f"{site.serving.timing['load_s']:.2f} s)")
         site.close()
         producer.close()
     finally:
@@ -130,13 +135,16 @@ def main(as_json: bool, shapes: list, versions: int, out: str | None) -> int:
     """Run the benchmark per shape; print a table or JSON."""
     out_dir = results_dir("serve", out)
     with tempfile.TemporaryDirectory(prefix="hilo-serve-") as work:
-        res = {"torch_threads": torch.get_num_threads(), "shapes": [bench_shape(s, versions, pathlib.Path(work)) for s in shapes]}
+        res = {"torch_threads": torch.get_num_threads(),
+               "shapes": [bench_shape(s, versions, pathlib.Path(work)) for s in shapes]}
     if save(res, out_dir, "serve", as_json):
         return 0
-    print("| shape | LoRA params | adapter bf16 | publish s | apply s | export s | reload s | first request s | publish -> served s |")
+    print("| shape | LoRA params | adapter bf16 | publish s | apply s | export s | reload s | first request s | "
+          "publish -> served s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in res["shapes"]:
         m = s["median"]
-        print(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | {m['publish_s']:.3f} | "
-              f"{m['apply_s']:.3f} | {m['export_s']:.3f} | {m['reload_s']:.3f} | {m['first_s']:.3f} | {m['total_s']:.3f} |")
+        print(f"| {s['shape']} r{s['rank']} | {s['lora_params']:,} | {s['adapter_bytes_bf16']:,} | "
+              f"{m['publish_s']:.3f} | {m['apply_s']:.3f} | {m['export_s']:.3f} | {m['reload_s']:.3f} | "
+              f"{m['first_s']:.3f} | {m['total_s']:.3f} |")
     return 0

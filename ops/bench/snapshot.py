@@ -1,6 +1,7 @@
 """A site's snapshot at a real adapter's shape: the checkpoint-record format (msgpack + zstd) against raw tensor bytes.
 
-    python -m hilo.ops.bench.snapshot [--shape qwen3-1.7b] [--state spar4:30 --state dense:3] [--repeats 3] [--out DIR] [--json]
+    python -m hilo.ops.bench.snapshot [--shape qwen3-1.7b] [--state spar4:30 --state dense:3] [--repeats 3]
+        [--out DIR] [--json]
 
 Each --state CODEC:N is a site's AdamW replica after N versions made from the synthetic gradients (replica/synthetic.py)
 by that codec: spar4 at 1.6% as `hilo bench replay` makes them (the moments of blocks not yet sent are zero, so an
@@ -157,7 +158,8 @@ def table(res: dict) -> str:
     """One line per state and way of writing it."""
     out = [f"| {res['shape']} r{res['rank']} AdamW state | written as | MB on disk | save s (fsynced) | cold load s |",
            "|---|---|---:|---:|---:|"]
-    names = {"ckpt": "checkpoint record: msgpack + zstd 1 (format 1)", "raw": "raw tensor bytes + header (format 2, default)"}
+    names = {"ckpt": "checkpoint record: msgpack + zstd 1 (format 1)",
+             "raw": "raw tensor bytes + header (format 2, default)"}
     for r in res["rows"]:
         state = f"{r['codec']} x{r['versions']} ({r['moments_nonzero']:.0%} of moments set)"
         for fmt, f in r["formats"].items():
@@ -181,7 +183,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hilo.ops.bench.snapshot", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen3-1.7b", help="adapter shape (replica/synthetic.py; default: %(default)s)")
     p.add_argument("--state", type=_state, action="append", metavar="CODEC:N",
-                   help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and dense:3)")
+                   help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and "
+                        "dense:3)")
     p.add_argument("--repeats", type=int, default=3, help="saves and loads per format; medians (default: %(default)s)")
     p.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
     p.add_argument("--json", action="store_true", help="print the JSON, not the table")

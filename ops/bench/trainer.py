@@ -89,33 +89,39 @@ def row(log: str, world: int, pipeline: bool, report: dict) -> dict:
     enc, app = (_median([p.get(k) for p in report["parts"]]) for k in ("encode_s", "apply_s"))
     rest = None if enc is None else statistics.median([s - (p["encode_s"] or 0) - (p["apply_s"] or 0)
                                                         for s, p in zip(report["step_s"], report["parts"])])
-    return {"trainer": "torch AdamW" if log == "adamw" else f"hilo, {'Kafka loopback' if log == 'kafka' else 'file log'}"
-            + (", pipelined" if pipeline else ""), "ranks": world, "pipeline": pipeline, "encode_s": enc, "apply_s": app,
+    return {"trainer": "torch AdamW" if log == "adamw"
+            else f"hilo, {'Kafka loopback' if log == 'kafka' else 'file log'}"
+            + (", pipelined" if pipeline else ""), "ranks": world, "pipeline": pipeline, "encode_s": enc,
+            "apply_s": app,
             "publish_wait_s": rest, "wait_s": _median([p.get("wait_s") for p in report["parts"]]), "step_s": step}
 
 
 def table(res: dict) -> str:
     """The one table: a row per job, the ratio to plain AdamW on as many ranks."""
-    out = [f"| {res['shape']} r64, spar4, 1 thread per rank | ranks | encode s | apply s | publish wait s | step s | vs AdamW |",
+    out = [f"| {res['shape']} r64, spar4, 1 thread per rank | ranks | encode s | apply s | publish wait s | step s | "
+           f"vs AdamW |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     plain = {r["ranks"]: r["step_s"] for r in res["rows"] if r["trainer"] == "torch AdamW"}
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for r in res["rows"]:
-        out.append(f"| {r['trainer']} | {r['ranks']} | {f(r['encode_s'])} | {f(r['apply_s'])} | {f(r['publish_wait_s'])} | "
-                   f"{r['step_s']:.3f} | {r['step_s'] / plain[r['ranks']]:.2f}x |")
+        out.append(f"| {r['trainer']} | {r['ranks']} | {f(r['encode_s'])} | {f(r['apply_s'])} | "
+                   f"{f(r['publish_wait_s'])} | {r['step_s']:.3f} | {r['step_s'] / plain[r['ranks']]:.2f}x |")
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     """`hilo bench trainer`: every job of JOBS, one after another; the table."""
-    ap = argparse.ArgumentParser(prog="hilo bench trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="hilo bench trainer", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per job, after one warm-up (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=5,
+                    help="timed steps per job, after one warm-up (default: %(default)s)")
     ap.add_argument("--kafka", default=os.environ.get("HILO_KAFKA", "kafka://127.0.0.1:9092"),
                     help="the loopback broker (default: $HILO_KAFKA or %(default)s)")
     ap.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")
     ap.add_argument("--json", action="store_true", help="print the JSON")
-    ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)  # one rank of a job (this module, relaunched)
+    # one rank of a job (this module, relaunched)
+    ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kind", help=argparse.SUPPRESS)
     ap.add_argument("--bench-run", help=argparse.SUPPRESS)  # the job's run, the same on every rank
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
@@ -132,7 +138,8 @@ def main(argv=None) -> int:
                 "--bench-run", f"bench-trainer-{uuid.uuid4().hex[:8]}"] + (["--pipeline"] if pipeline else [])
         rows.append(row(log, world, pipeline, launch("hilo.ops.bench.trainer", world, args)[0]))
     res = {"shape": a.shape, "steps": a.steps, "threads_per_rank": 1, "cores": os.cpu_count(), "rows": rows,
-           "not_run": "Kafka behind 50/150 ms emulated RTT: ops/wan/ needs root network namespaces (sudo hilo bench wan)"}
+           "not_run": "Kafka behind 50/150 ms emulated RTT: ops/wan/ needs root network namespaces (sudo hilo bench "
+                      "wan)"}
     out = results_dir("trainer", a.out)
     if not save(res, out, "trainer", a.json):
         print(table(res))

@@ -79,7 +79,8 @@ def adapter_costs(manifest, steps: int) -> dict:
     stream, init = GradientStream(manifest, seed=0), initial_params(manifest, 0)
     ref = PolicyReplica.genesis("wan", manifest, init, "adamw")
     ref_builder = UpdateBuilder(ref, make_encoder("dense", manifest))
-    out, times = {m: MethodCost() for m in ("full-adapter", "lossless-delta")}, {"full-adapter": [], "lossless-delta": []}
+    out, times = {m: MethodCost() for m in ("full-adapter", "lossless-delta")}, {"full-adapter": [],
+                                                                                 "lossless-delta": []}
     site_flat = bf16_flat(ref.state.params)
     for step in range(steps + 1):
         _say(f"bench wan: cpu full-adapter / lossless-delta step {step}/{steps}")
@@ -97,7 +98,8 @@ def adapter_costs(manifest, steps: int) -> dict:
         t4 = time.perf_counter()
         assert torch.equal(site_flat.view(torch.int16), flat.view(torch.int16))
         if step:
-            for m, data, enc, app in (("full-adapter", full, t1 - t0, t2 - t1), ("lossless-delta", delta, t3 - t2, t4 - t3)):
+            for m, data, enc, app in (("full-adapter", full, t1 - t0, t2 - t1),
+                                      ("lossless-delta", delta, t3 - t2, t4 - t3)):
                 out[m].messages.append(data)
                 times[m].append((enc, app))
     for m, c in out.items():
@@ -108,7 +110,8 @@ def adapter_costs(manifest, steps: int) -> dict:
 def spar4_cost(manifest, steps: int, fraction: float, signer: Signer) -> MethodCost:
     """spar4 at `fraction` of the bf16 adapter: trainer encode + frame, sign; site verify, decode + apply."""
     stream, init = GradientStream(manifest, seed=0), initial_params(manifest, 0)
-    builder = UpdateBuilder(PolicyReplica.genesis("wan", manifest, init, "adamw"), make_encoder("spar4", manifest, Budget(fraction)))
+    builder = UpdateBuilder(PolicyReplica.genesis("wan", manifest, init, "adamw"),
+                            make_encoder("spar4", manifest, Budget(fraction)))
     site = PolicyReplica.genesis("wan", manifest, init, "adamw")
     site.recycle = True
     verifier, cost, times = signer.verifier(), MethodCost(), []
@@ -142,11 +145,13 @@ def _run(cmd, **kw):
 def measure_network(messages: list, sites: int, mbit: int, shared: bool, run: str) -> list:
     """Publish each message (a transaction of a fenced writer) on the shaped WAN; seconds until every site has it."""
     from hilo.log import open_log, updates_topic
-    _run([str(OPS / "wan" / "shape.sh"), "--sites", "4", "--rate", f"{mbit}mbit", "--quiet"] + (["--shared"] if shared else []))
+    _run([str(OPS / "wan" / "shape.sh"), "--sites", "4", "--rate", f"{mbit}mbit",
+          "--quiet"] + (["--shared"] if shared else []))
     log = open_log(f"kafka://{BROKER}")
     log.create_topics(run)
     log.become_writer(run, 0)
-    procs = [subprocess.Popen(["ip", "netns", "exec", f"hilo-site-{i}", sys.executable, "-m", "hilo.ops.bench.wan_receiver",
+    procs = [subprocess.Popen(["ip", "netns", "exec", f"hilo-site-{i}", sys.executable, "-m",
+                               "hilo.ops.bench.wan_receiver",
                                "--log", f"kafka://{BROKER}", "--run", run, "--versions", str(len(messages))],
                               stdout=subprocess.PIPE, text=True) for i in range(1, sites + 1)]
     try:
@@ -170,13 +175,15 @@ def measure_network(messages: list, sites: int, mbit: int, shared: bool, run: st
     return results
 
 
-def _row(method: str, c: MethodCost, n: int, mbit: int, shared: bool, net: float, how: str, compute_s: float, **extra) -> dict:
+def _row(method: str, c: MethodCost, n: int, mbit: int, shared: bool, net: float, how: str, compute_s: float,
+         **extra) -> dict:
     fresh = c.encode_s + net + c.apply_s
     signed = fresh + c.sign_s + c.verify_s
     r = {"method": method, "sites": n, "link_mbit": mbit, "shared_uplink": shared, "bytes_per_step": round(c.nbytes),
          "encode_s": round(c.encode_s, 3), "sign_s": round(c.sign_s, 4), "network_s": round(net, 3), "network": how,
          "verify_s": round(c.verify_s, 4), "apply_s": round(c.apply_s, 3), "freshness_s": round(fresh, 3),
-         "freshness_signed_s": round(signed, 3), "step_s": round(compute_s + fresh, 3), "step_signed_s": round(compute_s + signed, 3)}
+         "freshness_signed_s": round(signed, 3), "step_s": round(compute_s + fresh, 3),
+         "step_signed_s": round(compute_s + signed, 3)}
     _say(f"bench wan: {method:22s} {n} site(s) {mbit:5d} Mbit/s {'shared' if shared else 'separate'}: "
          f"{r['bytes_per_step']:,} B, network {net:.2f} s ({how}), freshness {fresh:.2f} s")
     return r | extra
@@ -198,7 +205,8 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
     # What a trainer that has published at these budgets knows of its CPU per unit fraction (the rule's line fit)
     slope = cpu_slope([(frac, costs[m].encode_s) for m, frac in FIXED.items() if frac is not None]) or 0.0
     env = dict(os.environ, HILO_KAFKA_HOST=BROKER.split(":")[0], HILO_KAFKA_PORT=BROKER.split(":")[1],
-               HILO_KAFKA_DIR=os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")), "kafka-wan"))
+               HILO_KAFKA_DIR=os.path.join(os.environ.get("HILO_CACHE", os.path.expanduser("~/.cache/hilo-sync")),
+                                           "kafka-wan"))
     rows = []
     try:
         _run([str(OPS / "wan" / "setup.sh"), "--sites", "4", "--rate", "0"])
@@ -208,7 +216,8 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
         for mbit in links:
             for n in site_counts:
                 shared = n > 1
-                fixed = sorted(FIXED, key=lambda m: costs[m].nbytes)  # smallest first: the effective rate is known early
+                # smallest first: the effective rate is known early
+                fixed = sorted(FIXED, key=lambda m: costs[m].nbytes)
                 got, rate = {}, None
                 for m in fixed:
                     c = costs[m]
@@ -229,7 +238,8 @@ def run_bench(steps: int, compute_s: float, links: list, site_counts: list, out_
                     c = auto_costs[key]
                     net = statistics.median(measure_network(c.messages, n, mbit, shared, f"wan-{tag}-{len(rows)}-auto"))
                     rows.append(_row(f"auto (share {share})", c, n, mbit, shared, net, "measured", compute_s,
-                                     auto={"fraction": key, "rule": rule, "link_bps": round(link_bps), "step_s": base["step_s"],
+                                     auto={"fraction": key, "rule": rule, "link_bps": round(link_bps),
+                                           "step_s": base["step_s"],
                                            "cpu_s_per_fraction": round(slope, 3)}))
     finally:
         subprocess.run([str(OPS / "kafka" / "stop.sh"), "--wipe"], env=env)
@@ -251,11 +261,14 @@ def targets(rows: list) -> dict:
         best = min((r for m, r in here.items() if m in FIXED), key=lambda r: r["step_s"])
         tag = f"{n} site(s), {mbit} Mbit/s"
         out[tag] = {"best_fixed": best["method"],
-                    "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"], 2),
-                    **{f"{m}_over_best_fixed": round(r["step_s"] / best["step_s"], 3) for m, r in here.items() if m.startswith("auto")}}
+                    "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"],
+                                                         2),
+                    **{f"{m}_over_best_fixed": round(r["step_s"] / best["step_s"], 3) for m,
+                       r in here.items() if m.startswith("auto")}}
     one = [r for r in rows if r["method"] == "spar4 1.6%" and r["sites"] == 1 and r["link_mbit"] == 100]
     if one:
-        out["freshness_1_site_100mbit_spar4_1.6"] = {"unsigned_s": one[0]["freshness_s"], "signed_s": one[0]["freshness_signed_s"]}
+        out["freshness_1_site_100mbit_spar4_1.6"] = {"unsigned_s": one[0]["freshness_s"],
+                                                     "signed_s": one[0]["freshness_signed_s"]}
     return out
 
 
@@ -269,7 +282,8 @@ def plot(res: dict, out_dir: pathlib.Path) -> str:
     fig, axes = plt.subplots(1, len(counts), figsize=(6 * len(counts), 4.5), squeeze=False)
     for ax, n in zip(axes[0], counts):
         for m in methods:
-            pts = sorted((r["link_mbit"], r["step_s"], r["network"]) for r in res["rows"] if r["method"] == m and r["sites"] == n)
+            pts = sorted((r["link_mbit"], r["step_s"], r["network"]) for r in res["rows"] if r["method"] == m
+                         and r["sites"] == n)
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", label=m)
             modelled = [p for p in pts if p[2] == "modelled"]
             ax.plot([p[0] for p in modelled], [p[1] for p in modelled], "x", color=line.get_color(), ms=10)
@@ -280,10 +294,12 @@ def plot(res: dict, out_dir: pathlib.Path) -> str:
     return save_figure(fig, out_dir, "wan")
 
 
-def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, out: str | None, shape: str = "qwen3-1.7b") -> int:
+def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, out: str | None,
+         shape: str = "qwen3-1.7b") -> int:
     """Run the benchmark; print the table or JSON."""
     out_dir = results_dir("wan", out)
-    res = run_bench(steps, compute_s, [int(x) for x in links.split(",")], [int(x) for x in sites.split(",")], out_dir, shape)
+    res = run_bench(steps, compute_s, [int(x) for x in links.split(",")], [int(x) for x in sites.split(",")], out_dir,
+                    shape)
     if save(res, out_dir, "wan", as_json):
         return 0
     print(markdown(res))
@@ -292,12 +308,13 @@ def main(as_json: bool, steps: int, compute_s: float, links: str, sites: str, ou
 
 def markdown(res: dict) -> str:
     """The table of the rows in docs/benchmarks.md."""
-    lines = ["| method | sites | link Mbit/s | bytes/step | encode s | network s | apply s | freshness s (signed) | step s |",
+    lines = ["| method | sites | link Mbit/s | bytes/step | encode s | network s | apply s | freshness s (signed) | "
+             "step s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         name = r["method"] + (f" → {100 * r['auto']['fraction']:.2g}% ({r['auto']['rule']})" if "auto" in r else "")
         net = f"{r['network_s']:.2f}" + (" (modelled)" if r["network"] == "modelled" else "")
-        lines.append(f"| {name} | {r['sites']}{' shared' if r['shared_uplink'] else ''} | {r['link_mbit']} | {r['bytes_per_step']:,} | "
-                     f"{r['encode_s']:.2f} | {net} | {r['apply_s']:.2f} | {r['freshness_s']:.2f} ({r['freshness_signed_s']:.2f}) | "
-                     f"{r['step_s']:.2f} |")
+        lines.append(f"| {name} | {r['sites']}{' shared' if r['shared_uplink'] else ''} | {r['link_mbit']} | "
+                     f"{r['bytes_per_step']:,} | {r['encode_s']:.2f} | {net} | {r['apply_s']:.2f} | "
+                     f"{r['freshness_s']:.2f} ({r['freshness_signed_s']:.2f}) | {r['step_s']:.2f} |")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ COMMANDS = {
     "lag": ("lag", "applied and serving version, lag in versions and bytes, offsets, age: one row per site"),
     "inspect": ("inspect", "one update's header fields and per-block rank/k and bytes"),
     "bench": ("bench", "benchmarks (JSON with --json)"),
-    "doctor": ("doctor", "is this machine ready: Kafka client file, broker, a run's topics and ACLs, vLLM, kernels, CPU, disk"),
+    "doctor": ("doctor",
+               "is this machine ready: Kafka client file, broker, a run's topics and ACLs, vLLM, kernels, CPU, disk"),
     "docs": ("docs", "write the generated docs pages (benchmark tables, metrics); --check fails on a stale one"),
 }

@@ -9,7 +9,8 @@ def grant(a):
     """Grant the trainer and site principals what they need."""
     from hilo.ops.acls import grant as do_grant
     n = do_grant(open_from(a), a.run, {"trainer": a.trainer, "site": a.site})
-    print(f"{n} ACLs for run {a.run}: {a.trainer} moves the policy, {a.site} reads it and commits hilo.{a.run}.* groups")
+    print(
+        f"{n} ACLs for run {a.run}: {a.trainer} moves the policy, {a.site} reads it and commits hilo.{a.run}.* groups")
     return 0
 
 
@@ -27,7 +28,8 @@ def show(a):
 def register(sub):
     """The acls command group."""
     asub = command_group(sub, "acls", COMMANDS["acls"][1])
-    c = asub.add_parser("grant", help="the trainer may write the run's topics; sites may read them and commit hilo.RUN.* groups")
+    c = asub.add_parser("grant",
+                        help="the trainer may write the run's topics; sites may read them and commit hilo.RUN.* groups")
     common(c)
     c.add_argument("--trainer", required=True, metavar="USER", help="the trainer's principal (User:NAME or NAME)")
     c.add_argument("--site", required=True, metavar="USER", help="the sites' principal (User:NAME or NAME)")

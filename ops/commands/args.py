@@ -36,7 +36,8 @@ def fractions(text: str) -> tuple:
     """'1.6%,6.4%' or '0.016,0.064': budgets as fractions of the bf16 adapter (no byte counts)."""
     out = tuple(getattr(budget(t), "fraction", None) for t in text.split(","))
     if None in out:
-        raise argparse.ArgumentTypeError(f"--budgets {text!r}: give fractions of the adapter (1.6% or 0.016), not bytes")
+        raise argparse.ArgumentTypeError(
+            f"--budgets {text!r}: give fractions of the adapter (1.6% or 0.016), not bytes")
     return out
 
 
@@ -72,7 +73,8 @@ def names(allowed):
         got = [n for n in text.split(",") if n]
         bad = [n for n in got if n not in allowed]
         if bad or not got:
-            raise argparse.ArgumentTypeError(f"{text!r}: unknown {bad or 'empty list'}; expected a comma list of {', '.join(allowed)}")
+            raise argparse.ArgumentTypeError(f"{text!r}: unknown {bad or 'empty list'}; expected a comma list of "
+                                             f"{', '.join(allowed)}")
         return got
     return parse
 
@@ -85,15 +87,18 @@ def command_group(sub, name: str, summary: str):
 
 def log_args(p):
     """--log and --kafka-config."""
-    p.add_argument("--log", required=True, metavar="URL", help="file://DIR (embedded log) or kafka://HOST:PORT[,HOST:PORT]")
-    p.add_argument("--kafka-config", metavar="FILE", help="Kafka client .properties: security.protocol, ssl.ca.location, "
+    p.add_argument("--log", required=True, metavar="URL",
+                   help="file://DIR (embedded log) or kafka://HOST:PORT[,HOST:PORT]")
+    p.add_argument("--kafka-config", metavar="FILE",
+                   help="Kafka client .properties: security.protocol, ssl.ca.location, "
                    "sasl.mechanism, sasl.username, sasl.password.file, ... (README: Running across sites)")
 
 
 def common(p):
     """--log, --kafka-config and --run."""
     log_args(p)
-    p.add_argument("--run", required=True, type=run_id, help="run id (letters, digits, '_', '-'); topics are RUN.updates "
+    p.add_argument("--run", required=True, type=run_id,
+                   help="run id (letters, digits, '_', '-'); topics are RUN.updates "
                    "and RUN.checkpoints")
 
 
@@ -115,7 +120,8 @@ def existing_run(log, run: str):
     except NoSuchTopic:
         runs = log.runs()
         shown = ", ".join(runs[:8]) + (f" and {len(runs) - 8} more" if len(runs) > 8 else "") if runs else "none"
-        raise LogError(f"{log.url}: run {run!r} does not exist; runs here: {shown} (hilo topics list --log {log.url})") from None
+        raise LogError(
+            f"{log.url}: run {run!r} does not exist; runs here: {shown} (hilo topics list --log {log.url})") from None
 
 
 def report(subparsers, name, summary, rows_of, format_rows):
@@ -149,7 +155,8 @@ def field_help(cls) -> dict:
 
 def _scalar(annotation):
     """int / float / str of an annotation such as `int | None` (a str enum reads as str)."""
-    args = [t for t in typing.get_args(annotation) if t is not type(None)] if isinstance(annotation, types.UnionType) else [annotation]
+    args = [t for t in typing.get_args(annotation)
+            if t is not type(None)] if isinstance(annotation, types.UnionType) else [annotation]
     t = args[0] if args else str
     return t if t in (int, float, str, bool) else str
 
@@ -176,7 +183,8 @@ def config_options(p, cls, fields, flags=None, choices=None, types=None):
         else:
             flag = flags.get(name, "--" + name.replace("_", "-"))
             suffix = f" (default: {shown(default)})".replace("%", "%%") if default is not None else ""
-            action = p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name), help=text + suffix,
+            action = p.add_argument(flag, dest=name, type=kind, default=default, choices=choices.get(name),
+                                    help=text + suffix,
                                     metavar=None if name in choices else flag[2:].upper().replace("-", "_"))
         action.config_field = f"{cls.__name__}.{name}"  # what the CLI reference (ops/cli_reference.py) links it to
 

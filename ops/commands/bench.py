@@ -133,7 +133,8 @@ def register(sub):
                    help=f"comma list of {', '.join(shapes)} (default: %(default)s)")
     b.add_argument("--codecs", type=names(all_codecs), default=",".join(all_codecs), help="default: %(default)s")
     b.add_argument("--optimizers", type=names(optimizers), default=",".join(optimizers), help="default: %(default)s")
-    b.add_argument("--steps", type=at_least(1), default=3, help="timed messages per row after one warm-up (default: %(default)s)")
+    b.add_argument("--steps", type=at_least(1), default=3,
+                   help="timed messages per row after one warm-up (default: %(default)s)")
     b.add_argument("--budget", type=budget, default="1.6%", help="default: %(default)s")
     b.add_argument("--json", action="store_true", help="print a JSON list of rows")
     b.set_defaults(fn=codecs)
@@ -141,30 +142,37 @@ def register(sub):
     q.add_argument("--quick", action="store_true", help="smoke run of a few minutes (what CI runs)")
     q.add_argument("--steps", type=at_least(1), help="training steps per run (default: 8 quick, 60 full)")
     q.add_argument("--seeds", type=at_least(1), help="test seeds per cell (default: 1 quick, 5 full)")
-    q.add_argument("--workers", type=at_least(1), default=2, help="parallel runs, one torch thread each (default: %(default)s)")
-    q.add_argument("--eval-problems", type=at_least(1), help="held-out problems each run is scored on, a fixed seeded subset "
+    q.add_argument("--workers", type=at_least(1), default=2,
+                   help="parallel runs, one torch thread each (default: %(default)s)")
+    q.add_argument("--eval-problems", type=at_least(1),
+                   help="held-out problems each run is scored on, a fixed seeded subset "
                    "(default: 128 quick, the whole split full)")
     q.add_argument("--tasks", help="comma list of distill, rl (default: both)")
     q.add_argument("--optimizers", help=f"comma list of {', '.join(optimizers)} (default: all)")
     q.add_argument("--syncs", help=f"comma list of {', '.join(SYNCS)} (default: all; quick: {','.join(QUICK_SYNCS)})")
-    q.add_argument("--budgets", type=fractions, help="comma list of per-message budgets as fractions of the bf16 adapter; "
+    q.add_argument("--budgets", type=fractions,
+                   help="comma list of per-message budgets as fractions of the bf16 adapter; "
                    "every lossy sync runs at each (default: each sync's own, " +
-                   "; ".join(f"{s} {','.join(f'{100 * b:g}%%' for b in bs)}" for s, bs in PLAN.items() if s != "full") + ")")
+                   "; ".join(f"{s} {','.join(f'{100 * b:g}%%' for b in bs)}" for s,
+                             bs in PLAN.items() if s != "full") + ")")
     q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
                    "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
     q.add_argument("--saved-only", action="store_true",
                    help="compute nothing: report the runs already saved under --out (a sweep in progress or stopped)")
     q.add_argument("--json", action="store_true", help="print the results object (with a `cells` list)")
     from hilo.ops.pretrain import STUDENTS
-    q.add_argument("--student", choices=list(STUDENTS), help="the student's shape (default: smoke with --quick, a small pair "
+    q.add_argument("--student", choices=list(STUDENTS),
+                   help="the student's shape (default: smoke with --quick, a small pair "
                    "pretrained in a minute that checks the pipeline, not quality; h256-l4 otherwise)")
     q.add_argument("--lrs-from", metavar="QUALITY_JSON", help="take every cell's learning rate from an earlier sweep's "
                    "quality.json instead of tuning (another student shape at a fraction of the cost)")
     q.set_defaults(fn=quality)
-    s = bsub.add_parser("serve", help="publish -> first vLLM request served by the new version (apply, export, reload), per version")
+    s = bsub.add_parser("serve", help="publish -> first vLLM request served by the new version (apply, export, "
+                                      "reload), per version")
     s.add_argument("--shapes", type=names(list(SERVE_SHAPES)), default="tiny,qwen3-0.6b",
                    help=f"comma list of {', '.join(SERVE_SHAPES)} (default: %(default)s)")
-    s.add_argument("--versions", type=at_least(1), default=5, help="timed versions per shape after one warm-up (default: %(default)s)")
+    s.add_argument("--versions", type=at_least(1), default=5,
+                   help="timed versions per shape after one warm-up (default: %(default)s)")
     s.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/serve-TIME)")
     s.add_argument("--json", action="store_true", help="print the results object")
     s.set_defaults(fn=serve)
@@ -190,7 +198,8 @@ def register(sub):
     w.add_argument("--steps", type=at_least(1), default=3,
                    help="timed messages per method and config after a warm-up (default: %(default)s)")
     w.add_argument("--compute-s", type=float, default=8.0,
-                   help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of magnitude)")
+                   help="trainer compute per step (default: %(default)s s, a Qwen3-1.7B GRPO step's order of "
+                        "magnitude)")
     w.add_argument("--links", default="10,100,1000", help="link rates in Mbit/s (default: %(default)s)")
     w.add_argument("--sites", default="1,4", help="site counts (default: %(default)s)")
     w.add_argument("--shape", default="qwen3-1.7b", choices=shapes, help="adapter shape (default: %(default)s)")
@@ -199,94 +208,124 @@ def register(sub):
     w.set_defaults(fn=wan)
     from hilo.ops.bench.replay import APPLY as REPLAY_APPLY
     from hilo.ops.bench.replay import OPTIMIZERS as REPLAY_OPTIMIZERS
-    rp = bsub.add_parser("replay", help="a site N versions behind catches up: versions/s, time per stage; snapshot save/load "
+    rp = bsub.add_parser("replay",
+                         help="a site N versions behind catches up: versions/s, time per stage; snapshot save/load "
                          "time and size (AdamW, SGD, a delta-mode site)")
-    rp.add_argument("--shape", default="qwen3-1.7b", choices=shapes, help="adapter shape, LoRA r64 (default: %(default)s)")
+    rp.add_argument("--shape", default="qwen3-1.7b", choices=shapes,
+                    help="adapter shape, LoRA r64 (default: %(default)s)")
     rp.add_argument("--behind", type=at_least(1), default=100, help="versions the site replays (default: %(default)s)")
     rp.add_argument("--optimizers", type=names(list(REPLAY_OPTIMIZERS)), default=",".join(REPLAY_OPTIMIZERS),
                     help="comma list; add = a delta-mode site (default: %(default)s)")
     rp.add_argument("--apply", type=names(list(REPLAY_APPLY)), default=",".join(REPLAY_APPLY),
-                    help="comma list of apply paths, a row each: kernel (replica/kernels/), reference (torch) (default: %(default)s)")
+                    help="comma list of apply paths, a row each: kernel (replica/kernels/), reference (torch) "
+                         "(default: %(default)s)")
     rp.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/replay-TIME)")
     rp.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     rp.set_defaults(fn=replay)
     import hilo.ops.bench.probe as probe_bench
     from hilo.ops.bench.probe import ProbeConfig
-    sc = bsub.add_parser("scrape", help="/metrics latency (p50, p99, max) and lag consistency, scraped while a site catches up")
+    sc = bsub.add_parser("scrape",
+                         help="/metrics latency (p50, p99, max) and lag consistency, scraped while a site catches up")
     sc.add_argument("--shape", choices=shapes, default="qwen3-0.6b", help="adapter shape (default: %(default)s)")
-    sc.add_argument("--versions", type=at_least(1), default=60, help="versions the site catches up (default: %(default)s)")
+    sc.add_argument("--versions", type=at_least(1), default=60,
+                    help="versions the site catches up (default: %(default)s)")
     sc.add_argument("--every-ms", type=float, default=50.0, help="scrape interval (default: %(default)s, 20 a second)")
     sc.add_argument("--json", action="store_true", help="print the JSON row")
     sc.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/scrape-TIME)")
     sc.set_defaults(fn=scrape)
-    sn = bsub.add_parser("snapshot", help="a site's snapshot: save and load seconds and bytes per format (raw, msgpack + "
+    sn = bsub.add_parser("snapshot",
+                         help="a site's snapshot: save and load seconds and bytes per format (raw, msgpack + "
                          "zstd, raw through zstd) and the apply loop's stall per background snapshot")
     sn.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     sn.add_argument("--state", action="append", metavar="CODEC:N",
-                    help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and dense:3)")
-    sn.add_argument("--repeats", type=at_least(1), default=3, help="saves and loads per format; medians (default: %(default)s)")
+                    help="a state N versions in, made by CODEC (spar4 or dense); repeatable (default: spar4:30 and "
+                         "dense:3)")
+    sn.add_argument("--repeats", type=at_least(1), default=3,
+                    help="saves and loads per format; medians (default: %(default)s)")
     sn.add_argument("--json", action="store_true", help="print the JSON")
     sn.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/snapshot-TIME)")
     sn.set_defaults(fn=snapshot)
-    rk = bsub.add_parser("ranks", help="a 2-rank trainer (torchrun, gloo) against a lone one at an adapter's shape: the job's "
+    rk = bsub.add_parser("ranks",
+                         help="a 2-rank trainer (torchrun, gloo) against a lone one at an adapter's shape: the job's "
                          "step, the publishing rank's, and the other rank's apply of the broadcast message")
     rk.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     rk.add_argument("--codec", choices=sorted(CODECS), default="spar4", help="the run's codec (default: %(default)s)")
-    rk.add_argument("--steps", type=at_least(1), default=5, help="timed steps per job, after a warm-up (default: %(default)s)")
-    rk.add_argument("--rounds", type=at_least(1), default=2, help="each job this many times, alternating (default: %(default)s)")
+    rk.add_argument("--steps", type=at_least(1), default=5,
+                    help="timed steps per job, after a warm-up (default: %(default)s)")
+    rk.add_argument("--rounds", type=at_least(1), default=2,
+                    help="each job this many times, alternating (default: %(default)s)")
     rk.add_argument("--json", action="store_true", help="print the JSON")
     rk.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     rk.set_defaults(fn=ranks)
-    tr = bsub.add_parser("trainer", help="what a training step costs with hilo-sync against plain torch AdamW, in one table: "
-                         "encode, apply, publish wait on the critical path, step; file log and Kafka, in line and pipelined; "
-                         "1 and 2 ranks")
+    tr = bsub.add_parser("trainer",
+                         help="what a training step costs with hilo-sync against plain torch AdamW, in one table: "
+                         "encode, apply, publish wait on the critical path, step; file log and Kafka, in line and "
+                         "pipelined; 1 and 2 ranks")
     tr.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
-    tr.add_argument("--steps", type=at_least(1), default=5, help="timed steps per job, after a warm-up (default: %(default)s)")
+    tr.add_argument("--steps", type=at_least(1), default=5,
+                    help="timed steps per job, after a warm-up (default: %(default)s)")
     tr.add_argument("--kafka", default="kafka://127.0.0.1:9092", help="the loopback broker (default: %(default)s)")
     tr.add_argument("--json", action="store_true", help="print the JSON")
     tr.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")
     tr.set_defaults(fn=trainer)
-    pr = bsub.add_parser("probe", help="per block and version: is a compressed method's step the uncompressed shadow's? "
+    pr = bsub.add_parser("probe",
+                         help="per block and version: is a compressed method's step the uncompressed shadow's? "
                          "(blocks sent, decoded rank, step cosine, residual)", description=probe_bench.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     config_options(pr, ProbeConfig, ("task", "sync", "budget", "steps"))
     pr.add_argument("--optimizers", type=names(optimizers), default=",".join(ProbeConfig.optimizers),
                     help="comma list (default: %(default)s)")
-    pr.add_argument("--lrs", type=lambda t: [float(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.lrs)),
+    pr.add_argument("--lrs", type=lambda t: [float(x) for x in t.split(",")],
+                    default=",".join(map(str, ProbeConfig.lrs)),
                     help="one learning rate per optimizer, comma list (default: %(default)s)")
-    pr.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, ProbeConfig.seeds)),
+    pr.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
+                    default=",".join(map(str, ProbeConfig.seeds)),
                     help="val-split seeds, comma list (default: %(default)s)")
     pr.add_argument("--out", metavar="DIR", help="folder for probe-TASK-SYNC.json")
     pr.add_argument("--json", action="store_true", help="print the results object")
     pr.set_defaults(fn=probe)
     from hilo.ops.bench.pace import PaceConfig
-    pc = bsub.add_parser("pace", help="one `hilo consume` process following a run that gains a version every second: versions "
-                         "behind, freshness p50/p99, the snapshots' stall", description="The versions are encoded beforehand "
-                         "(their encode time reported on its own), then appended on schedule to a fresh log that one apply-only "
-                         "site follows at the default snapshot cadence (ops/bench/pace.py).")
-    config_options(pc, PaceConfig, ("shape", "optimizer", "versions", "interval_s", "log", "ready_s"), flags={"interval_s": "--interval"})
+    pc = bsub.add_parser("pace",
+                         help="one `hilo consume` process following a run that gains a version every second: versions "
+                         "behind, freshness p50/p99, the snapshots' stall",
+                         description="The versions are encoded beforehand "
+                         "(their encode time reported on its own), then appended on schedule to a fresh log that one "
+                         "apply-only site follows at the default snapshot cadence (ops/bench/pace.py).")
+    config_options(pc, PaceConfig, ("shape", "optimizer", "versions", "interval_s", "log", "ready_s"),
+                   flags={"interval_s": "--interval"})
     pc.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/pace-TIME)")
     pc.add_argument("--json", action="store_true", help="print the results object")
     pc.set_defaults(fn=pace)
     from hilo.ops.bench.fanout import FanoutConfig
-    fo = bsub.add_parser("fanout", help="1, 4, 16 apply-only sites on one cluster, and 16 split over a mirror: freshness "
-                         "(publish to applied) and egress per version", description="Per layout, a fresh run of the tiny "
-                         "model followed by N `hilo consume` processes; with --mirror, MirrorMaker 2 (ops/kafka/mirror.sh) "
-                         "fills the mirror and the largest N is split over both clusters (ops/bench/fanout.py).")
-    config_options(fo, FanoutConfig, ("log", "mirror", "versions", "interval_s", "ready_s"), flags={"interval_s": "--interval"})
-    fo.add_argument("--sites", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, FanoutConfig.sites)),
+    fo = bsub.add_parser("fanout",
+                         help="1, 4, 16 apply-only sites on one cluster, and 16 split over a mirror: freshness "
+                         "(publish to applied) and egress per version",
+                         description="Per layout, a fresh run of the tiny "
+                         "model followed by N `hilo consume` processes; with --mirror, MirrorMaker 2 "
+                         "(ops/kafka/mirror.sh) fills the mirror and the largest N is split over both clusters "
+                         "(ops/bench/fanout.py).")
+    config_options(fo, FanoutConfig, ("log", "mirror", "versions", "interval_s", "ready_s"),
+                   flags={"interval_s": "--interval"})
+    fo.add_argument("--sites", type=lambda t: [int(x) for x in t.split(",")],
+                    default=",".join(map(str, FanoutConfig.sites)),
                     help="comma list of site counts on the source (default: %(default)s)")
     fo.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/fanout-TIME)")
     fo.add_argument("--json", action="store_true", help="print the results object (with a `rows` list)")
     fo.set_defaults(fn=fanout)
-    r = bsub.add_parser("rl", help="GRPO across sites: synchronous (S = 0) against S = 1, 2, 4 on paired seeds: reward, "
-                        "wall time, idle, staleness", description="Reward against step and wall time, trainer idle fraction, "
-                        "staleness, publish-to-serving latency, mismatch KL and bytes per version, for each staleness bound "
-                        "S on paired seeds (ops/bench/rl.py). ops/rl.sh bench starts a vLLM server on the student base and runs it.")
-    config_options(r, BenchConfig, ("vllm", "base", "seeds", "steps", "sites", "batch_prompts", "samples", "lr", "audit_share"))
-    r.add_argument("--staleness", type=lambda t: [int(x) for x in t.split(",")], default=",".join(map(str, BenchConfig.staleness)),
+    r = bsub.add_parser("rl",
+                        help="GRPO across sites: synchronous (S = 0) against S = 1, 2, 4 on paired seeds: reward, "
+                        "wall time, idle, staleness",
+                        description="Reward against step and wall time, trainer idle fraction, "
+                        "staleness, publish-to-serving latency, mismatch KL and bytes per version, for each staleness "
+                        "bound S on paired seeds (ops/bench/rl.py). ops/rl.sh bench starts a vLLM server on the "
+                        "student base and runs it.")
+    config_options(r, BenchConfig,
+                   ("vllm", "base", "seeds", "steps", "sites", "batch_prompts", "samples", "lr", "audit_share"))
+    r.add_argument("--staleness", type=lambda t: [int(x) for x in t.split(",")],
+                   default=",".join(map(str, BenchConfig.staleness)),
                    help="comma list of S; the first is the reference (default: %(default)s)")
-    r.add_argument("--quick", action="store_true", help="smoke run, what CI runs: S = 0 and 2, 1 seed, 3 steps of 2 groups of "
+    r.add_argument("--quick", action="store_true",
+                   help="smoke run, what CI runs: S = 0 and 2, 1 seed, 3 steps of 2 groups of "
                    "2 (instead of the options above)")
     r.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
                    "(default: ~/.cache/hilo-sync/bench/rl-TIME)")
@@ -296,14 +335,17 @@ def register(sub):
     from hilo.schemas import options
     au = bsub.add_parser("audit", help="the trainer's audit on honest GRPO runs: per-token log-probability differences "
                          "(the tolerance's calibration) and the trainer's time per step at each audited share",
-                         description="One `hilo rl` run per audited share (0, 10%, 100%), 2 honest sites on a vLLM server "
-                         "with fp32 adapters (ops/bench/audit.py); with --served, the audit where sites serve: per served dtype, honest "
-                         "noise, each liar's rollouts to quarantine, false quarantines over N honest rollouts (ops/bench/audit_noise.py).")
-    config_options(au, AuditBenchConfig, ("vllm", "base", "steps", "batch_prompts", "samples", "seed", "honest", "liar"))
+                         description="One `hilo rl` run per audited share (0, 10%, 100%), 2 honest sites on a vLLM "
+                         "server with fp32 adapters (ops/bench/audit.py); with --served, the audit where sites serve: "
+                         "per served dtype, honest noise, each liar's rollouts to quarantine, false quarantines over N "
+                         "honest rollouts (ops/bench/audit_noise.py).")
+    config_options(au, AuditBenchConfig,
+                   ("vllm", "base", "steps", "batch_prompts", "samples", "seed", "honest", "liar"))
     au.add_argument("--served", type=lambda t: [x for x in t.split(",") if x], default="", metavar="URL=DTYPE,...",
                     help=options.help_of(AuditBenchConfig.__dataclass_fields__["served"]))
     au.add_argument("--shares", type=lambda t: [float(x) for x in t.split(",") if x],
-                    default=",".join(map(str, AuditBenchConfig.shares)), help="comma list of shares (default: %(default)s)")
+                    default=",".join(map(str, AuditBenchConfig.shares)),
+                    help="comma list of shares (default: %(default)s)")
     au.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/audit-TIME)")
     au.add_argument("--json", action="store_true", help="print the results object (with `rows` per share)")
     au.set_defaults(fn=audit)

@@ -13,8 +13,10 @@ from .args import common, config_from_args, config_options, field_help, metrics_
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("snapshot_every", "snapshot_every_s", "export_adapters", "export_dtype", "keep_adapters", "on_version", "vllm", "trust",
-          "lora_name", "self_check", "self_check_base", "self_check_tolerance", "from_offset", "from_version", "until_version",
+FIELDS = ("snapshot_every", "snapshot_every_s", "export_adapters", "export_dtype", "keep_adapters", "on_version",
+          "vllm", "trust",
+          "lora_name", "self_check", "self_check_base", "self_check_tolerance", "from_offset", "from_version",
+          "until_version",
           "idle_exit_s", "wait_checkpoint_s", "history", "on_bad_record", "apply", "prefetch")
 FLAGS = {"export_adapters": "--no-export", "idle_exit_s": "--idle-exit", "wait_checkpoint_s": "--wait-checkpoint"}
 
@@ -27,8 +29,8 @@ def run(a):
     from hilo.schemas.metrics import Metrics
     cfg = config_from_args(SiteConfig, a)
     if a.generate and (cfg.vllm is None or a.reward is None):  # said before anything is opened or bootstrapped
-        raise ConfigError("--generate needs --vllm URL (the server that answers) and --reward MODULE:FUNCTION (the digit "
-                          "task's: hilo.ops.digit_task:reward)")
+        raise ConfigError("--generate needs --vllm URL (the server that answers) and --reward MODULE:FUNCTION (the "
+                          "digit task's: hilo.ops.digit_task:reward)")
     metrics = Metrics("site", run=cfg.run, site=cfg.site)
     server = metrics_server(a, metrics.registry)  # bound before anything is applied: a port in use fails here
     site = Site.open(cfg, metrics=metrics)
@@ -47,7 +49,8 @@ def run(a):
     except HiloError as e:
         if server is None:
             raise
-        logger.error("site %s: stopped at v%d: %s; serving /readyz 503 until SIGTERM", cfg.site, site.follower.replica.version, e)
+        logger.error("site %s: stopped at v%d: %s; serving /readyz 503 until SIGTERM", cfg.site,
+                     site.follower.replica.version, e)
         while not site.stopping:
             time.sleep(0.2)
         raise
@@ -66,12 +69,15 @@ def register(sub):
     docs = field_help(SiteConfig)
     p.add_argument("--site", required=True, help=docs["site"])
     p.add_argument("--state-dir", required=True, help=docs["state_dir"])
-    config_options(p, SiteConfig, FIELDS, FLAGS, choices={"export_dtype": sorted(DTYPES), "on_bad_record": [o.value for o in OnBadRecord],
+    config_options(p, SiteConfig, FIELDS, FLAGS,
+                   choices={"export_dtype": sorted(DTYPES), "on_bad_record": [o.value for o in OnBadRecord],
                                                              "apply": list(APPLY_MODES)})
     from hilo.consumer.generator import GenerateConfig
-    g = p.add_argument_group("generating (the return path)", "answer the run's prompts with the policy vLLM serves, between "
+    g = p.add_argument_group("generating (the return path)",
+                             "answer the run's prompts with the policy vLLM serves, between "
                              "versions; rollouts and the prompts they answer settle together (exactly once)")
-    g.add_argument("--generate", action="store_true", help="also take prompts from RUN.prompts and return rollouts (needs --vllm)")
+    g.add_argument("--generate", action="store_true",
+                   help="also take prompts from RUN.prompts and return rollouts (needs --vllm)")
     config_options(g, GenerateConfig, ("reward", "batch_prompts", "lease_s", "signing_key"),
                    {"batch_prompts": "--generate-batch", "signing_key": "--site-key"})
     metrics_options(p)

@@ -13,7 +13,8 @@ def register(sub):
     """The demo's parser."""
     p = sub.add_parser("demo", help=COMMANDS["demo"][1])
     p.add_argument("--log", default=None, metavar="URL", help="default: file:// log in a temp folder (no broker)")
-    p.add_argument("--steps", type=at_least(3), default=40, help="training steps / versions, >= 3: site-2 is killed at a third "
+    p.add_argument("--steps", type=at_least(3), default=40,
+                   help="training steps / versions, >= 3: site-2 is killed at a third "
                    "and restarted at two thirds (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(fn=run)

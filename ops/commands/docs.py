@@ -1,4 +1,5 @@
-"""`hilo docs`: write the generated docs pages (ops/docs_pages.py); `--check` writes nothing and fails on a stale page."""
+"""`hilo docs`: write the generated docs pages (ops/docs_pages.py); `--check` writes nothing and fails on a stale
+page."""
 import pathlib
 import sys
 
@@ -27,8 +28,9 @@ def run(a):
 def register(sub):
     """The docs parser."""
     p = sub.add_parser("docs", help=COMMANDS["docs"][1],
-                       description="Render the generated parts of the docs (benchmark tables from docs/results/, the metrics and ACL "
-                                   "tables, the README's headline figures) and write the pages that changed.")
+                       description="Render the generated parts of the docs (benchmark tables from docs/results/, the "
+                                   "metrics and ACL tables, the README's headline figures) and write the pages that "
+                                   "changed.")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 naming each page that differs from what would be written")
     p.add_argument("--root", metavar="DIR", help="the checkout whose docs to render (default: the one hilo runs from)")

@@ -26,11 +26,13 @@ def register(sub):
     from hilo.ops.doctor import NAMES
     from hilo.ops.doctor.base import ROLES, DoctorConfig
     p = sub.add_parser("doctor", help=COMMANDS["doctor"][1],
-                       description="Check what is given: the Kafka client file, the broker, a run's topics and this principal's "
-                                   "ACLs, a vLLM server, and always this machine (kernels, CPU, free space). One line per "
-                                   "check: OK, WARN (works, slower or less safe; or cannot tell), FAIL (would stop a trainer "
-                                   "or site), SKIP (a check it builds on failed). Exit 0 when nothing FAILs.")
+                       description="Check what is given: the Kafka client file, the broker, a run's topics and this "
+                                   "principal's ACLs, a vLLM server, and always this machine (kernels, CPU, free "
+                                   "space). One line per check: OK, WARN (works, slower or less safe; or cannot tell), "
+                                   "FAIL (would stop a trainer or site), SKIP (a check it builds on failed). Exit 0 "
+                                   "when nothing FAILs.")
     config_options(p, DoctorConfig, FIELDS, choices={"role": ROLES}, types={"run": run_id})
-    p.add_argument("--skip", type=names(NAMES), metavar="CHECKS", help=f"checks not to run, a comma list of {', '.join(NAMES)}")
+    p.add_argument("--skip", type=names(NAMES), metavar="CHECKS",
+                   help=f"checks not to run, a comma list of {', '.join(NAMES)}")
     p.add_argument("--json", action="store_true", help="print a JSON list of {check, status, found, fix}")
     p.set_defaults(fn=run)

@@ -54,9 +54,11 @@ def register(sub):
     common(p)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--version", type=at_least(1), help="policy version to show")
-    which.add_argument("--offset", type=at_least(0), help="show the RUN.updates record at this offset and whether a reader "
+    which.add_argument("--offset", type=at_least(0),
+                       help="show the RUN.updates record at this offset and whether a reader "
                        "skips it, and why (the offset a site's skip warning names)")
-    p.add_argument("--trust", metavar="PUB", help="with --offset: check the signature against this public key, as a signed "
+    p.add_argument("--trust", metavar="PUB",
+                   help="with --offset: check the signature against this public key, as a signed "
                    "site does (following the run's key rotations it verifies)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(fn=run)

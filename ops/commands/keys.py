@@ -16,5 +16,6 @@ def register(sub):
     """The keys command group."""
     ksub = command_group(sub, "keys", COMMANDS["keys"][1])
     k = ksub.add_parser("generate", help="an Ed25519 key pair: OUT/trainer.key (mode 0600) and OUT/trainer.pub")
-    k.add_argument("--out", required=True, metavar="DIR", help="directory to write the two files into (never overwrites)")
+    k.add_argument("--out", required=True, metavar="DIR",
+                   help="directory to write the two files into (never overwrites)")
     k.set_defaults(fn=generate)

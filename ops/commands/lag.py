@@ -28,7 +28,8 @@ def watch(a, rows_of, format_rows, out=sys.stdout):
     # Ctrl-C sets a flag the loop checks, instead of raising wherever the process happens to be: a KeyboardInterrupt
     # that lands in a finalizer or a callback is printed and swallowed, and the loop then ran on forever
     stop = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.set()) if threading.current_thread() is threading.main_thread() else None
+    previous = signal.signal(signal.SIGINT,
+                             lambda *_: stop.set()) if threading.current_thread() is threading.main_thread() else None
     try:
         while not stop.is_set():
             rows, now = rows_of(log, a.run), time.time()

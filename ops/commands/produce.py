@@ -2,7 +2,8 @@
 from . import COMMANDS
 from .args import at_least, budget, common, config_from_args, config_options, metrics_options, metrics_server
 
-FIELDS = ("budget", "codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history", "new_history",
+FIELDS = ("budget", "codec", "optimizer", "mode", "checkpoint_every", "state_dir", "signing_key", "history",
+          "new_history",
           "on_bad_record", "publish_deadline_s", "pipeline")
 
 
@@ -17,14 +18,15 @@ def run(a):
     server = metrics_server(a, metrics.registry)  # bound before the trainer fences or publishes anything
     producer = HiLoProducer.open(build_model(seed=a.seed), cfg, metrics=metrics)
     if server:
-        server.ready = lambda: (False, "fenced by a newer trainer") if producer.fenced else (True, f"v{producer.version}")
+        server.ready = lambda: (False, "fenced by a newer trainer") if producer.fenced else (True,
+                                                                                             f"v{producer.version}")
     adapter = producer.manifest.adapter_bytes()
 
     def on_step(version, loss, compute_s, info):
         if "bytes" not in info:  # --pipeline: nothing settled yet (info is the last version the log acknowledged)
             return
-        print(f"v{info['version']} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of adapter) "
-              f"chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms"
+        print(f"v{info['version']} loss {loss:.4f} bytes {info['bytes']} ({100 * info['bytes'] / adapter:.2f}% of "
+              f"adapter) chunks {info['chunks']} compute {compute_s * 1e3:.0f} ms sync {info['total_s'] * 1e3:.0f} ms"
               + (f" lag {info['lag']:.2e}" if a.mode == "delta" else ""), flush=True)
     train(producer, a.steps, lr=a.lr, seed=a.seed, on_step=on_step)
     flushed = producer.flush()

@@ -33,20 +33,26 @@ CHECKS = (
           "one line per topic of the run: partitions (1 where order matters), delete policy, room for a chunk, "
           "replication against min.insync.replicas, retention"),
     Check("acls", ("run", "kafka"), ("log",), acl_check.acls,
-          "the principal holds its role's ACLs (`--role`): on topics as the broker reports them; on the cluster, groups and "
-          "transactional ids from what the broker tells it or its listed ACLs (WARN where it may not see them)"),
-    Check("vllm", ("vllm",), (), vllm_checks.version, "the server answers and is vLLM; WARN on a release the plugin does "
+          "the principal holds its role's ACLs (`--role`): on topics as the broker reports them; on the cluster, "
+          "groups and transactional ids from what the broker tells it or its listed ACLs (WARN where it may not see "
+          "them)"),
+    Check("vllm", ("vllm",), (), vllm_checks.version,
+          "the server answers and is vLLM; WARN on a release the plugin does "
                                                       "not patch"),
-    Check("vllm-lora", ("vllm",), ("vllm",), vllm_checks.lora, "runtime LoRA loading is on (asked without loading anything)"),
+    Check("vllm-lora", ("vllm",), ("vllm",), vllm_checks.lora,
+          "runtime LoRA loading is on (asked without loading anything)"),
     Check("vllm-plugin", ("vllm",), ("vllm-lora",), vllm_checks.plugin,
           "the hilo-sync plugin answers an in-place load of the state dir's newest adapter (or one the server holds), "
           "which is then unloaded"),
-    Check("vllm-base", ("vllm",), ("vllm",), vllm_checks.base, "the base model it serves; FAIL where `--base` names another"),
+    Check("vllm-base", ("vllm",), ("vllm",), vllm_checks.base,
+          "the base model it serves; FAIL where `--base` names another"),
     Check("kernels", (), (), machine_checks.kernels,
-          "the fused apply kernel compiles (or loads from numba's cache; how long it took) and one update's state equals "
-          "the torch path's"),
-    Check("cpu", (), (), machine_checks.cpu, "the instruction sets the kernels are compiled for (avx512f, avx2, fma, sse4_2)"),
-    Check("disk", (), (), machine_checks.disk, "free space in `--state-dir` and a file:// `--log`'s directory, where given "
+          "the fused apply kernel compiles (or loads from numba's cache; how long it took) and one update's state "
+          "equals the torch path's"),
+    Check("cpu", (), (), machine_checks.cpu,
+          "the instruction sets the kernels are compiled for (avx512f, avx2, fma, sse4_2)"),
+    Check("disk", (), (), machine_checks.disk,
+          "free space in `--state-dir` and a file:// `--log`'s directory, where given "
                                                "(WARN under `--min-free-gb`)"),
 )
 NAMES = tuple(c.name for c in CHECKS)
@@ -73,7 +79,8 @@ def run_checks(config: DoctorConfig, skip=()):
                 except HiloError as e:
                     results = [fail(check.name, str(e))]
             worst = [r.status for r in results]
-            verdicts[check.name] = next((st for st in (Status.FAIL, Status.SKIP, Status.WARN) if st in worst), Status.OK)
+            verdicts[check.name] = next((st for st in (Status.FAIL, Status.SKIP, Status.WARN) if st in worst),
+                                        Status.OK)
             yield from results
     finally:
         session.close()

@@ -26,13 +26,15 @@ def acls(s) -> list:
     """Topics (and the cluster) from the broker's authorized operations; the rest from the principal's listed ACLs."""
     c, admin = s.config, s.log().admin_side
     settings = client_config(c.kafka_config)
-    who = f"User:{settings.sasl_username}" if settings.sasl_username else None if settings.ssl_certfile else "User:ANONYMOUS"
+    who = (f"User:{settings.sasl_username}" if settings.sasl_username
+           else None if settings.ssl_certfile else "User:ANONYMOUS")
     missing, listed = _refused(admin, acls_for(c.run, c.role, who or "User:?"), c.run)
-    grant = (f"an admin grants them: hilo acls grant --log {c.log} --run {c.run} --trainer USER --site USER --kafka-config "
-             f"ADMIN.properties")
+    grant = (f"an admin grants them: hilo acls grant --log {c.log} --run {c.run} --trainer USER --site USER "
+             f"--kafka-config ADMIN.properties")
     held = _held(admin, who)
     if held is None and not missing:  # no authorizer: nothing is refused
-        return [ok("acls", "the cluster runs no authorizer: every principal may do everything (across sites it needs one: "
+        return [ok("acls",
+                   "the cluster runs no authorizer: every principal may do everything (across sites it needs one: "
                            "docs/operations.md, \"Deploying across sites\")")]
     if not missing and SUPER <= admin.authorized(None):
         return [ok("acls", f"{who or 'this principal'} may do everything on the cluster (a super user)")]
@@ -43,11 +45,13 @@ def acls(s) -> list:
         for a in missing:
             lacks.setdefault(_what(a), []).append(a.operation.name)
         return [fail("acls", f"{who or 'this principal'} ({c.role}) lacks " + "; ".join(f"{what}: {', '.join(ops)}"
-                                                                                        for what, ops in lacks.items()), grant)]
+                                                                                        for what, ops in lacks.items()),
+                     grant)]
     if isinstance(held, str):
         return [warn("acls", f"{who or 'this principal'} ({c.role}) may do what it needs on the run's topics; "
                              f"{' and '.join(sorted({_kind(a) for a in listed}))}: cannot tell ({held})",
-                     f"an admin lists them: hilo acls show --log {c.log} --run {c.run} --kafka-config ADMIN.properties")]
+                     f"an admin lists them: hilo acls show --log {c.log} --run {c.run} --kafka-config "
+                     f"ADMIN.properties")]
     return [ok("acls", f"{who} holds the {c.role}'s ACLs on the run's topics, groups and transactional ids")]
 
 
@@ -103,8 +107,8 @@ def _held(admin, who):
         except KafkaError as e:
             err = e
         if getattr(err, "errno", 0):
-            return f"listing ACLs was refused: {type(err).__name__ if not isinstance(err, type) else err.__name__}; it needs " \
-                   f"DESCRIBE on the cluster"
+            return f"listing ACLs was refused: {type(err).__name__ if not isinstance(err, type) else err.__name__}; " \
+                   f"it needs DESCRIBE on the cluster"
         out += found
     return out
 
@@ -115,7 +119,8 @@ def _covers(held, need) -> bool:
     hp, rp = held.resource_pattern, need.resource_pattern
     if held.permission_type != ACLPermissionType.ALLOW or hp.resource_type != rp.resource_type:
         return False
-    if held.operation not in (need.operation, Op.ALL) and not (need.operation == Op.DESCRIBE and held.operation in IMPLY_DESCRIBE):
+    if held.operation not in (need.operation,
+                              Op.ALL) and not (need.operation == Op.DESCRIBE and held.operation in IMPLY_DESCRIBE):
         return False
     if hp.pattern_type == Pattern.PREFIXED:
         return rp.resource_name.startswith(hp.resource_name)

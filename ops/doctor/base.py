@@ -1,4 +1,5 @@
-"""What a `hilo doctor` check takes (DoctorConfig, through a Session that opens each client once) and gives (Results)."""
+"""What a `hilo doctor` check takes (DoctorConfig, through a Session that opens each client once) and gives
+(Results)."""
 import enum
 from dataclasses import dataclass
 
@@ -56,17 +57,23 @@ ROLES = ("site", "trainer")
 class DoctorConfig:
     """What to check; each check runs when the options it needs are given (the machine's checks always run)."""
 
-    log: str | None = opt(None, "the log to check: kafka://HOST:PORT[,HOST:PORT] (the broker answers with --kafka-config's "
+    log: str | None = opt(None,
+                          "the log to check: kafka://HOST:PORT[,HOST:PORT] (the broker answers with --kafka-config's "
                                 "settings) or file://DIR")
-    run: str | None = opt(None, "the run whose topics, their settings and this principal's ACLs are checked (needs --log)")
-    kafka_config: str | None = opt(None, "Kafka client .properties (security.protocol, sasl.*, ssl.*): parsed, then used "
+    run: str | None = opt(None,
+                          "the run whose topics, their settings and this principal's ACLs are checked (needs --log)")
+    kafka_config: str | None = opt(None,
+                                   "Kafka client .properties (security.protocol, sasl.*, ssl.*): parsed, then used "
                                          "to reach --log")
     role: str = opt("site", "whose ACLs the principal of --kafka-config must hold: a site's or the trainer's")
-    vllm: str | None = opt(None, "base URL of the vLLM server a site loads into: its version, runtime LoRA loading, the "
+    vllm: str | None = opt(None,
+                           "base URL of the vLLM server a site loads into: its version, runtime LoRA loading, the "
                                  "hilo-sync plugin, the base model it serves")
-    base: str | None = opt(None, "the base model the vLLM server must serve: its directory or name (compared by the last "
+    base: str | None = opt(None,
+                           "the base model the vLLM server must serve: its directory or name (compared by the last "
                                  "path component); without it the served base is only reported")
-    state_dir: str | None = opt(None, "a site's state dir: free space there, and its newest exported adapter is what the "
+    state_dir: str | None = opt(None,
+                                "a site's state dir: free space there, and its newest exported adapter is what the "
                                       "plugin check loads into vLLM")
     min_free_gb: float = opt(5.0, "WARN when the state dir or the file log's directory has less free space (GB)")
     connect_timeout_s: float = opt(10.0, "how long the first connection to the broker may take")
@@ -77,8 +84,8 @@ class DoctorConfig:
         if self.role not in ROLES:
             raise ConfigError(f"DoctorConfig.role = {self.role!r}: expected one of {', '.join(ROLES)}")
         if not self.min_free_gb >= 0 or not self.connect_timeout_s > 0:
-            raise ConfigError(f"DoctorConfig.min_free_gb / connect_timeout_s = {self.min_free_gb} / {self.connect_timeout_s}: "
-                              f"must be >= 0 / > 0")
+            raise ConfigError(f"DoctorConfig.min_free_gb / connect_timeout_s = {self.min_free_gb} / "
+                              f"{self.connect_timeout_s}: must be >= 0 / > 0")
 
 
 class Session:

@@ -9,12 +9,14 @@ from hilo.schemas.errors import ConfigError, HiloError, NoSuchTopic
 from .base import fail, ok, warn
 
 # (topic of a run, partitions it must have (None: any), whether every run has it: the return path's are optional)
-RUN_TOPICS = ((updates_topic, 1, True), (checkpoints_topic, 1, True), (prompts_topic, None, False), (rollouts_topic, 1, False))
+RUN_TOPICS = ((updates_topic, 1, True), (checkpoints_topic, 1, True), (prompts_topic, None, False),
+              (rollouts_topic, 1, False))
 CONFIG_FIX = "edit the file: it takes the Java client's keys (docs/operations.md, \"Deploying across sites\")"
 
 
 def kafka_config(s) -> list:
-    """--kafka-config parses (known keys, readable files, complete SASL settings) and --log is a Kafka log to use it on."""
+    """--kafka-config parses (known keys, readable files, complete SASL settings) and --log is a Kafka log to use it
+    on."""
     c = s.config
     try:
         if c.log is not None:
@@ -31,7 +33,8 @@ def reach(s) -> list:
     if c.log.startswith("file://"):
         root = c.log[len("file://"):]
         if not os.path.isdir(root):
-            return [fail("log", f"{c.log}: no such directory", "check --log; the trainer (or `hilo topics create`) creates it")]
+            return [fail("log", f"{c.log}: no such directory",
+                         "check --log; the trainer (or `hilo topics create`) creates it")]
         return [ok("log", f"embedded file log at {root}: {len(s.log().runs())} run(s)")]
     if not s.kafka:
         return [fail("log", f"--log {c.log!r}: expected file://DIR or kafka://HOST:PORT[,HOST:PORT]", "fix --log")]
@@ -40,33 +43,39 @@ def reach(s) -> list:
     except HiloError as e:
         return [fail("log", str(e), "check --log's HOST:PORT, that a broker listens there, and that --kafka-config's "
                                     "security.protocol is the listener's")]
-    return [ok("log", f"{c.log} answers as {client_config(c.kafka_config)}: {len(cluster['brokers'])} broker(s), controller "
+    return [ok("log",
+               f"{c.log} answers as {client_config(c.kafka_config)}: {len(cluster['brokers'])} broker(s), controller "
                       f"{cluster['controller_id']}, cluster id {cluster['cluster_id']}")]
 
 
 def topics(s) -> list:
-    """Each of the run's topics: one line with its partitions, policy, room for a chunk and (Kafka) replication and retention."""
+    """Each of the run's topics: one line with its partitions, policy, room for a chunk and (Kafka) replication and
+    retention."""
     c, log, out = s.config, s.log(), []
     for topic_of, partitions, required in RUN_TOPICS:
         topic = topic_of(c.run)
         try:
             has = log.partitions(topic)
             if partitions is not None and has != partitions:
-                out.append(fail("topics", f"{topic}: {has} partitions; hilo-sync needs exactly {partitions} (Kafka orders "
+                out.append(fail("topics",
+                                f"{topic}: {has} partitions; hilo-sync needs exactly {partitions} (Kafka orders "
                                           f"records only within a partition)",
-                                f"partitions cannot be removed: delete the topic (kafka-topics.sh --delete --topic {topic}; its "
-                                f"records go with it) and run `hilo topics create --log {c.log} --run {c.run}`"))
+                                f"partitions cannot be removed: delete the topic (kafka-topics.sh --delete --topic "
+                                f"{topic}; its records go with it) and run `hilo topics create --log {c.log} --run "
+                                f"{c.run}`"))
                 continue
             log.check_topic(topic, has)
         except NoSuchTopic:
             if required:
-                out.append(fail("topics", f"{topic} does not exist", f"hilo topics create --log {c.log} --run {c.run} (the "
+                out.append(fail("topics", f"{topic} does not exist",
+                                f"hilo topics create --log {c.log} --run {c.run} (the "
                                                                      f"trainer also creates it when it starts)"))
             continue
         except HiloError as e:  # compacted, too small for a chunk, not described: the message says which and what to do
             out.append(fail("topics", str(e)))
             continue
-        out.append(settings(log, topic, has) if s.kafka else ok("topics", f"{topic}: exists (the embedded log keeps everything)"))
+        out.append(settings(log, topic, has) if s.kafka
+                   else ok("topics", f"{topic}: exists (the embedded log keeps everything)"))
     return out
 
 
@@ -78,11 +87,13 @@ def settings(log, topic: str, partitions: int):
             f"min.insync.replicas {isr}, retention {keep}"
     alter = f"kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config"
     if isr > rf:
-        return fail("topics", f"{found}: more in-sync replicas required than copies exist, so the broker refuses every write "
+        return fail("topics",
+                    f"{found}: more in-sync replicas required than copies exist, so the broker refuses every write "
                               f"(NOT_ENOUGH_REPLICAS)", f"{alter} min.insync.replicas={max(1, rf - 1)}")
     issues = []
     if rf == 1:
-        issues.append(("one copy: losing its broker loses the run's history", "on a cluster of 3 brokers `hilo topics create` "
+        issues.append(("one copy: losing its broker loses the run's history",
+                       "on a cluster of 3 brokers `hilo topics create` "
                                                                                "replicates 3 times"))
     elif isr == rf:
         issues.append(("one broker down stops the trainer's writes", f"{alter} min.insync.replicas={rf - 1}"))

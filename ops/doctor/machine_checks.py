@@ -36,13 +36,15 @@ def kernels(s) -> list:
         how = f"compiled in {took:.1f} s (first use on this machine)"
     found = f"the fused apply kernel {how}; one update's state equals the specification's"
     if not os.access(stats.cache_path, os.W_OK):
-        return [warn("kernels", f"{found}; numba cannot write its cache at {stats.cache_path}: every process compiles again",
+        return [warn("kernels",
+                     f"{found}; numba cannot write its cache at {stats.cache_path}: every process compiles again",
                      "set NUMBA_CACHE_DIR to a writable directory")]
     return [ok("kernels", f"{found} (cache: {stats.cache_path})")]
 
 
 def _one_update() -> tuple:
-    """(trainer on the reference path, a site in kernel-only mode at v0, v1's framed message) at a tiny adapter shape."""
+    """(trainer on the reference path, a site in kernel-only mode at v0, v1's framed message) at a tiny adapter
+    shape."""
     from hilo.producer.update_builder import UpdateBuilder
     from hilo.replica.codecs import Budget, make_encoder
     from hilo.replica.replica import PolicyReplica
@@ -61,13 +63,15 @@ def cpu(s) -> list:
     import llvmlite.binding as llvm
     flags = cpu_flags()
     if flags is None:
-        flags = {f.lstrip("+").replace(".", "_") for f in llvm.get_host_cpu_features().flatten().split(",") if f.startswith("+")}
+        flags = {f.lstrip("+").replace(".", "_") for f in llvm.get_host_cpu_features().flatten().split(",")
+                 if f.startswith("+")}
     have = [f for f in FEATURES if f in flags]
     found = f"{llvm.get_host_cpu_name()}: {' '.join(have) or 'none of ' + ', '.join(FEATURES)}"
     if "avx2" not in have and "avx512f" not in have:
         return [warn("cpu", f"{found}: the kernels' loops vectorise with SSE only (same bits, slower)",
                      "run sites on a CPU with AVX2 or AVX-512 where apply time matters")]
-    return [ok("cpu", f"{found} (the kernels are compiled for this CPU; no FMA contraction, so the bits do not depend on it)")]
+    return [ok("cpu",
+               f"{found} (the kernels are compiled for this CPU; no FMA contraction, so the bits do not depend on it)")]
 
 
 def cpu_flags() -> set | None:
@@ -81,9 +85,11 @@ def cpu_flags() -> set | None:
 
 
 def disk(s) -> list:
-    """Free space in the state dir and the embedded log's directory (the nearest existing parent of one not made yet)."""
+    """Free space in the state dir and the embedded log's directory (the nearest existing parent of one not made
+    yet)."""
     c, out = s.config, []
-    dirs = [("state dir", c.state_dir)] + ([("file log", c.log[len("file://"):])] if (c.log or "").startswith("file://") else [])
+    dirs = [("state dir", c.state_dir)] + ([("file log", c.log[len("file://"):])]
+                                           if (c.log or "").startswith("file://") else [])
     for what, d in dirs:
         if d is None:
             continue
@@ -91,11 +97,13 @@ def disk(s) -> list:
         while not there.exists():
             there = there.parent
         if not os.access(there, os.W_OK):
-            out.append(fail("disk", f"{what} {d}: {there} is not writable by this user", f"chown or chmod {there}, or choose "
+            out.append(fail("disk", f"{what} {d}: {there} is not writable by this user",
+                            f"chown or chmod {there}, or choose "
                                                                                          f"another directory"))
             continue
         free = shutil.disk_usage(there).free / 1e9
         found = f"{what} {d}: {free:.1f} GB free"
         out.append(warn("disk", f"{found}, under {c.min_free_gb:g} GB: snapshots and adapters may not fit",
-                        "free space or move it (--min-free-gb sets this threshold)") if free < c.min_free_gb else ok("disk", found))
+                        "free space or move it (--min-free-gb sets this threshold)") if free < c.min_free_gb
+                   else ok("disk", found))
     return out

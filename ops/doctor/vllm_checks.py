@@ -20,7 +20,8 @@ def version(s) -> list:
     except VllmError as e:
         return [fail("vllm", str(e), "point --vllm at the vLLM server's base URL (http://HOST:PORT)")]
     if not (v == SUPPORTED or v.startswith(SUPPORTED + ".")):
-        return [warn("vllm", f"vLLM {v} at {server.url}: the hilo-sync plugin patches vLLM {SUPPORTED} and is inactive on "
+        return [warn("vllm",
+                     f"vLLM {v} at {server.url}: the hilo-sync plugin patches vLLM {SUPPORTED} and is inactive on "
                              f"other releases (serving stays correct; vLLM re-reads the adapter on every request)",
                      f"run vLLM {SUPPORTED} (ops/vllm/install.sh)")]
     return [ok("vllm", f"vLLM {v} at {server.url}")]
@@ -30,19 +31,23 @@ def lora(s) -> list:
     """Runtime LoRA loading is on (asked with a load that names nothing: nothing is loaded)."""
     server = s.vllm()
     if not server.runtime_lora():
-        return [fail("vllm-lora", f"vLLM at {server.url} has no runtime LoRA loading (POST /v1/load_lora_adapter is not "
-                                  f"served): a site cannot load its versions", f"re{NO_RUNTIME_LORA} (ops/vllm/start.sh does)")]
+        return [fail("vllm-lora",
+                     f"vLLM at {server.url} has no runtime LoRA loading (POST /v1/load_lora_adapter is not "
+                                  f"served): a site cannot load its versions",
+                     f"re{NO_RUNTIME_LORA} (ops/vllm/start.sh does)")]
     return [ok("vllm-lora", "runtime LoRA loading is on (POST /v1/load_lora_adapter answers)")]
 
 
 def plugin(s) -> list:
-    """The hilo-sync plugin answers a real in-place load: of the state dir's newest adapter, else of one the server holds."""
+    """The hilo-sync plugin answers a real in-place load: of the state dir's newest adapter, else of one the server
+    holds."""
     server, own = s.vllm(), newest_adapter(s.config.state_dir)
     held = {} if own else server.adapters()
     adapter = own or next(iter(held.values()), None)
     if adapter is None:
         return [warn("vllm-plugin", "cannot tell: no adapter to load (the server holds none, and no --state-dir with "
-                                    "exported adapters was given)", "give --state-dir of a site that exported a version")]
+                                    "exported adapters was given)",
+                     "give --state-dir of a site that exported a version")]
     try:
         active = server.probe_plugin(adapter)
     except VllmDown:
@@ -64,7 +69,8 @@ def base(s) -> list:
     server, want = s.vllm(), s.config.base
     served = server.base_model()
     if want is not None and _name(served) != _name(want):
-        return [fail("vllm-base", f"vLLM at {server.url} serves {served}, not the base {want}: the run's adapters would "
+        return [fail("vllm-base",
+                     f"vLLM at {server.url} serves {served}, not the base {want}: the run's adapters would "
                                   f"load onto other weights", "start vLLM on the run's base model (ops/vllm/start.sh "
                                                               "BASE_MODEL_DIR), or fix --base")]
     return [ok("vllm-base", f"serves {served}" + (" (as --base says)" if want is not None else ""))]

@@ -1,11 +1,16 @@
 """Lies a site can tell about what it served, so the trainer's audit can be shown to catch them. Installed from outside
 the product, by subclassing its seams (consumer/serving.py `Serving`, consumer/generator.py `Generator`):
 
-    python -m hilo.ops.faults.lying_site previous ... --no-self-check   # serves the previously loaded adapter under each new version
-    python -m hilo.ops.faults.lying_site perturb  ... --no-self-check   # serves each version with one block scaled by 1 + 1e-3
-    python -m hilo.ops.faults.lying_site logprobs ...                    # reports made-up behaviour log-probabilities (x 0.99)
-    python -m hilo.ops.faults.lying_site sharpen  ...                    # samples at a quarter of the prompt's temperature
-    python -m hilo.ops.faults.lying_site span     ...                    # made-up log-probabilities, stamped version_end = start + 1
+    python -m hilo.ops.faults.lying_site previous ... --no-self-check  # serves the previously loaded adapter
+                                                                         under each new version
+    python -m hilo.ops.faults.lying_site perturb  ... --no-self-check  # serves each version with one block scaled
+                                                                         by 1 + 1e-3
+    python -m hilo.ops.faults.lying_site logprobs ...                  # reports made-up behaviour log-probabilities
+                                                                         (x 0.99)
+    python -m hilo.ops.faults.lying_site sharpen  ...                  # samples at a quarter of the prompt's
+                                                                         temperature
+    python -m hilo.ops.faults.lying_site span     ...                  # made-up log-probabilities, stamped
+                                                                         version_end = start + 1
 
 (`...`: the usual `hilo consume` arguments.) `previous` and `perturb` are what a stale vLLM adapter cache or a corrupted
 load look like; the site's own self-check catches them (consumer/self_check.py) unless it is turned off, as a site

@@ -102,8 +102,10 @@ def train_on_the_device(device: torch.device, steps: int) -> dict:
 def main(argv=None) -> int:
     """Run both parts; print the JSON; 0 when every digest matched."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="default: cuda when there is one")
-    ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b", help="adapter shape of part 1 (default: %(default)s)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="default: cuda when there is one")
+    ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b",
+                    help="adapter shape of part 1 (default: %(default)s)")
     ap.add_argument("--versions", type=int, default=8, help="versions encoded in part 1 (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=6, help="training steps in part 2 (default: %(default)s)")
     ap.add_argument("--out", default=None, help="folder for gpu-check.json")
@@ -119,7 +121,8 @@ def main(argv=None) -> int:
     enc, tr = res["encode"], res["train"]
     res["ok"] = (all(enc[k]["site_matched_versions"] == a.versions for k in ("device", "cpu") if k in enc)
                  and tr["weights_equal_replica"] and tr["site_digest_equal"]
-                 and enc["device"]["residual_on"] == tr["residual_on"] == device.type)  # the residual stayed where the grads are
+                 # the residual stayed where the grads are
+                 and enc["device"]["residual_on"] == tr["residual_on"] == device.type)
     text = json.dumps(res, indent=2)
     if a.out:
         pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
