@@ -14,7 +14,8 @@ from hilo.replica.optimizers import OPTIMIZERS as OPTIMIZER_REGISTRY
 from hilo.replica.replica import PolicyReplica
 
 # Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
-pytest_plugins = ["tests.leakcheck", "tests.xdist_groups", "tests.heavy"]  # xdist groups that group; heavy tests one at a time
+# xdist groups that group; heavy tests one at a time
+pytest_plugins = ["tests.leakcheck", "tests.xdist_groups", "tests.heavy"]
 
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
@@ -91,7 +92,8 @@ def vllm():
 
 @pytest.fixture
 def logs():
-    """logs(url, **kw) -> open_log(url, **kw), closed when the test ends (the reads and appends a test makes by hand)."""
+    """logs(url, **kw) -> open_log(url, **kw), closed when the test ends (the reads and appends a test makes by
+    hand)."""
     from hilo.log import open_log
     opened = []
 

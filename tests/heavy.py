@@ -7,7 +7,8 @@ to 9-10 and one of them past 15 minutes; one at a time, each takes about what it
 - Whatever a heavy test's group, it holds a lock every worker of the run shares while it runs (setup, call, teardown):
   two heavy tests never overlap even where the groups would let them. A worker that waits for it waits idle (the wait
   is the test's setup time in `--durations`), which is why the group comes first: tried with the lock alone on RL runs,
-  2-rank jobs and the sweeps, workers queued behind each other: 62% of the suite in 50 minutes (47 in all with the group).
+  2-rank jobs and the sweeps, workers queued behind each other: 62% of the suite in 50 minutes (47 in all with the
+  group).
 Tests that use one core or less (an RL run waiting on vLLM, a 2-rank job of one thread each) are not heavy.
 """
 import fcntl
@@ -22,8 +23,10 @@ ENV = "HILO_HEAVY_LOCK"
 
 
 def pytest_configure(config):
-    """The controller (or a run without workers) makes the run's lock file; workers, started after this, inherit its path."""
-    config.addinivalue_line("markers", "heavy: keeps every core busy (tests/heavy.py): never runs beside another heavy test")
+    """The controller (or a run without workers) makes the run's lock file; workers, started after this, inherit its
+    path."""
+    config.addinivalue_line("markers",
+                            "heavy: keeps every core busy (tests/heavy.py): never runs beside another heavy test")
     if not hasattr(config, "workerinput"):
         folder = tempfile.mkdtemp(prefix="hilo-heavy-")
         config._hilo_heavy_dir = folder

@@ -50,7 +50,8 @@ def _origin(skip: int = 2) -> str:
     picked = (here or frames)[-3:]
     tests = [f for f in here if f.filename.startswith(str(ROOT / "tests")) and f not in picked]
     picked = tests[-1:] + picked  # and the test line that led there
-    return " <- ".join(f"{pathlib.Path(f.filename).relative_to(ROOT) if f.filename.startswith(str(ROOT)) else f.filename}:"
+    return " <- ".join(
+        f"{pathlib.Path(f.filename).relative_to(ROOT) if f.filename.startswith(str(ROOT)) else f.filename}:"
                        f"{f.lineno} ({f.name})" for f in reversed(picked))
 
 
@@ -161,7 +162,8 @@ def leftovers(before: State, grace_s: float = GRACE_S) -> list:
         if t is not threading.current_thread():
             t.join(max(0.0, deadline - time.monotonic()))
     clients = [c for c in _open_clients() if c not in before.clients]
-    processes = [pid for pid in _children() if pid not in before.processes and not PROCESS_WIDE_CMD.search(_cmdline(pid))]
+    processes = [pid for pid in _children() if pid not in before.processes
+                 and not PROCESS_WIDE_CMD.search(_cmdline(pid))]
     while processes and time.monotonic() < deadline:
         processes = [pid for pid in processes if _alive(pid)]
         if processes:
@@ -169,7 +171,8 @@ def leftovers(before: State, grace_s: float = GRACE_S) -> list:
     lines = []
     made_by_clients = {getattr(c, "_hilo_origin", None) for c in clients}
     for t in threads:
-        if t.is_alive() and getattr(t, "_hilo_origin", "?") not in made_by_clients:  # a leaked client's I/O thread: said once
+        # a leaked client's I/O thread: said once
+        if t.is_alive() and getattr(t, "_hilo_origin", "?") not in made_by_clients:
             lines.append(f"thread {t.name!r} (daemon={t.daemon}) started at {getattr(t, '_hilo_origin', '?')}")
     for c in clients:
         lines.append(f"{type(c).__name__} client_id={c.config.get('client_id')!r} (not closed) made at "

@@ -31,14 +31,16 @@ def zombie(url, tmp_path):
     _, a_err = a.communicate(timeout=300)
     fenced_after = time.monotonic() - t0
     errors = [line for line in a_err.splitlines() if "error:" in line]
-    assert a.returncode == 1 and len(errors) == 1 and "was fenced" in errors[0] and "Traceback" not in a_err, a_err[-3000:]
+    assert a.returncode == 1 and len(errors) == 1 and "was fenced" in errors[0] and "Traceback" not in a_err, a_err[
+        -3000:]
     assert max(with_log(url, lambda log: log_versions(log, run))) == final  # A added nothing
     wait_for_line(live, rf"site live: v{final} ")
     assert live.poll() is None  # never stopped
     live.send_signal(signal.SIGTERM)
     live_out, _ = live.communicate(timeout=120)
     assert live.returncode == 0 and f"live: v{final} digest {digest}" in live_out
-    late = open_site(url, run, tmp_path, "late", until_version=final, export_adapters=False, history=str(hist / "late.jsonl"))
+    late = open_site(url, run, tmp_path, "late", until_version=final, export_adapters=False,
+                     history=str(hist / "late.jsonl"))
     late.run(progress=False)
     assert late.follower.replica.digest.hex() == digest
     check_histories(url, run, hist, ["trainer-a", "trainer-b"], ["live", "late"])

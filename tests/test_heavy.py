@@ -39,7 +39,8 @@ def _run(tmp_path, mark: str) -> subprocess.CompletedProcess:
     probe = tmp_path / "probe"
     probe.mkdir()
     env = os.environ | {"PYTHONPATH": str(ROOT), "HEAVY_PROBE_DIR": str(probe)}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.heavy", "-p", "no:cacheprovider", "-q", "-n", "2",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.heavy", "-p", "no:cacheprovider", "-q", "-n",
+                           "2",
                            "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 

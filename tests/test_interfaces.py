@@ -26,7 +26,8 @@ def test_each_implementation_defines_every_method_of_its_protocol(protocol, impl
 @pytest.mark.parametrize("protocol", [Log, Engine], ids=lambda c: c.__name__)
 def test_an_implementation_missing_a_method_is_refused_when_constructed(protocol):
     missing = sorted(protocol.__abstractmethods__)[0]
-    partial = type("Partial", (protocol,), {m: (lambda self, *a, **k: None) for m in protocol.__abstractmethods__ if m != missing})
+    partial = type("Partial", (protocol,),
+                   {m: (lambda self, *a, **k: None) for m in protocol.__abstractmethods__ if m != missing})
     with pytest.raises(TypeError, match=missing):
         partial()
 

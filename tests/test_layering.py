@@ -1,4 +1,5 @@
-"""Dependencies run one way: schemas -> replica -> log -> replay -> {producer, consumer} -> ops (docs/design.md, "Folders").
+"""Dependencies run one way: schemas -> replica -> log -> replay -> {producer, consumer} -> ops (docs/design.md,
+"Folders").
 
 Every import of every module (top level and inside functions) is read with ast; an import of a higher
 layer, or between producer and consumer, fails the test with the file, line and edge.
@@ -42,9 +43,11 @@ def edges():
 def test_imports_run_one_way():
     found = edges()
     bad = {e: where for e, where in found.items() if LAYERS[e[1]] >= LAYERS[e[0]]}
-    assert not bad, "upward or sideways imports: " + "; ".join(f"{a} -> {b} at {', '.join(w)}" for (a, b), w in bad.items())
+    assert not bad, "upward or sideways imports: " + "; ".join(f"{a} -> {b} at {', '.join(w)}" for (a, b),
+                                                               w in bad.items())
     # The checker sees real edges (it would pass vacuously if it parsed nothing).
-    assert {("replica", "schemas"), ("replay", "replica"), ("replay", "log"), ("producer", "replay"), ("producer", "log"),
+    assert {("replica", "schemas"), ("replay", "replica"), ("replay", "log"), ("producer", "replay"),
+            ("producer", "log"),
             ("consumer", "log"), ("ops", "producer")} <= set(found)
 
 

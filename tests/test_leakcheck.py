@@ -45,7 +45,8 @@ def test_an_open_kafka_client_is_named_and_closed():
     log.runs()  # connects the admin client (and starts its I/O thread)
     client = log.admin
     lines = leftovers(before, grace_s=1)
-    assert len(lines) == 1 and "KafkaAdminClient client_id='hilo-admin' (not closed)" in lines[0], lines  # its thread: said once
+    # its thread: said once
+    assert len(lines) == 1 and "KafkaAdminClient client_id='hilo-admin' (not closed)" in lines[0], lines
     assert "tests/test_leakcheck.py:" in lines[0]
     assert client._closed
     log.close()

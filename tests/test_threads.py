@@ -30,7 +30,8 @@ def threads_built(source: str, name: str = "<m>") -> list:
 
 
 def test_no_module_starts_a_thread_of_its_own():
-    found = [f"{p.relative_to(ROOT)}:{line}" for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py")) if p != ALLOWED
+    found = [f"{p.relative_to(ROOT)}:{line}" for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+             if p != ALLOWED
              for line in threads_built(p.read_text(), str(p))]
     assert not found, f"threads built outside hilo.log.threads (use threads.start): {', '.join(found)}"
 
@@ -51,5 +52,6 @@ def test_an_error_escaping_a_thread_stops_the_process_with_one_line():
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert p.returncode == threads.EXIT_CODE
     assert p.stderr.strip().splitlines() == [
-        "thread hilo-example stopped on FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'; the process "
-        "stops (exit 70): nothing it acknowledged is lost, and a restart resumes from its snapshot and the log"], p.stderr
+        "thread hilo-example stopped on FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'; the "
+        "process stops (exit 70): nothing it acknowledged is lost, and a restart resumes from its snapshot and the "
+        "log"], p.stderr

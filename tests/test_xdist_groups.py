@@ -47,15 +47,19 @@ def test_every_test_of_a_group_runs_on_one_worker(tmp_path):
     (tmp_path / "test_b.py").write_text(body.format(marks='pytestmark = pytest.mark.vllm'))
     (tmp_path / "test_c.py").write_text(body.format(marks=""))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "3", "--dist", "loadgroup",
-                        "-p", "no:randomly", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "3", "--dist",
+                        "loadgroup",
+                        "-p", "no:randomly", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     workers = collections.defaultdict(set)
     for line in (tmp_path / "ran").read_text().splitlines():
         who, worker = line.split()
         workers[who].add(worker)
-    assert len(workers["test_a"] | workers["test_a-vllm"]) == 1          # a module's group, its vLLM test too: one worker
-    assert len(workers["test_b"] | workers["test_b-vllm"] | workers["test_c-vllm"]) == 1  # every other vLLM test: one worker
+    # a module's group, its vLLM test too: one worker
+    assert len(workers["test_a"] | workers["test_a-vllm"]) == 1
+    # every other vLLM test: one worker
+    assert len(workers["test_b"] | workers["test_b-vllm"] | workers["test_c-vllm"]) == 1
 
 
 def test_a_group_the_source_does_not_show_fails_the_test(tmp_path):
@@ -65,6 +69,8 @@ def test_a_group_the_source_does_not_show_fails_the_test(tmp_path):
                                           '        item.add_marker(pytest.mark.xdist_group("hidden"))\n')
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)], cwd=tmp_path, env=env,
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)], cwd=tmp_path,
+                       env=env,
                        capture_output=True, text=True, timeout=300)
-    assert p.returncode == 1 and "test_x.py::test_x: marked for xdist group 'hidden', its source says None" in p.stdout, p.stdout
+    assert p.returncode == 1 and ("test_x.py::test_x: marked for xdist group 'hidden', its source says "
+                                  "None") in p.stdout, p.stdout

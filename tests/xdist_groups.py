@@ -26,7 +26,8 @@ def _marks(node) -> list:
         call = n if isinstance(n, ast.Call) else None
         attr = call.func if call is not None else n
         if isinstance(attr, ast.Attribute) and isinstance(attr.value, ast.Attribute) and attr.value.attr == "mark":
-            arg = call.args[0].value if call is not None and call.args and isinstance(call.args[0], ast.Constant) else None
+            arg = call.args[0].value if call is not None and call.args and isinstance(call.args[0],
+                                                                                      ast.Constant) else None
             out.append((attr.attr, arg))
     return out
 
@@ -94,11 +95,12 @@ def pytest_collection_modifyitems(config, items):
     so a worker reports it like any failure)."""
     for item in items:
         mark = item.get_closest_marker("xdist_group")
-        marked = (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else ("vllm" if item.get_closest_marker("vllm") else None)
+        marked = (mark.args[0] if mark.args
+                  else mark.kwargs.get("name")) if mark else ("vllm" if item.get_closest_marker("vllm") else None)
         read = group_of(config.rootpath, item.nodeid)
         if marked != read:
-            item._hilo_group_error = (f"{item.nodeid}: marked for xdist group {marked!r}, its source says {read!r}: write the "
-                                      f"group as a mark in the test's module (tests/xdist_groups.py)")
+            item._hilo_group_error = (f"{item.nodeid}: marked for xdist group {marked!r}, its source says {read!r}: "
+                                      f"write the group as a mark in the test's module (tests/xdist_groups.py)")
 
 
 def pytest_runtest_setup(item):

@@ -3,7 +3,8 @@ product onto a fresh embedded log, only the two `records` files of each kept, an
 
     PYTHONPATH=<worktree>/.shim python -m tests.conformance.make_vectors [--out tests/conformance/vectors]
 
-Run it after a change to the wire format or the arithmetic (a new `math` or `digest_version`), then commit the result."""
+Run it after a change to the wire format or the arithmetic (a new `math` or `digest_version`), then commit the
+result."""
 import argparse
 import pathlib
 import shutil
@@ -26,7 +27,8 @@ def main(argv=None) -> None:
             dest = args.out / name
             for topic in ("updates", "checkpoints"):  # writer.json and groups/ are not the run's bytes
                 (dest / f"{name}.{topic}").mkdir(parents=True)
-                shutil.copyfile(pathlib.Path(tmp) / "log" / f"{name}.{topic}" / "records", dest / f"{name}.{topic}" / "records")
+                shutil.copyfile(pathlib.Path(tmp) / "log" / f"{name}.{topic}" / "records",
+                                dest / f"{name}.{topic}" / "records")
             write_expected(dest, expected)
         print(f"{name}: {len(expected['digests'])} versions")
 

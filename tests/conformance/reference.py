@@ -1,6 +1,6 @@
 """A second implementation of the wire format and the arithmetic, written from schemas/SPEC.md and schemas/ARITHMETIC.md
-alone: numpy, msgpack, zstandard, xxhash, zlib, hashlib, cryptography (Ed25519) and kafka-python. It imports nothing from the product
-(test_conformance.py runs it in a process where `hilo` cannot be imported).
+alone: numpy, msgpack, zstandard, xxhash, zlib, hashlib, cryptography (Ed25519) and kafka-python. It imports nothing
+from the product (test_conformance.py runs it in a process where `hilo` cannot be imported).
 
     python tests/conformance/reference.py LOG RUN [TRUSTED_KEY_HEX]
 
@@ -39,7 +39,8 @@ def file_records(path: pathlib.Path):
 
 
 def kafka_records(bootstrap: str, topic: str):
-    """(offset, key, headers, value) of every committed record of partition 0 of `topic` (kafka-python, read_committed)."""
+    """(offset, key, headers, value) of every committed record of partition 0 of `topic` (kafka-python,
+    read_committed)."""
     from kafka import KafkaConsumer, TopicPartition
     tp = TopicPartition(topic, 0)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
@@ -63,7 +64,8 @@ def topic_records(source: str, topic: str):
 
 
 def messages(records, run: str):
-    """(offset just past the message, headers of chunk 0, framed bytes) of every whole message of `run` (SPEC, "Log records")."""
+    """(offset just past the message, headers of chunk 0, framed bytes) of every whole message of `run` (SPEC, "Log
+    records")."""
     parts, want, first = None, None, None
     for offset, _, h, value in records:
         if h.get("hilo-run") != run or "hilo-chunk" not in h:
@@ -126,7 +128,8 @@ def tensor_part(t: np.ndarray, digest_version: int) -> bytes:
     if digest_version == 2:
         return xxhash.xxh3_128_digest(t.tobytes())
     rows = max(1, 16384 // t.shape[1])
-    return b"".join(struct.pack("<Q", xxhash.xxh3_64_intdigest(t[r:r + rows].tobytes())) for r in range(0, t.shape[0], rows))
+    return b"".join(struct.pack("<Q", xxhash.xxh3_64_intdigest(t[r:r + rows].tobytes()))
+                    for r in range(0, t.shape[0], rows))
 
 
 def state_digest(manifest, mid, optimizer, version, params, slot_names, slots, scalars) -> bytes:
@@ -145,7 +148,8 @@ def state_digest(manifest, mid, optimizer, version, params, slot_names, slots, s
     return h.digest()
 
 
-# ---- codecs: the fp32 gradient of each block (ARITHMETIC.md, "Decode") -------------------------------------------------
+# ---- codecs: the fp32 gradient of each block (ARITHMETIC.md, "Decode")
+# -------------------------------------------------
 def tensor(buf: bytes, dtype: str, shape) -> np.ndarray:
     """A bin as a little-endian array of `shape`; its length must be exact."""
     dt = np.dtype(dtype).newbyteorder("<")
@@ -201,7 +205,8 @@ def decode(codec: str, blocks: list, manifest) -> list:
 
 
 # ---- optimizers (ARITHMETIC.md, "Optimizers") ------------------------------------------------------------------------
-SLOTS = {"sgd": ("momentum",), "adamw": ("exp_avg", "exp_avg_sq"), "lion": ("exp_avg",), "muon": ("momentum",), "add": ()}
+SLOTS = {"sgd": ("momentum",), "adamw": ("exp_avg", "exp_avg_sq"), "lion": ("exp_avg",), "muon": ("momentum",),
+         "add": ()}
 
 
 def f32(x: float) -> np.float32:
@@ -220,8 +225,10 @@ def sgd(p, g, s, sc, h, math_version):
 
 def adamw_coefficients(sc, h):
     b1p, b2p = sc["beta1_pow"] * h["beta1"], sc["beta2_pow"] * h["beta2"]
-    c = {"step": f32(h["lr"] / (1.0 - b1p)), "bc2": f32(math.sqrt(1.0 - b2p)), "b1": f32(h["beta1"]), "c1": f32(1.0 - h["beta1"]),
-         "b2": f32(h["beta2"]), "c2": f32(1.0 - h["beta2"]), "decay": f32(1.0 - h["lr"] * h["weight_decay"]), "eps": f32(h["eps"])}
+    c = {"step": f32(h["lr"] / (1.0 - b1p)), "bc2": f32(math.sqrt(1.0 - b2p)), "b1": f32(h["beta1"]),
+         "c1": f32(1.0 - h["beta1"]),
+         "b2": f32(h["beta2"]), "c2": f32(1.0 - h["beta2"]), "decay": f32(1.0 - h["lr"] * h["weight_decay"]),
+         "eps": f32(h["eps"])}
     return c, {"beta1_pow": b1p, "beta2_pow": b2p}
 
 
@@ -304,13 +311,15 @@ class Replica:
         self.optimizer, self.version = ckpt["optimizer"], ckpt["version"]
         self.params = [tensor(b, "float32", s) for b, s in zip(ckpt["params"], shapes)]
         self.slot_names = list(ckpt["slots"])
-        self.slots = {n: [tensor(b, "float32", s) for b, s in zip(ts, shapes)] for n, ts in zip(ckpt["slots"], ckpt["slot_tensors"])}
+        self.slots = {n: [tensor(b, "float32", s) for b, s in zip(ts, shapes)] for n,
+                      ts in zip(ckpt["slots"], ckpt["slot_tensors"])}
         self.scalars = dict(ckpt["scalars"])
         self.digest = self.compute_digest()
         assert self.digest == ckpt["digest"], f"checkpoint v{self.version}: its digest is not that of its contents"
 
     def compute_digest(self) -> bytes:
-        return state_digest(self.manifest, self.mid, self.optimizer, self.version, self.params, self.slot_names, self.slots, self.scalars)
+        return state_digest(self.manifest, self.mid, self.optimizer, self.version, self.params, self.slot_names,
+                            self.slots, self.scalars)
 
     def apply(self, u: dict) -> bytes:
         """Step by update `u` (its parent must be this state); returns the digest the reference computes."""
@@ -325,7 +334,8 @@ class Replica:
         step = STEPS[u["optimizer"]]
         params, slots = [], {n: [] for n in self.slot_names}
         for i, (p, g) in enumerate(zip(self.params, grads)):
-            np_, ns = step(p, g, {n: self.slots[n][i] for n in self.slot_names}, c if u["optimizer"] == "adamw" else sc, h, mv)
+            np_, ns = step(p, g, {n: self.slots[n][i] for n in self.slot_names}, c if u["optimizer"] == "adamw" else sc,
+                           h, mv)
             params.append(np_.astype(F32))
             for n in self.slot_names:
                 slots[n].append(ns[n].astype(F32))
@@ -352,7 +362,8 @@ def replay(log: str, run: str, trusted_hex: str | None = None) -> dict:
         result["checkpoints"][str(body["version"])] = Replica(body).digest.hex()
     start = ckpts[min(ckpts)]  # the genesis, or the oldest a topic that deletes old checkpoints (Kafka) still holds
     if start["version"] == 0:
-        assert start["genesis"] == (xxhash.xxh3_128_digest(start["digest"] + start["nonce"]) if "nonce" in start else start["digest"])
+        assert start["genesis"] == (xxhash.xxh3_128_digest(start["digest"] + start["nonce"]) if "nonce" in start
+                                    else start["digest"])
     replica, trusted_now = Replica(start), list(trusted)
     for offset, _, framed in updates:
         try:
@@ -371,7 +382,8 @@ def replay(log: str, run: str, trusted_hex: str | None = None) -> dict:
         result["exact"] &= is_exact
         result["digests"][str(body["version"])] = mine.hex()
         if is_exact:
-            assert mine == body["digest"], f"v{body['version']}: replayed digest {mine.hex()} != promised {body['digest'].hex()}"
+            assert mine == body["digest"], (f"v{body['version']}: replayed digest {mine.hex()} != promised "
+                                            f"{body['digest'].hex()}")
         elif mine != body["digest"]:  # muon: keep going from the promised state (close, not equal)
             replica.digest = body["digest"]
         if body["version"] in ckpts and is_exact:

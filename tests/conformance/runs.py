@@ -1,6 +1,6 @@
-"""The runs the conformance vectors hold, written by the product (a tiny adapter, a few versions each): one per optimizer
-and per codec, signed and unsigned, a key rotation and a delta-mode run. make_vectors.py commits them; test_conformance.py
-also writes them afresh, so the reference replays what the code writes today."""
+"""The runs the conformance vectors hold, written by the product (a tiny adapter, a few versions each): one per
+optimizer and per codec, signed and unsigned, a key rotation and a delta-mode run. make_vectors.py commits them;
+test_conformance.py also writes them afresh, so the reference replays what the code writes today."""
 import json
 import pathlib
 import shutil
@@ -8,7 +8,8 @@ import shutil
 from cryptography.hazmat.primitives import serialization
 
 RUNS = {  # name -> (optimizer, codec, producer hparams, signed, rotate after this many versions, mode)
-    "sgd-nesterov-dense": ("sgd", "dense", {"momentum": 0.9, "nesterov": 1.0, "weight_decay": 0.01}, False, None, "gradient"),
+    "sgd-nesterov-dense": ("sgd", "dense", {"momentum": 0.9, "nesterov": 1.0, "weight_decay": 0.01}, False, None,
+                           "gradient"),
     "sgd-topk": ("sgd", "topk", {"momentum": 0.8}, False, None, "gradient"),
     "adamw-powersgd-signed": ("adamw", "powersgd", {"weight_decay": 0.01}, True, None, "gradient"),
     "lion-spar": ("lion", "spar", {"weight_decay": 0.1}, False, None, "gradient"),
@@ -41,7 +42,8 @@ def produce(name: str, out: pathlib.Path, log_url: str | None = None, run: str |
     out.mkdir(parents=True, exist_ok=True)
     url, run = log_url or f"file://{out / 'log'}", run or name
     keys = [generate(out / "keys" / k) for k in ("old", "new")] if signed else []
-    cfg = producer_config(run=run, log=url, budget=Budget(1.0), codec=codec, optimizer=optimizer, hparams=hparams, mode=mode,
+    cfg = producer_config(run=run, log=url, budget=Budget(1.0), codec=codec, optimizer=optimizer, hparams=hparams,
+                          mode=mode,
                           checkpoint_every=2, signing_key=str(keys[0][0]) if keys else None)
     producer = HiLoProducer.open(small_model(**MODEL), cfg)
     try:

@@ -14,7 +14,8 @@ from tests.conformance.runs import RUNS, produce
 
 HERE = pathlib.Path(__file__).parent
 VECTORS = HERE / "vectors"
-ALLOWED = {"hashlib", "json", "math", "pathlib", "struct", "sys", "zlib", "msgpack", "numpy", "xxhash", "zstandard", "cryptography",
+ALLOWED = {"hashlib", "json", "math", "pathlib", "struct", "sys", "zlib", "msgpack", "numpy", "xxhash", "zstandard",
+           "cryptography",
            "kafka"}
 
 
@@ -23,7 +24,8 @@ def replay(log, run: str, key: str | None) -> dict:
     code = ("import sys, json, pathlib; sys.modules['hilo'] = None; sys.path.insert(0, sys.argv[1]); import reference; "
             "assert not [m for m in sys.modules if m.startswith('hilo') and sys.modules[m] is not None]; "
             "print(json.dumps(reference.replay(sys.argv[2], sys.argv[3], sys.argv[4] or None)))")
-    out = subprocess.run([sys.executable, "-c", code, str(HERE), str(log), run, key or ""], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, str(HERE), str(log), run, key or ""], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, f"{run}: the reference failed:\n{out.stderr[-3000:]}"
     return json.loads(out.stdout)
 
@@ -31,7 +33,8 @@ def replay(log, run: str, key: str | None) -> dict:
 def check(expected: dict, got: dict, since: int = 1) -> None:
     """Every promised digest from version `since` on reproduced, bit for bit."""
     run, replayed = expected["run"], set(got["digests"])
-    assert {v for v in expected["digests"] if int(v) >= since} <= replayed <= set(expected["digests"]), f"{run}: versions replayed"
+    assert {v for v in expected["digests"]
+            if int(v) >= since} <= replayed <= set(expected["digests"]), f"{run}: versions replayed"
     expected = expected | {"digests": {v: d for v, d in expected["digests"].items() if v in replayed}}
     assert not got["skipped"], f"{run}: the reference skipped {got['skipped']}"
     assert got["exact"], f"{run}: written with an arithmetic version the text does not fix (muon before math 3)"

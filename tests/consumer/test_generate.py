@@ -67,7 +67,8 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     url, run, model, producer, gen = _trainer_at_v1(tmp_path, "gen", seed=0)
     # README: rollouts
     exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=2, max_staleness=0))
-    source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
+    source = prompts(run, Sampling(n=3, temperature=1.0, top_p=1.0, max_tokens=4, seed=0),
+                     min_version=lambda: producer.version)
     # README: end
     S = 0
     # README: audit
@@ -76,8 +77,10 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
     exchange.auditor = auditor
     # README: end
     exchange.source = source
-    site = hilo("consume", "--log", url, "--run", run, "--site", "g", "--state-dir", str(tmp_path / "g"), "--vllm", vllm_url,
-                "--lora-name", LORA, "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+    site = hilo("consume", "--log", url, "--run", run, "--site", "g", "--state-dir", str(tmp_path / "g"), "--vllm",
+                vllm_url,
+                "--lora-name", LORA, "--export-dtype", "float32", "--generate", "--reward",
+                "hilo.ops.digit_task:reward",
                 "--generate-batch", "2", "--until-version", "3", "--wait-checkpoint", "120")
     try:
         seen = {}
@@ -86,7 +89,8 @@ def test_a_generating_site_answers_with_the_version_it_serves(vllm, tmp_path):
             for g in groups:
                 assert len(g.rollouts) == 3 and [r.sample for r in g.rollouts] == [0, 1, 2]
                 for r in g.rollouts:
-                    assert (r.site, r.version_start, r.version_end, r.reward_fn) == ("g", version, version, "hilo.ops.digit_task:reward")
+                    assert (r.site, r.version_start, r.version_end, r.reward_fn) == ("g", version, version,
+                                                                                     "hilo.ops.digit_task:reward")
                     assert r.reward == reward(g.prompt.token_ids, r.completion_ids)
                     assert 1 <= len(r.completion_ids) <= 4 and len(r.logprobs) == len(r.completion_ids)
                     mine = _logprobs(model, g.prompt.token_ids, r.completion_ids)
@@ -123,12 +127,15 @@ def test_a_prompt_for_a_newer_policy_does_not_hold_back_the_prompt_before_it(vll
     gen = torch.Generator().manual_seed(2)
     _train_step(producer, gen)  # the site will serve v1
     asks = iter([1, 2])
-    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=1), prompt_partitions=1)
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=1),
+                                    prompt_partitions=1)
     sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
     assert exchange.issue(itertools.islice(prompts(run, sampling, min_version=lambda: next(asks)), 2)) == 2
     exchange.source = iter(())
-    site = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "d", "--state-dir", str(tmp_path / "d"), "--vllm", vllm_url,
-                "--lora-name", "defer-d", "--generate", "--reward", "hilo.ops.digit_task:reward", "--generate-batch", "2", "--no-progress",
+    site = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "d", "--state-dir", str(tmp_path / "d"),
+                "--vllm", vllm_url,
+                "--lora-name", "defer-d", "--generate", "--reward", "hilo.ops.digit_task:reward", "--generate-batch",
+                "2", "--no-progress",
                 "--wait-checkpoint", "120", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         first = _groups(exchange, producer, 1, timeout_s=120)  # the trainer is still at v1
@@ -165,13 +172,16 @@ def _lock_free(path) -> bool:
 
 def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(vllm, tmp_path):
     """S = 1, B = 2: a site SIGSTOPped while it holds a prompt, for two trainer versions; its rollout arrives stale, is
-    dropped with its group, never trained on; admission control keeps at most (S + 1) * B prompts in flight throughout."""
+    dropped with its group, never trained on; admission control keeps at most (S + 1) * B prompts in flight
+    throughout."""
     vllm_url, _ = vllm
     url, run, model, producer, gen = _trainer_at_v1(tmp_path, "stale", seed=1)
     policy = RolloutPolicy(batch_prompts=2, max_staleness=1)
     exchange = RolloutExchange.open(producer.log, run, policy)
-    source = prompts(run, Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0), min_version=lambda: producer.version)
-    sites = {name: hilo("consume", "--log", url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
+    source = prompts(run, Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0),
+                     min_version=lambda: producer.version)
+    sites = {name: hilo("consume", "--log", url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name),
+                        "--vllm",
                         vllm_url, "--lora-name", f"stale-{name}", "--export-dtype", "float32", "--generate", "--reward",
                         "hilo.ops.digit_task:reward", "--generate-batch", "1", "--lease-s", "600", "--no-progress",
                         stderr=None) for name in ("a", "b")}
@@ -193,7 +203,8 @@ def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(v
             pump()
             if _held_by(table, "a"):
                 os.kill(sites["a"].pid, signal.SIGSTOP)
-                if _held_by(table, "a") and _lock_free(table.with_name("records")):  # holds a prompt, not the queue's lock
+                # holds a prompt, not the queue's lock
+                if _held_by(table, "a") and _lock_free(table.with_name("records")):
                     stopped_at = producer.version
                     return True
                 os.kill(sites["a"].pid, signal.SIGCONT)
@@ -202,7 +213,8 @@ def test_a_site_stopped_past_the_staleness_bound_has_its_late_rollouts_dropped(v
         wait_until(lambda: pump() or producer.version >= stopped_at + policy.max_staleness + 1, 300,
                    "two more versions trained from site b's rollouts", every_s=0)
         os.kill(sites["a"].pid, signal.SIGCONT)
-        wait_until(lambda: pump() or exchange.book.dropped.get("stale", 0) >= 1, 300, "site a's late rollouts dropped", every_s=0)
+        wait_until(lambda: pump() or exchange.book.dropped.get("stale", 0) >= 1, 300, "site a's late rollouts dropped",
+                   every_s=0)
     finally:
         for p in sites.values():
             os.kill(p.pid, signal.SIGCONT)
@@ -222,8 +234,10 @@ def test_a_prompt_vllm_refuses_is_counted_and_the_site_keeps_answering(vllm, tmp
     sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
     too_long = PromptRecord(run, "long", tuple([1] * 40), sampling, 1)  # the server's context is 32 tokens
     assert exchange.issue(iter([too_long])) == 1
-    site = hilo("consume", "--log", url, "--run", run, "--site", "r", "--state-dir", str(tmp_path / "r"), "--vllm", vllm_url,
-                "--lora-name", "refused-r", "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
+    site = hilo("consume", "--log", url, "--run", run, "--site", "r", "--state-dir", str(tmp_path / "r"), "--vllm",
+                vllm_url,
+                "--lora-name", "refused-r", "--export-dtype", "float32", "--generate", "--reward",
+                "hilo.ops.digit_task:reward",
                 "--generate-batch", "1", "--no-progress")
     try:
         exchange.source = prompts(run, sampling, min_version=lambda: producer.version)
@@ -241,7 +255,8 @@ def test_a_prompt_vllm_refuses_is_counted_and_the_site_keeps_answering(vllm, tmp
 
 @pytest.mark.parametrize("args", [["--reward", "hilo.ops.digit_task:reward"], ["--vllm", "http://127.0.0.1:1"]])
 def test_generate_without_a_server_or_a_reward_is_one_line_before_anything_is_written(tmp_path, args):
-    p = hilo("consume", "--log", f"file://{tmp_path}/log", "--run", "r", "--site", "s", "--state-dir", str(tmp_path / "s"),
+    p = hilo("consume", "--log", f"file://{tmp_path}/log", "--run", "r", "--site", "s", "--state-dir",
+             str(tmp_path / "s"),
              "--generate", *args)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 1 and err.strip().splitlines()[-1] == (

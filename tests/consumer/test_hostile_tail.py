@@ -1,6 +1,6 @@
 """A hostile record as the newest on RUN.updates must not block a site's restart: junk claiming an old version, a
-replayed genuine old version, a forked old version, junk claiming a version not reached yet. The restarted site starts and
-follows (the fork stops it, naming
+replayed genuine old version, a forked old version, junk claiming a version not reached yet. The restarted site starts
+and follows (the fork stops it, naming
 its offset). The tail used to be believed unverified: the site refused to start ("refusing to move backwards ...
 remove STATE_DIR"), so anyone who can write the topic blocked every restart."""
 import dataclasses
@@ -44,7 +44,8 @@ def test_a_hostile_tail_does_not_block_a_site_restart(log_url, tmp_path, kind, l
     open_site(log_url, run, tmp_path, export_adapters=False, until_version=3).run(progress=False)  # its snapshot: v3
     log = logs(log_url)
     _tail(kind, log, run)
-    site = open_site(log_url, run, tmp_path, export_adapters=False, until_version=5)  # used to refuse: "moving backwards"
+    # used to refuse: "moving backwards"
+    site = open_site(log_url, run, tmp_path, export_adapters=False, until_version=5)
     publish_random(producer, 2, seed=1)
     if kind == "fork":
         with pytest.raises(Fork, match=r"offset \d+ \(v1\): fork at version 1"):

@@ -51,7 +51,8 @@ def test_site_matches_trainer_and_exports_a_loadable_adapter(log_url, tmp_path):
 
 def test_large_messages_are_chunked_and_reassembled(log_url, tmp_path):
     run = new_run()
-    producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32), producer_config(run=run, log=log_url, codec="dense"))
+    producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32),
+                                 producer_config(run=run, log=log_url, codec="dense"))
     publish_random(producer, 3)
     assert producer.last_step["bytes"] > 1 << 20 and producer.last_step["chunks"] >= 2
     s = site(log_url, run, tmp_path, until_version=3, export_adapters=False)
@@ -117,8 +118,10 @@ def test_restarted_trainer_resumes_at_head_and_refuses_another_model(log_url, tm
 
 def _forge(producer, version=None, parent=None, run=None):
     r = producer.replica
-    return UpdateMessage(run or r.run, version or r.version + 1, parent or r.digest, b"\x07" * 16, r.manifest.manifest_id,
-                         "dense", {}, "adamw", {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0},
+    return UpdateMessage(run or r.run, version or r.version + 1, parent or r.digest, b"\x07" * 16,
+                         r.manifest.manifest_id,
+                         "dense", {}, "adamw",
+                         {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0},
                          [{"i": i, "g": bytes(4 * b.numel)} for i, b in enumerate(r.manifest.blocks)]).to_bytes()
 
 
@@ -135,14 +138,17 @@ def test_stray_records_are_skipped_loudly_and_the_run_goes_on(log_url, tmp_path,
     else:
         at = log.append(updates_topic(run), split(_forge(producer, run="intruder"), "intruder", "update", 5))[0]
     producer.close()
-    restarted = HiLoProducer.open(small_model(), cfg)  # was: "resumed at v4 but the log head is ..." and no way to resume
+    # was: "resumed at v4 but the log head is ..." and no way to resume
+    restarted = HiLoProducer.open(small_model(), cfg)
     assert restarted.version == 4
     publish_random(restarted, 2, seed=3)
     s = site(log_url, run, tmp_path, export_adapters=False, until_version=6, history=str(tmp_path / "s1.jsonl"))
     s.run(progress=False)
     assert s.follower.replica.digest == restarted.replica.digest and s.follower.foreign == 1
-    assert [(e["skip"], e["reason"]) for e in read_history(str(tmp_path / "s1.jsonl")) if "skip" in e] == [(at, "foreign")]
-    assert s.metrics.registry.get_sample_value("hilo_site_records_refused_total", {"run": run, "site": "s1", "reason": "foreign"}) == 1
+    assert [(e["skip"], e["reason"]) for e in read_history(str(tmp_path / "s1.jsonl"))
+            if "skip" in e] == [(at, "foreign")]
+    assert s.metrics.registry.get_sample_value("hilo_site_records_refused_total",
+                                               {"run": run, "site": "s1", "reason": "foreign"}) == 1
     assert any(r.levelno == logging.WARNING for r in caplog.records)  # loudly: a warning (its words are the operator's)
     restarted.close()
 
@@ -185,7 +191,8 @@ def test_bad_records_stop_the_site_at_the_last_good_version(log_url, tmp_path, b
     s = site(log_url, run, tmp_path, export_adapters=False, idle_exit_s=30)
     with pytest.raises((ChainError, DivergenceError), match=error.format(at=at)):
         s.run(progress=False)
-    assert (s.follower.replica.version, s.follower.replica.digest) == (4, producer.replica.digest)  # untouched in memory
+    # untouched in memory
+    assert (s.follower.replica.version, s.follower.replica.digest) == (4, producer.replica.digest)
     pos = json.loads((tmp_path / "s1" / "snapshot" / "position.json").read_text())
     # resumes just past v4 (Kafka: before or after v4's transaction marker), never past the bad record
     assert pos["version"] == 4 and pos["digest"] == producer.replica.digest.hex()
@@ -204,7 +211,8 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(log_url, tmp
     at = log.append(checkpoints_topic(run), split(bad, run, "checkpoint", 4, extra=extra))[0]
     s = site(log_url, run, tmp_path, until_version=4, export_adapters=False)
     assert s.follower.replica.version == 3  # the v3 checkpoint before the corrupt v4 one
-    assert re.search(rf"{run}.checkpoints offset {at} \(checkpoint v4\).*falling back to the previous checkpoint", caplog.text)
+    assert re.search(rf"{run}.checkpoints offset {at} \(checkpoint v4\).*falling back to the previous checkpoint",
+                     caplog.text)
     s.run(progress=False)
     assert s.follower.replica.digest == producer.replica.digest
     producer.close()
@@ -219,7 +227,8 @@ def test_only_corrupt_checkpoints_is_a_named_error(log_url, tmp_path, logs):
     from hilo.replica.replica import PolicyReplica
     manifest, params = lora_parameters(producer_model)
     data = PolicyReplica.genesis(run, manifest, [p.detach() for p in params], "adamw").checkpoint().to_bytes()
-    log.append(checkpoints_topic(run), split(data[:-40] + bytes(40), run, "checkpoint", 0, extra={"hilo-updates-offset": "0"}))
+    log.append(checkpoints_topic(run),
+               split(data[:-40] + bytes(40), run, "checkpoint", 0, extra={"hilo-updates-offset": "0"}))
     with pytest.raises(MalformedMessage, match=rf"{run}.checkpoints offset 0 \(checkpoint v0\)"):
         site(log_url, run, tmp_path)
 
@@ -234,9 +243,11 @@ def test_missing_checkpoint_is_a_clear_error(log_url, tmp_path, logs):
 def test_lag_reports_the_known_state(log_url, tmp_path, logs):
     run = new_run()
     history = tmp_path / "trainer.jsonl"
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="topk", history=str(history)))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=log_url, codec="topk", history=str(history)))
     sizes = publish_random(producer, 10)
-    last = {e["v"]: e["o"] for e in read_history(str(history))}  # each version's last offset (one record per message here)
+    # each version's last offset (one record per message here)
+    last = {e["v"]: e["o"] for e in read_history(str(history))}
     for name, v in (("a", 4), ("b", 7)):
         site(log_url, run, tmp_path, name=name, until_version=v, export_adapters=False).run(progress=False)
     rows = {r["site"]: r for r in lag_rows(logs(log_url), run, now=0)}
@@ -246,7 +257,8 @@ def test_lag_reports_the_known_state(log_url, tmp_path, logs):
         assert (r["applied_version"], r["head_version"], r["lag"]) == (v, 10, 10 - v)
         assert r["lag_bytes"] == sum(sizes[v:])
         # just past v's record (on Kafka, before or after its transaction's marker), at most at v+1's
-        assert last[v] + 1 <= r["current_offset"] <= last[v + 1] and r["log_end_offset"] == producer.log.end_offset(f"{run}.updates")
+        assert last[v] + 1 <= r["current_offset"] <= last[v + 1] and r["log_end_offset"] == producer.log.end_offset(
+            f"{run}.updates")
     producer.close()
 
 
@@ -269,8 +281,10 @@ def test_kafka_refuses_a_chunk_size_the_topic_cannot_take(logs):
     run = new_run()
     log = logs(KAFKA_URL)
     for t in (updates_topic(run), f"{run}.checkpoints"):  # made by an operator with Kafka's default record limit
-        log.admin.create_topics({t: {"num_partitions": 1, "replication_factor": 1, "configs": {"max.message.bytes": str(1 << 20)}}})
-    with pytest.raises(LogError, match=rf"topic '{run}.updates' takes records of at most 1048576 bytes \(max.message.bytes\), "
+        log.admin.create_topics({t: {"num_partitions": 1, "replication_factor": 1,
+                                     "configs": {"max.message.bytes": str(1 << 20)}}})
+    with pytest.raises(LogError,
+                       match=rf"topic '{run}.updates' takes records of at most 1048576 bytes \(max.message.bytes\), "
                                        r"chunk_bytes 2097152 needs 2162688; lower chunk_bytes"):
         HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, chunk_bytes=2 << 20))
     log.close()
@@ -297,7 +311,8 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog, lo
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 5)
     log = FailingCommits(logs(log_url))
-    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5, export_adapters=False),
+    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=5,
+                             export_adapters=False),
              log_backend=log)
     assert s.run(progress=False) == 5 and s.follower.replica.digest == producer.replica.digest
     said = [r for r in caplog.records if r.name == "hilo.consumer.group_commit" and r.levelno == logging.WARNING]
@@ -305,7 +320,8 @@ def test_a_failing_group_commit_never_stops_a_site(log_url, tmp_path, caplog, lo
     assert lag_rows(logs(log_url), run) == []  # nothing committed while it failed
     log.fail = False
     publish_random(producer, 1, seed=2)
-    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=6, export_adapters=False),
+    s = Site.open(SiteConfig(log=log_url, run=run, site="s1", state_dir=str(tmp_path / "s1"), until_version=6,
+                             export_adapters=False),
              log_backend=log)
     s.run(progress=False)
     assert [r["applied_version"] for r in lag_rows(logs(log_url), run)] == [6]

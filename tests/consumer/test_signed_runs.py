@@ -19,11 +19,14 @@ def site(url, run, tmp_path, name="s", **kw):
 
 
 def _crafted_next(producer):
-    """The attack the issue tried: a next update with a correct chain and a recomputed digest (a big step on block 0)."""
+    """The attack the issue tried: a next update with a correct chain and a recomputed digest (a big step on block
+    0)."""
     r = producer.replica
     hp = {"lr": 0.5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
-    blocks = [{"i": i, "g": bytes(4 * b.numel) if i else b"\x00\x00\x80\x3f" * b.numel} for i, b in enumerate(r.manifest.blocks)]
-    msg = UpdateMessage(r.run, r.version + 1, r.digest, bytes(16), r.manifest.manifest_id, "dense", {}, "adamw", hp, blocks)
+    blocks = [{"i": i, "g": bytes(4 * b.numel) if i else b"\x00\x00\x80\x3f" * b.numel} for i,
+              b in enumerate(r.manifest.blocks)]
+    msg = UpdateMessage(r.run, r.version + 1, r.digest, bytes(16), r.manifest.manifest_id, "dense", {}, "adamw", hp,
+                        blocks)
     state = r.compute(msg, "crafted")
     msg.digest = state.digest() if isinstance(state, ReplicaState) else None
     return msg
@@ -48,7 +51,8 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
     reason = "unsigned" if forger == "unsigned" else "other-key"
     assert (s.follower.replica.version, s.follower.replica.digest) == (5, producer.replica.digest)
     assert dict(s.follower.skips) == {reason: 1}
-    assert [(e["skip"], e["reason"]) for e in map(json.loads, hist.read_text().splitlines()) if "skip" in e] == [(at, reason)]
+    assert [(e["skip"], e["reason"]) for e in map(json.loads, hist.read_text().splitlines())
+            if "skip" in e] == [(at, reason)]
     # A trainer restarted after the record resumes past it and publishes the next version.
     producer.close()
     restarted = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0])))
@@ -73,10 +77,12 @@ def test_a_crafted_update_with_a_recomputed_chain_is_refused(log_url, tmp_path, 
 def test_a_trusting_site_follows_a_signed_run_and_skips_a_forged_checkpoint(log_url, tmp_path, caplog, logs):
     keys, other = generate(tmp_path / "trainer-keys"), generate(tmp_path / "intruder-keys")
     run = new_run()
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(keys[0]), checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=log_url, signing_key=str(keys[0]), checkpoint_every=3))
     publish_random(producer, 4)
     forged = producer.replica.checkpoint().to_bytes(Signer.load(other[0]))  # newest, but not the trainer's
-    logs(log_url).append(checkpoints_topic(run), split(forged, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
+    logs(log_url).append(checkpoints_topic(run),
+                         split(forged, run, "checkpoint", 4, extra={"hilo-updates-offset": "4"}))
     s = site(log_url, run, tmp_path, trust=str(keys[1]), until_version=4)
     assert s.follower.replica.version == 3  # fell back to the genuine v3
     s.run(progress=False)
@@ -93,20 +99,24 @@ def test_a_run_changes_keys_without_restarting_its_sites(log_url, tmp_path, capl
     """A signed 'next key' record moves every trusting site to the new key; a forged one is refused."""
     old, new, intruder = (generate(tmp_path / n) for n in ("old", "new", "intruder"))
     run = new_run()
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, signing_key=str(old[0]), checkpoint_every=100))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=log_url, signing_key=str(old[0]), checkpoint_every=100))
     publish_random(producer, 3)
     follower = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=3)
     follower.run(progress=False)
     producer.rotate_key(str(new[0]))
     publish_random(producer, 3, seed=1)  # v4..v6 signed by the new key only
-    follower = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=6)  # restarted from its snapshot
+    # restarted from its snapshot
+    follower = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=6)
     follower.run(progress=False)
     assert follower.follower.replica.digest == producer.replica.digest
     publish_random(producer, 1, seed=2)
-    again = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=7)  # its snapshot remembers the rotation
+    # its snapshot remembers the rotation
+    again = site(log_url, run, tmp_path, name="live", trust=str(old[1]), until_version=7)
     again.run(progress=False)
     assert again.follower.replica.digest == producer.replica.digest
-    fresh = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), until_version=7)  # new-key checkpoint refused: replays
+    # new-key checkpoint refused: replays
+    fresh = site(log_url, run, tmp_path, name="fresh", trust=str(old[1]), until_version=7)
     fresh.run(progress=False)
     assert fresh.follower.replica.digest == producer.replica.digest
     # A rotation record the intruder signed: refused, nothing moves.

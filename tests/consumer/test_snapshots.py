@@ -62,7 +62,8 @@ class FailOnce:
 
 @pytest.fixture(autouse=True)
 def no_thread_left():
-    """Every test ends every thread it started (writers, committers, helpers); tqdm's monitor is tqdm's, once a process."""
+    """Every test ends every thread it started (writers, committers, helpers); tqdm's monitor is tqdm's, once a
+    process."""
     before = set(threading.enumerate())
     yield
     left = [t.name for t in threading.enumerate() if t not in before and t.is_alive() and t.name != "tqdm_monitor"]
@@ -111,7 +112,8 @@ def saved(tmp_path, name="s"):
     if got is None:
         return None
     replica, pos = got
-    return replica.version, replica.digest, pos.next_offset, json.loads((store.loaded_from / "position.json").read_text())
+    return replica.version, replica.digest, pos.next_offset, json.loads((
+        store.loaded_from / "position.json").read_text())
 
 
 def test_a_site_keeps_applying_while_a_snapshot_is_written(trainer, tmp_path):
@@ -226,7 +228,8 @@ def test_a_failed_background_write_leaves_the_old_snapshot_and_stops_the_site_on
         assert saved(tmp_path)[:3] == (whole, *heads[whole])
         errors = [r for r in caplog.records if r.levelname == "ERROR"]
         assert len(errors) == 1  # said once, when it failed (what failed: the SnapshotFailed below names it)
-        with pytest.raises(SnapshotFailed, match=rf"snapshot of v4 to .*/s/snapshot: Crash: {point}; the previous snapshot "
+        with pytest.raises(SnapshotFailed,
+                           match=rf"snapshot of v4 to .*/s/snapshot: Crash: {point}; the previous snapshot "
                                                  r"is whole \(a restart replays from it\)$"):
             apply_until(site, 5)  # the next version raises it: Site.run stops on it (a HiloError: stop_reason, /readyz)
         assert issubclass(SnapshotFailed, HiloError) and site.snapshots.failures == 1
@@ -287,7 +290,8 @@ def test_a_clean_stop_waits_for_the_write_in_flight_and_leaves_a_snapshot_at_the
     site.store.failpoint = hold
     site.snapshots = Watched(site.store, 2, site.metrics)
     site.snapshots.waiting = threading.Event()
-    releaser = threading.Thread(target=lambda: site.snapshots.waiting.wait(WAIT_S) and hold.release.set(), name="releaser")
+    releaser = threading.Thread(target=lambda: site.snapshots.waiting.wait(WAIT_S) and hold.release.set(),
+                                name="releaser")
     releaser.start()
     try:
         apply_until(site, 2)
@@ -319,7 +323,8 @@ def test_a_process_killed_in_the_writer_thread_leaves_a_whole_snapshot(trainer, 
     assert first.run(progress=False) == 2  # the clean stop's snapshot: v2
     publish(6)
     # restarted at v2: v4's is the first snapshot this process takes, in the writer thread
-    proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--until-version",
+    proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"),
+                "--until-version",
                 "8", "--snapshot-every", "2", "--no-export", "--no-progress",
                 env={**os.environ, "HILO_CRASH_AT": f"snapshot.{point}:1"})
     with reaped(proc):

@@ -51,14 +51,17 @@ def make_site(url, run, tmp_path, vllm_url, name="s", **kw):
 
 def vllm_logprobs(vllm_url, model="policy"):
     """vLLM's log-probability of each token of IDS given the ones before it."""
-    r = requests.post(f"{vllm_url}/v1/completions", json={"model": model, "prompt": IDS, "max_tokens": 1, "temperature": 0,
+    r = requests.post(f"{vllm_url}/v1/completions",
+                      json={"model": model, "prompt": IDS, "max_tokens": 1, "temperature": 0,
                                                           "prompt_logprobs": 0}, timeout=60)
     assert r.status_code == 200, r.text
-    return torch.tensor([list(d.values())[0]["logprob"] for d in r.json()["choices"][0]["prompt_logprobs"][1:]], dtype=torch.float64)
+    return torch.tensor([list(d.values())[0]["logprob"] for d in r.json()["choices"][0]["prompt_logprobs"][1:]],
+                        dtype=torch.float64)
 
 
 def vllm_greedy(vllm_url, prompt, n=4):
-    r = requests.post(f"{vllm_url}/v1/completions", json={"model": "policy", "prompt": prompt, "max_tokens": n, "temperature": 0,
+    r = requests.post(f"{vllm_url}/v1/completions",
+                      json={"model": "policy", "prompt": prompt, "max_tokens": n, "temperature": 0,
                                                           "return_token_ids": True}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["token_ids"]
@@ -67,7 +70,8 @@ def vllm_greedy(vllm_url, prompt, n=4):
 def peft_model(base_dir, adapter_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), str(adapter_dir)).eval()
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
+                                     str(adapter_dir)).eval()
 
 
 def peft_logprobs(model):
@@ -78,7 +82,8 @@ def peft_logprobs(model):
 
 def peft_greedy(model, prompt, n=4):
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=13)
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=13)
     return out[0, len(prompt):].tolist()
 
 
@@ -129,7 +134,8 @@ def test_a_site_that_fell_behind_serves_the_newest_version_only(vllm, tmp_path):
     publish_random(producer, 6)
     s = make_site(url, run, tmp_path, vllm_url, until_version=6)
     s.run(progress=False)
-    assert s.serving.state.served_versions == [0, 6]  # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
+    # the bootstrapped checkpoint at start, then the newest: no intermediate reloads
+    assert s.serving.state.served_versions == [0, 6]
     producer.close()
 
 
@@ -148,7 +154,8 @@ def test_a_serving_site_sigkilled_at_random_instants_restarts_and_serves(vllm, t
     adapters = tmp_path / "s" / "adapters"
     for _ in range(int(os.environ.get("HILO_KILLS", "4"))):
         publish_random(producer, rng.randint(1, 4), seed=producer.version)
-        proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--vllm", vllm_url,
+        proc = hilo("consume", "--log", url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--vllm",
+                    vllm_url,
                     "--export-dtype", "float32", "--keep-adapters", "1", "--snapshot-every", "3", "--no-progress",
                     "--wait-checkpoint", "60", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         newest = adapters / f"v{producer.version:08d}"
@@ -234,7 +241,8 @@ def test_vllm_down_the_site_keeps_applying_and_then_serves_the_newest(vllm, tmp_
     assert s.serving.state.serving is None and s.serving.state.served_versions == []
     fwd.open()
     wait_until(lambda: s.serving.state.serving is not None, 120, 'vLLM serves a version once it is back')
-    assert s.serving.state.served_versions == [4]  # the newest only: no backlog of the versions applied while it was down
+    # the newest only: no backlog of the versions applied while it was down
+    assert s.serving.state.served_versions == [4]
     s.stopping = True
     worker.join(timeout=60)
     assert float(vllm_logprobs(vllm_url).abs().sum()) > 0
@@ -249,7 +257,8 @@ def test_a_server_that_is_not_vllm_is_refused_at_start(tmp_path):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url, run = f"file://{tmp_path}/log", new_run("notvllm")
     producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
-    with pytest.raises(VllmError, match=rf"http://127.0.0.1:{httpd.server_port} is not a vLLM server \(GET /version answered HTTP 404"):
+    with pytest.raises(VllmError, match=rf"http://127.0.0.1:{httpd.server_port} is not a vLLM server \(GET /version "
+                                        rf"answered HTTP 404"):
         make_site(url, run, tmp_path, f"http://127.0.0.1:{httpd.server_port}")
     httpd.shutdown()
     producer.close()
@@ -283,20 +292,22 @@ def test_an_adapter_for_another_architecture_is_refused_at_start(vllm, tmp_path)
 def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_path, capsys):
     _, base = vllm
     env = dict(os.environ, HILO_VLLM_PORT="8012", HILO_VLLM_DIR=str(tmp_path / "vllm-run"))
-    subprocess.run([str(ROOT / "ops/vllm/start.sh"), base, "--max-lora-rank", "16", "--no-lora-updating"], env=env, check=True,
+    subprocess.run([str(ROOT / "ops/vllm/start.sh"), base, "--max-lora-rank", "16", "--no-lora-updating"], env=env,
+                   check=True,
                    timeout=600)
     try:
         url, run = f"file://{tmp_path}/log", new_run("noupdate")
         producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))
-        with pytest.raises(VllmError, match=r"has no runtime LoRA loading .*start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
+        with pytest.raises(VllmError,
+                           match=r"has no runtime LoRA loading .*start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"):
             make_site(url, run, tmp_path, "http://127.0.0.1:8012")
         producer.close()
         # `hilo doctor` says so before any site starts: one FAIL line naming the fix
         assert main(["doctor", "--vllm", "http://127.0.0.1:8012", "--skip", "kernels,cpu,disk"]) == 1
         lines = capsys.readouterr().out.splitlines()
         assert lines[0].startswith("OK    vllm ") and lines[2].startswith("SKIP  vllm-plugin")
-        assert re.match(r"FAIL  vllm-lora +vLLM at http://127.0.0.1:8012 has no runtime LoRA loading .*; fix: restart it with "
-                        r"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora", lines[1])
+        assert re.match(r"FAIL  vllm-lora +vLLM at http://127.0.0.1:8012 has no runtime LoRA loading .*; fix: restart "
+                        r"it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora", lines[1])
     finally:
         subprocess.run([str(ROOT / "ops/vllm/stop.sh")], env=env, check=True, timeout=120)
 
@@ -331,7 +342,7 @@ def test_after_every_load_the_site_checks_that_vllm_serves_its_replica(vllm, tmp
         assert s.serving.checker.worst < s.cfg.self_check_tolerance
     else:
         assert not s.serving.healthy and failures >= 1 and said, said
-        assert re.search(r"vLLM does not serve v3: its log-probabilities of the probe differ from the replica's by up to "
-                         r"\S+ \(token \d+ after \d+ of the probe's 12 tokens; tolerance", said[0]), said[0]
+        assert re.search(r"vLLM does not serve v3: its log-probabilities of the probe differ from the replica's by up "
+                         r"to \S+ \(token \d+ after \d+ of the probe's 12 tokens; tolerance", said[0]), said[0]
         assert 3 not in s.serving.state.served_versions
     producer.close()

@@ -63,7 +63,8 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, v
     log = logs(url)
     part = log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
     assert sorted(part["replica_nodes"]) == [1, 2, 3] and len(part["isr_nodes"]) == 3  # RF 3, all in sync
-    live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13, export_adapters=False,
+    live = site_of(SiteConfig(log=url, run=run, site="live", state_dir=str(tmp_path / "live"), until_version=13,
+                              export_adapters=False,
                            history=str(hist / "live.jsonl")))
     follower = threading.Thread(target=live.run, kwargs={"progress": False}, daemon=True)
     follower.start()
@@ -74,19 +75,22 @@ def test_the_updates_leader_sigkilled_mid_run_loses_nothing(cluster, tmp_path, v
     publish_random(producer, 1, seed=1)  # rides through the election (acks=all, idempotent retries)
     stall = time.monotonic() - t0
     publish_random(producer, 4, seed=2)
-    subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)  # the node comes back
+    # the node comes back
+    subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
     publish_random(producer, 3, seed=3)
     follower.join(timeout=300)
     assert not follower.is_alive() and live.follower.replica.version == 13
     assert live.follower.replica.digest == producer.replica.digest  # every acknowledged version, in order, no fork
-    late = site_of(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13, export_adapters=False,
+    late = site_of(SiteConfig(log=url, run=run, site="late", state_dir=str(tmp_path / "late"), until_version=13,
+                              export_adapters=False,
                            history=str(hist / "late.jsonl")))
     late.run(progress=False)
     assert late.follower.replica.digest == producer.replica.digest
-    report = check(read_history(str(hist / "trainer.jsonl")), {s: read_history(str(hist / f"{s}.jsonl")) for s in ("live", "late")},
+    report = check(read_history(str(hist / "trainer.jsonl")),
+                   {s: read_history(str(hist / f"{s}.jsonl")) for s in ("live", "late")},
                    with_log(url, lambda log: log_versions(log, run)))  # read afresh
-    print(f"\n{victim} node {leader} SIGKILLed (updates leader {part['leader_id']}, transaction coordinator {coordinator}): "
-          f"trainer stalled {stall:.1f}s on the next version\n{report.summary()}")
+    print(f"\n{victim} node {leader} SIGKILLed (updates leader {part['leader_id']}, transaction coordinator "
+          f"{coordinator}): trainer stalled {stall:.1f}s on the next version\n{report.summary()}")
     assert report.ok
     producer.close()
 
@@ -114,7 +118,8 @@ def _whole_cluster_restart(url, env, nodes, tmp_path):
     assert not follower.is_alive() and live.follower.replica.digest == producer.replica.digest
     report = check(read_history(str(hist / "trainer.jsonl")), {"live": read_history(str(hist / "live.jsonl"))},
                    with_log(url, lambda log: log_versions(log, run)))
-    print(f"\n{nodes}-node cluster stopped and restarted: the trainer's publish waited {stall:.1f}s\n{report.summary()}")
+    print(
+        f"\n{nodes}-node cluster stopped and restarted: the trainer's publish waited {stall:.1f}s\n{report.summary()}")
     assert report.ok
     producer.close()
 
@@ -146,7 +151,8 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     threads = [threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True) for s in sites.values()]
     for t in threads:
         t.start()
-    wait_until(lambda: all(s.committer and s.committer.committed and json.loads(s.committer.committed[1])["version"] == 3
+    wait_until(lambda: all(s.committer and s.committer.committed
+                           and json.loads(s.committer.committed[1])["version"] == 3
                            for s in sites.values()), 120, "both sites committed v3 (the offsets topic then exists)")
     offsets = logs(url).admin.describe_topics(["__consumer_offsets"])  # one partition here (start.sh)
     coordinator = offsets[0]["partitions"][0]["leader_id"]
@@ -161,18 +167,21 @@ def test_the_group_coordinator_down_for_45s_never_stops_a_site(cluster, tmp_path
     subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--nodes", "3"], env=env, check=True, timeout=300)
     publish_random(producer, 2, seed=99)
     final = producer.version
-    wait_until(lambda: all(s.follower.replica.version >= final for s in sites.values()), 300, f"both sites applied v{final}")
+    wait_until(lambda: all(s.follower.replica.version >= final for s in sites.values()), 300,
+               f"both sites applied v{final}")
     for s in sites.values():
         s.stopping = True  # as SIGTERM does: stop between versions
     for t in threads:
         t.join(timeout=300)
     assert all(not t.is_alive() for t in threads)
     assert all(s.follower.replica.digest == producer.replica.digest for s in sites.values())
-    assert all(v == at_end for v in applied_while_down.values()), (at_end, applied_while_down)  # applied while it was down
-    report = check(read_history(str(hist / "trainer.jsonl")), {n: read_history(str(hist / f"{n}.jsonl")) for n in sites},
+    # applied while it was down
+    assert all(v == at_end for v in applied_while_down.values()), (at_end, applied_while_down)
+    report = check(read_history(str(hist / "trainer.jsonl")),
+                   {n: read_history(str(hist / f"{n}.jsonl")) for n in sites},
                    with_log(url, lambda log: log_versions(log, run)))
-    print(f"\ncoordinator node {coordinator} down 45 s: the trainer published up to v{at_end} meanwhile, the sites applied "
-          f"{applied_while_down} with it still down\n{report.summary()}")
+    print(f"\ncoordinator node {coordinator} down 45 s: the trainer published up to v{at_end} meanwhile, the sites "
+          f"applied {applied_while_down} with it still down\n{report.summary()}")
     assert report.ok
     producer.close()
 

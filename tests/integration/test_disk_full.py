@@ -1,8 +1,8 @@
-"""Out of space, as an operator meets it: each disk a small tmpfs (mounted here; the tests run as root), filled by the test
-and grown again with `mount -o remount`. A site on the file log whose log disk is full keeps applying, says once that
-its commit fails, and its committed position (`hilo lag`) is true again within one backoff of space returning; a site
-or trainer whose state dir is full stops with one line naming the path, and a restart with space resumes at the same
-digest with no temp snapshot left; the trainer waits out a full log disk and goes on when it has room again.
+"""Out of space, as an operator meets it: each disk a small tmpfs (mounted here; the tests run as root), filled by the
+test and grown again with `mount -o remount`. A site on the file log whose log disk is full keeps applying, says once
+that its commit fails, and its committed position (`hilo lag`) is true again within one backoff of space returning; a
+site or trainer whose state dir is full stops with one line naming the path, and a restart with space resumes at the
+same digest with no temp snapshot left; the trainer waits out a full log disk and goes on when it has room again.
 """
 import contextlib
 import json
@@ -29,7 +29,8 @@ GROWN = "size=64m,nr_inodes=4096"
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """mount(name, options) -> a folder with a tmpfs of its own under tmp_path; every one is unmounted after the test."""
+    """mount(name, options) -> a folder with a tmpfs of its own under tmp_path; every one is unmounted after the
+    test."""
     mounted = []
 
     def mount(name: str, options: str = "size=4m"):
@@ -78,7 +79,8 @@ def test_a_file_log_commit_on_a_full_disk_fails_leaving_no_temp_file_and_lands_o
     log.create_topics("r")
     log.commit(group, topic, 3, "m3")
     fill(disk)
-    with pytest.raises(LogUnavailable, match=r"committing group 'hilo-site.r.a' at r.updates@5: .*groups.*: no space left on device"):
+    with pytest.raises(LogUnavailable,
+                       match=r"committing group 'hilo-site.r.a' at r.updates@5: .*groups.*: no space left on device"):
         log.commit(group, topic, 5, "m5")
     assert log.committed(group, topic) == (3, "m3")
     assert sorted(p.name for p in (disk / "log" / topic / "groups").iterdir()) == [f"{group}.json"]
@@ -95,7 +97,8 @@ def test_a_site_whose_log_disk_is_full_keeps_applying_and_its_commit_lands_when_
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
     err = tmp_path / "a.err"
     with open(err, "w") as f:
-        site = hilo("consume", "--log", url, "--run", run, "--site", "a", "--state-dir", str(tmp_path / "a"), "--no-export",
+        site = hilo("consume", "--log", url, "--run", run, "--site", "a", "--state-dir", str(tmp_path / "a"),
+                    "--no-export",
                     "--no-progress", stderr=f)
     group, topic = site_group(run, "a"), updates_topic(run)
 
@@ -112,7 +115,8 @@ def test_a_site_whose_log_disk_is_full_keeps_applying_and_its_commit_lands_when_
         no_inodes_left(disk)  # a new file (the commit's) cannot be created; the trainer's appends still fit
         publish_random(producer, 2, seed=1)
         wait_until(lambda: said(r"site a: v4 digest"), 120, "site a goes on applying to v4")
-        wait_until(lambda: said(r"site a: committing its position failed \(.*no space left on device\)"), 30, "the warning")
+        wait_until(lambda: said(r"site a: committing its position failed \(.*no space left on device\)"), 30,
+                   "the warning")
         assert committed() == end  # still the old position meanwhile (what `hilo lag` shows)
         remount(disk, GROWN)
         end = with_log(url, lambda log: log.end_offset(topic))
@@ -137,14 +141,16 @@ def test_a_site_whose_state_dir_is_full_stops_with_one_line_and_resumes_at_the_s
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
     publish_random(producer, 4)
     fill(state)
-    args = ("consume", "--log", url, "--run", run, "--site", "a", "--state-dir", str(state), "--no-export", "--no-progress")
+    args = ("consume", "--log", url, "--run", run, "--site", "a", "--state-dir", str(state), "--no-export",
+            "--no-progress")
     first = hilo(*args, "--snapshot-every", "2")
     with reaped(first):
         _, err = first.communicate(timeout=300)
     assert first.returncode == 1, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     line = next(ln for ln in err.splitlines() if ln.startswith("hilo consume: error:"))
-    assert re.search(rf"cannot write the snapshot of v\d to {state}/snapshot.tmp-\d+/state.bin: no space left on device "
+    assert re.search(rf"cannot write the snapshot of v\d to {state}/snapshot.tmp-\d+/state.bin: no space left on "
+                     rf"device "
                      r"\(the snapshot needs about .* MB; .* MB free\); nothing acknowledged was lost", line), line
     assert not list(state.glob("snapshot.*"))
     dead = subprocess.Popen(["true"])  # a save killed mid-way left its temp folder; its PID is gone
@@ -193,24 +199,27 @@ def test_a_trainer_whose_state_dir_is_full_stops_with_one_line_and_a_restart_res
 def test_a_trainer_whose_log_disk_is_full_waits_says_why_and_goes_on_when_it_has_room(tmpfs):
     disk = tmpfs("log")
     url, run = f"file://{disk}/log", new_run("full")
-    trainer = hilo("produce", "--log", url, "--run", run, "--steps", "3", "--checkpoint-every", "1000", "--publish-deadline-s", "300",
+    trainer = hilo("produce", "--log", url, "--run", run, "--steps", "3", "--checkpoint-every", "1000",
+                   "--publish-deadline-s", "300",
                    stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=False)
     with reaped(trainer):
         wait_until(lambda: head_version(url, run) == 1, 300, "the trainer publishes v1")
         fill(disk)
-        wait_for_line(trainer, r"the log is unreachable \(.*(no space left on device|short write).*nothing appended\); waiting", 120)
+        wait_for_line(trainer, r"the log is unreachable \(.*(no space left on device|short write).*nothing appended\); "
+                               r"waiting", 120)
         assert trainer.poll() is None
         remount(disk, GROWN)
         assert trainer.wait(timeout=300) == 0
         rest = trainer._unread_stderr.decode(errors="replace") + trainer.stderr.read().decode(errors="replace")
         assert head_version(url, run) == 3
         os.remove(disk / "filler")
-        late = hilo("produce", "--log", url, "--run", run, "--steps", "2", "--publish-deadline-s", "2", "--checkpoint-every", "1000")
+        late = hilo("produce", "--log", url, "--run", run, "--steps", "2", "--publish-deadline-s", "2",
+                    "--checkpoint-every", "1000")
         with reaped(late):
             wait_until(lambda: head_version(url, run) == 4, 300, "the restarted trainer publishes v4")
             fill(disk)  # while it computes v5
             _, err = late.communicate(timeout=300)
     assert "the log is back after" in rest and "Traceback" not in rest, rest[-3000:]
     assert late.returncode == 1 and "Traceback" not in err, err[-3000:]
-    assert re.search(r"hilo produce: error: run .*: v5 was not published within publish_deadline_s = 2s \(it is not on the "
-                     r"log; .*nothing appended", err), err[-3000:]
+    assert re.search(r"hilo produce: error: run .*: v5 was not published within publish_deadline_s = 2s \(it is not on "
+                     r"the log; .*nothing appended", err), err[-3000:]

@@ -21,7 +21,8 @@ def test_consumer_sigkilled_at_5_random_moments_reaches_trainer_digest(tmp_path)
     rng, kills = random.Random(20), 5
     run = new_run("kill")
     producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32),
-                            producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000, chunk_bytes=512 << 10))
+                            producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000,
+                                            chunk_bytes=512 << 10))
     publish_random(producer, 2)
     state = str(tmp_path / "victim")
     behind_at_kill = 0
@@ -32,7 +33,8 @@ def test_consumer_sigkilled_at_5_random_moments_reaches_trainer_digest(tmp_path)
             # Kill right after a random version inside this round's work (the site replays to it from its last
             # snapshot), plus a random slice of time: the kill lands mid-fetch, mid-apply, mid-export or mid-snapshot.
             target = rng.randint(before + 1, producer.version - 3)
-            p = hilo("--log-level", "DEBUG", "consume", "--log", KAFKA_URL, "--run", run, "--site", "victim", "--state-dir", state,
+            p = hilo("--log-level", "DEBUG", "consume", "--log", KAFKA_URL, "--run", run, "--site", "victim",
+                     "--state-dir", state,
                      "--snapshot-every", "2", "--until-version", str(producer.version), "--no-progress")
             wait_for_line(p, f"site victim: applied v{target} ")
             time.sleep(rng.uniform(0.0, 0.1))  # fault injection at a random instant, not synchronisation

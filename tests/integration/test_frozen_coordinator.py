@@ -50,7 +50,8 @@ def test_a_frozen_group_coordinator_leaves_every_sites_position_true_within_30s_
     run = new_run("frozen")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
     publish_random(producer, 3)
-    sites = {name: site_of(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name), export_adapters=False))
+    sites = {name: site_of(SiteConfig(log=url, run=run, site=name, state_dir=str(tmp_path / name),
+                                      export_adapters=False))
              for name in ("a", "b")}
     runs = [threading.Thread(target=s.run, kwargs={"progress": False}, daemon=True) for s in sites.values()]
     for t in runs:
@@ -66,10 +67,11 @@ def test_a_frozen_group_coordinator_leaves_every_sites_position_true_within_30s_
             publish_random(producer, 1, seed=producer.version)
         os.kill(pid, signal.SIGCONT)
         back_at, pid = time.monotonic(), None
-        wait_until(lambda: all(committed_version(url, run, n) == s.follower.replica.version for n, s in sites.items()), 30,
+        wait_until(lambda: all(committed_version(url, run, n) == s.follower.replica.version for n, s in sites.items()),
+                   30,
                    "every site's committed position is its applied version, within 30 s of SIGCONT")
-        print(f"\ncoordinator node {coordinator} frozen {FREEZE_S:.0f} s: the trainer reached v{producer.version}; every site's "
-              f"committed position true {time.monotonic() - back_at:.1f} s after SIGCONT")
+        print(f"\ncoordinator node {coordinator} frozen {FREEZE_S:.0f} s: the trainer reached v{producer.version}; "
+              f"every site's committed position true {time.monotonic() - back_at:.1f} s after SIGCONT")
         wait_until(lambda: all(s.follower.replica.version == producer.version for s in sites.values()), 120,
                    f"both sites apply v{producer.version}")
         wait_until(lambda: all(committed_version(url, run, n) == producer.version for n in sites), 30,

@@ -32,7 +32,8 @@ def _site(run, name, tmp_path, vllm_url, crash=None):
     """A generating site process; its log goes to tmp_path/NAME.N.log (a pipe nobody reads could fill and stall it)."""
     env = {k: v for k, v in os.environ.items() if k != "HILO_CRASH_AT"} | ({"HILO_CRASH_AT": crash} if crash else {})
     log = tmp_path / f"{name}.{len(list(tmp_path.glob(f'{name}.*.log')))}.log"
-    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", "consume", "--log", KAFKA_URL, "--run", run, "--site", name,
+    return subprocess.Popen([sys.executable, "-m", "hilo.ops.cli", "consume", "--log", KAFKA_URL, "--run", run,
+                             "--site", name,
                              "--state-dir", str(tmp_path / name), "--vllm", vllm_url, "--lora-name", f"gen-{name}",
                              "--export-dtype", "float32", "--generate", "--reward", "hilo.ops.digit_task:reward",
                              "--generate-batch", "2", "--wait-checkpoint", "120", "--no-progress"],
@@ -45,7 +46,8 @@ def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rol
     run = new_run("genkill")
     producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=KAFKA_URL, codec="dense"))
     publish_random(producer, 1)
-    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4), prompt_partitions=2)
+    exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=8, max_staleness=4),
+                                    prompt_partitions=2)
     source = itertools.islice(prompts(run, Sampling(N, 1.0, 1.0, 3, 0)), PROMPTS)
     exchange.issue(source)
     groups, deadline = [], time.monotonic() + 600
@@ -58,7 +60,8 @@ def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rol
     killed, running = {}, {}
     with reaped(running):
         for point in (*GENERATE_POINTS, "random"):
-            victim = running["a"] = _site(run, "a", tmp_path, vllm_url, crash=None if point == "random" else f"{point}:1")[0]
+            victim = running["a"] = _site(run, "a", tmp_path, vllm_url,
+                                          crash=None if point == "random" else f"{point}:1")[0]
             if point == "random":
                 until = time.monotonic() + rng.uniform(8.0, 14.0)  # a random instant of its work (fault injection)
                 while time.monotonic() < until and victim.poll() is None:
@@ -71,14 +74,16 @@ def test_a_generating_site_killed_anywhere_loses_no_prompt_and_duplicates_no_rol
                 running["b"], b_log = _site(run, "b", tmp_path, vllm_url)  # a second site joins mid-run ...
             if point == GENERATE_POINTS[3]:
                 # ... and leaves once it takes part (a SIGTERM before its handler is installed would kill it mid-import)
-                wait_until(lambda b_log=b_log: "generating for run" in b_log.read_text() or running["b"].poll() is not None, 120,
+                wait_until(lambda b_log=b_log: "generating for run" in b_log.read_text()
+                           or running["b"].poll() is not None, 120,
                            "the second site starts generating")
                 running["b"].send_signal(signal.SIGTERM)
                 assert running["b"].wait(timeout=120) == 0
         assert all(code == -signal.SIGKILL for code in killed.values()), killed
         last, last_log = _site(run, "a", tmp_path, vllm_url)
         running["a"] = last
-        wait_until(lambda: "generating for run" in last_log.read_text() or last.poll() is not None, 120, "the last site starts")
+        wait_until(lambda: "generating for run" in last_log.read_text() or last.poll() is not None, 120,
+                   "the last site starts")
         while len(groups) < PROMPTS:
             pump()
         last.send_signal(signal.SIGTERM)

@@ -18,7 +18,8 @@ from hilo.schemas import headers as H
 from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, small_model
 from tests.helpers import hilo, open_site, opened, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("mirror")]  # one worker: cluster B, port 19392
+# one worker: cluster B, port 19392
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("mirror")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT_B = int(os.environ.get("HILO_KAFKA_MIRROR_PORT", "19392"))
 MIRROR_S = 120  # MirrorMaker picks a new run's topics up within seconds (refresh.topics.interval 2 s), then copies
@@ -83,7 +84,8 @@ def _zombie_aborts(run, version):
 
 def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_records(mirror, tmp_path, logs):
     mirror, _, run = mirror
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=3))
     publish_random(producer, 4)
     _zombie_aborts(run, 5)
     publish_random(producer, 3, seed=1)
@@ -99,7 +101,8 @@ def test_sites_on_a_mirror_reach_the_trainers_digest_and_never_see_aborted_recor
     assert late.run(progress=False) == 7 and late.follower.replica.digest == producer.replica.digest
     lag = _lag(run, mirror)
     assert [(m["cluster"], m["lag"], m["lag_s"]) for m in lag["mirrors"]] == [(mirror, 0, 0.0)]
-    assert {(r["cluster"], r["site"], r["lag_vs_source"]) for r in lag["sites"]} == {(mirror, "b1", 0), (mirror, "b2", 0)}
+    assert {(r["cluster"], r["site"], r["lag_vs_source"]) for r in lag["sites"]} == {(mirror, "b1", 0),
+                                                                                     (mirror, "b2", 0)}
 
     publish_random(producer, 2, seed=2)                                      # b1 fails over to A and continues
     site = open_site(KAFKA_URL, run, tmp_path, name="b1", idle_exit_s=1.0)
@@ -126,7 +129,8 @@ def test_a_mirror_stopped_for_a_minute_then_restarted_loses_and_repeats_nothing(
     assert site.run(progress=False) == 3                                 # the region is cut off: no progress, no error
     wait_until(lambda: _newest(KAFKA_URL, run) == 7, 30, "the source holds v7")
     (m,) = _lag(run, mirror)["mirrors"]
-    assert m["lag"] == 4 and m["lag_s"] > 0                              # v4 has waited on the source since it was written
+    # v4 has waited on the source since it was written
+    assert m["lag"] == 4 and m["lag_s"] > 0
     time.sleep(max(0.0, outage_end - time.monotonic()))
     _mirror("start", env, run)
     wait_until(lambda: _newest(mirror, run) == 7, MIRROR_S, "the mirror holds v7 again")
@@ -151,7 +155,8 @@ def test_bench_fanout_quick_splits_sites_over_the_mirror_and_the_source_serves_o
     for r in rows.values():  # every site reached the trainer's digest (the bench raises otherwise); figures plausible
         assert 0 < r["freshness_median_s"] <= r["freshness_p90_s"] <= r["freshness_max_s"] < 60
     msg = rows[1, 0]["message_record_bytes"]
-    assert 1_000 < msg < 40_000                                          # spar4 at 1.6% of a 524 KB adapter, and headers
+    # spar4 at 1.6% of a 524 KB adapter, and headers
+    assert 1_000 < msg < 40_000
     near = lambda got, want: abs(got - want) <= 0.01 * want  # noqa: E731 - runs differ only in header digits
     assert near(rows[1, 0]["egress_source_per_version"], msg)
     assert near(rows[2, 0]["egress_source_per_version"], 2 * msg)       # each site reads each version once

@@ -80,7 +80,8 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     run = new_run("outage")
     out = {name: open(tmp_path / f"{name}.out", "w+") for name in ("trainer", "a", "b")}
     err = {name: open(tmp_path / f"{name}.err", "w+") for name in out}
-    trainer = hilo("produce", "--log", url, "--run", run, "--steps", str(STEPS), "--history", str(tmp_path / "trainer.jsonl"),
+    trainer = hilo("produce", "--log", url, "--run", run, "--steps", str(STEPS), "--history",
+                   str(tmp_path / "trainer.jsonl"),
                    stdout=out["trainer"], stderr=err["trainer"])
     sites, bases = {}, {}
     for name in ("a", "b"):
@@ -98,7 +99,8 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
                    "both sites answer /readyz 503 while the broker is down")
         during = {n: get(b + "/readyz")[1] for n, b in bases.items()}
         assert all(p.poll() is None for p in procs), "a process exited during the outage"
-        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage's length: the fault, not a wait on anything
+        # the outage's length: the fault, not a wait on anything
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
         subprocess.run([str(ROOT / "ops/kafka/start.sh")], env=env, check=True, timeout=300)
         assert trainer.wait(timeout=600) == 0
         wait_until(lambda: all(applied(b) == STEPS and get(b + "/readyz")[0] == 200 for b in bases.values()), 300,
@@ -118,7 +120,8 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     for name, t in text.items():
         assert "Traceback" not in t, f"{name} printed a traceback:\n{t[-3000:]}"
     assert all("unreachable" in r for r in during.values()), during
-    for name in sites:  # said when the log went and when it came back (a broker that flaps while starting is two outages)
+    # said when the log went and when it came back (a broker that flaps while starting is two outages)
+    for name in sites:
         gone, back = text[name].count("the log is unreachable ("), text[name].count("the log is back after")
         assert 1 <= gone == back, text[name][-3000:]
     digest = re.search(r"done: v(\d+) digest ([0-9a-f]+)", stdout["trainer"])
@@ -173,7 +176,8 @@ def test_a_prompt_group_member_that_must_rewind_in_an_outage_reads_its_prompts_a
     q = log.prompt_queue(run, "a", 60.0)
     leases = []
     try:
-        wait_until(lambda: leases.append(q.take(n, timeout_s=0.5)) or len(leases[-1].records) == n, 120, "the prompts taken")
+        wait_until(lambda: leases.append(q.take(n, timeout_s=0.5)) or len(leases[-1].records) == n, 120,
+                   "the prompts taken")
         subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)
         try:
             q.release(leases[-1])  # rewind: the committed offsets cannot be read now
@@ -188,7 +192,8 @@ def test_a_prompt_group_member_that_must_rewind_in_an_outage_reads_its_prompts_a
             try:
                 lease = q.take(n, timeout_s=0.5)
                 if lease.records:
-                    q.settle(lease, [(r.key, b"answer", {H.PROMPT: r.key.decode(), H.SITE: "a"}) for r in lease.records])
+                    q.settle(lease,
+                             [(r.key, b"answer", {H.PROMPT: r.key.decode(), H.SITE: "a"}) for r in lease.records])
                     settled.extend(r.key.decode() for r in lease.records)
             except (LogUnavailable, LeaseLost):
                 return False
@@ -211,10 +216,13 @@ def test_hilo_rl_and_generating_sites_ride_through_a_broker_restart(rl_broker, v
     url, env = rl_broker
     vllm_url, _ = vllm
     run = new_run("rl-outage")
-    p = hilo("rl", "--vllm", vllm_url, "--log", url, "--run", run, "--steps", "4", "--sites", "2", "--batch-prompts", "2",
-             "--samples", "2", "--staleness", "0", "--json", stdout=subprocess.PIPE, stderr=open(tmp_path / "rl.err", "w"))
+    p = hilo("rl", "--vllm", vllm_url, "--log", url, "--run", run, "--steps", "4", "--sites", "2", "--batch-prompts",
+             "2",
+             "--samples", "2", "--staleness", "0", "--json", stdout=subprocess.PIPE,
+             stderr=open(tmp_path / "rl.err", "w"))
     try:
-        wait_until(lambda: re.search(r"^step\s+2 ", (tmp_path / "rl.err").read_text(), re.M) or p.poll() is not None, 600,
+        wait_until(lambda: re.search(r"^step\s+2 ", (tmp_path / "rl.err").read_text(), re.M) or p.poll() is not None,
+                   600,
                    "hilo rl publishes step 2")
         assert p.poll() is None, (tmp_path / "rl.err").read_text()[-3000:]
         subprocess.run([str(ROOT / "ops/kafka/stop.sh")], env=env, check=True, timeout=300)

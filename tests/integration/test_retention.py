@@ -61,9 +61,11 @@ def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_th
     # loud, explicit; from the same initial weights (same seed): still another history (was: the same genesis digest)
     fresh = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, new_history=True))
     assert fresh.version == 0 and fresh.replica.genesis != producer.replica.genesis
-    assert any(r.levelno >= logging.WARNING and r.name.startswith("hilo.producer") for r in caplog.records)  # said, loudly
+    # said, loudly
+    assert any(r.levelno >= logging.WARNING and r.name.startswith("hilo.producer") for r in caplog.records)
     publish_random(fresh, 2)
-    with pytest.raises(LogError, match=r"site s: its snapshot v5 is of history [0-9a-f]{12}, the log's checkpoints are of "
+    with pytest.raises(LogError,
+                       match=r"site s: its snapshot v5 is of history [0-9a-f]{12}, the log's checkpoints are of "
                                        r"history [0-9a-f]{12} \(another history: the run was started again"):
         site(run, tmp_path, until_version=2)  # was: rolled back from v5 to v2 with a warning
     fresh.close()
@@ -89,8 +91,8 @@ def test_updates_after_the_newest_checkpoint_expired(tmp_path):
     publish_random(producer, 5)
     producer.close()
     expire(run, topics=("updates",))
-    with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets \d+..\d+\) have expired; the versions after v3 "
-                                       r"cannot be rebuilt without a trainer snapshot"):
+    with pytest.raises(LogError, match=r"the updates after checkpoint v3 \(offsets \d+..\d+\) have expired; the "
+                                       r"versions after v3 cannot be rebuilt without a trainer snapshot"):
         HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=3))
 
 
@@ -109,7 +111,8 @@ def test_a_trainer_snapshot_at_the_head_republishes_a_checkpoint_when_its_update
 def test_the_checkpoints_topic_keeps_the_newest_k(tmp_path, logs):
     """Bounded storage: checkpoint K+1 deletes the oldest (was: every checkpoint kept forever)."""
     run = new_run("keep")
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=KAFKA_URL, checkpoint_every=2, keep_checkpoints=2))
     publish_random(producer, 8)  # checkpoints v0, v2, v4, v6, v8
     log = logs(KAFKA_URL)
     topic = f"{run}.checkpoints"
@@ -158,13 +161,15 @@ def test_a_site_frozen_past_retention_bootstraps_again_by_itself(tmp_path, metri
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=4))
     publish_random(producer, 3)
     extra = ["--metrics-port", "0", "--metrics-host", "127.0.0.1"] if metrics else []
-    p = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--no-export",
+    p = hilo("consume", "--log", KAFKA_URL, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"),
+             "--no-export",
              "--until-version", "10", "--no-progress", *extra)
     try:
         wait_for_line(p, r"site s: v3 digest")
         os.kill(p.pid, signal.SIGSTOP)
         publish_random(producer, 5, seed=1)  # v4..v8; checkpoints at v4 and v8
-        expire(run, topics=("updates",))  # every update so far deleted, as retention does; checkpoint v8 needs none of them
+        # every update so far deleted, as retention does; checkpoint v8 needs none of them
+        expire(run, topics=("updates",))
         os.kill(p.pid, signal.SIGCONT)
         publish_random(producer, 2, seed=2)  # v9, v10
         line = wait_for_line(p, r"bootstrapping again from the newest checkpoint")

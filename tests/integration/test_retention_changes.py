@@ -25,7 +25,8 @@ RETENTION_MS = 12_000  # short, so 5 periods fit in a minute; a joining site sti
 
 def _alter(log, topic: str, configs: dict) -> None:
     """Set topic configs as an operator would (kafka-configs --alter --add-config: incremental)."""
-    log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={k: str(v) for k, v in configs.items()})])
+    log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                            configs={k: str(v) for k, v in configs.items()})])
 
 
 class _Training:
@@ -33,7 +34,8 @@ class _Training:
 
     def __init__(self, run: str):
         self.run, self.stop, self.error = run, threading.Event(), None
-        self.producer = HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
+        self.producer = HiLoProducer.open(small_model(),
+                                          producer_config(run=run, log=KAFKA_URL, checkpoint_every=10**6))
         self.digests = {0: self.producer.replica.digest}
         self.thread = threading.Thread(target=self._loop, name=f"train-{run}")
         self.thread.start()
@@ -75,7 +77,8 @@ def test_a_run_stays_joinable_when_retention_is_lowered_or_set_on_the_checkpoint
     the trainer starts. Both trainers checkpoint only every 10**6 versions: only the retention guard keeps them
     joinable. The trainer logs each change; from 2R after the change, for 3R, new sites join one after another and
     reach the trainer's digest, and `topics describe` and /metrics say a site can join. (Was: the guard read
-    RUN.updates' limits once, at start: both runs' only checkpoint expired, nothing was logged, new sites were refused.)"""
+    RUN.updates' limits once, at start: both runs' only checkpoint expired, nothing was logged, new sites were
+    refused.)"""
     caplog.set_level(logging.INFO, "hilo.producer")
     log = logs(KAFKA_URL)
     lowered, ckpts = new_run("lowered"), new_run("ckptret")
@@ -98,7 +101,8 @@ def test_a_run_stays_joinable_when_retention_is_lowered_or_set_on_the_checkpoint
         def open_windows():
             return [t for t in trainers if windows[t.run] <= time.monotonic() < windows[t.run] + 3 * period]
         while time.monotonic() < end:
-            wait_until(lambda: open_windows() or time.monotonic() >= end, end - time.monotonic() + 1, "a window to join in")
+            wait_until(lambda: open_windows() or time.monotonic() >= end, end - time.monotonic() + 1,
+                       "a window to join in")
             for t in open_windows():
                 _join(t, tmp_path, f"{t.run}-{joins[t.run]}")
                 joins[t.run] += 1
@@ -106,7 +110,8 @@ def test_a_run_stays_joinable_when_retention_is_lowered_or_set_on_the_checkpoint
                 said = describe_run(log, t.run)[1]["joinable"]
                 assert said["now"] and said["until"] > time.time(), (t.run, said)
         assert min(joins.values()) >= 5, joins
-        assert log.begin_offset(checkpoints_topic(lowered)) > 0 and log.begin_offset(checkpoints_topic(ckpts)) > 0  # expired
+        # expired
+        assert log.begin_offset(checkpoints_topic(lowered)) > 0 and log.begin_offset(checkpoints_topic(ckpts)) > 0
     finally:
         for t in trainers:
             t.close()
@@ -128,12 +133,14 @@ def test_retention_bytes_below_one_checkpoint_is_one_line_at_start_and_in_descri
     publish_random(producer, 4)  # two more checkpoints
     producer.close()
     said = [r.getMessage() for r in caplog.records if "below one checkpoint" in r.getMessage()]
-    assert len(said) == 1 and f"{checkpoints_topic(run)} retention.bytes 1000 is below one checkpoint (" in said[0], said
+    assert len(said) == 1 and f"{checkpoints_topic(run)} retention.bytes 1000 is below one checkpoint (" in said[
+        0], said
     capsys.readouterr()
     assert main(["topics", "describe", "--log", KAFKA_URL, "--run", run]) == 0
     out = capsys.readouterr().out
     assert [line for line in out.splitlines() if line.startswith("new sites:")] == \
-        [line for line in out.splitlines() if "new sites: cannot join: retention.bytes 1000 is below one checkpoint" in line]
+        [line for line in out.splitlines()
+         if "new sites: cannot join: retention.bytes 1000 is below one checkpoint" in line]
 
 
 def _ten_versions(url: str, run: str) -> dict:
@@ -170,7 +177,8 @@ def test_until_version_ends_at_exactly_n_with_newer_checkpoints_on_the_log(tmp_p
 
 def _files(path) -> dict:
     """{relative path: (bytes, mtime_ns)} of every file under `path`."""
-    return {os.path.relpath(os.path.join(d, f), path): (open(os.path.join(d, f), "rb").read(), os.stat(os.path.join(d, f)).st_mtime_ns)
+    return {os.path.relpath(os.path.join(d, f), path): (open(os.path.join(d, f), "rb").read(),
+                                                        os.stat(os.path.join(d, f)).st_mtime_ns)
             for d, _, fs in os.walk(path) for f in fs}
 
 
@@ -187,18 +195,22 @@ def test_until_version_refuses_in_one_line_what_it_cannot_end_at(tmp_path):
     with_log(KAFKA_URL, expire_before_v8)
     rc, _, err = _consume(KAFKA_URL, run, tmp_path / "fresh", 5)
     assert rc == 1 and "the oldest version this log can still give is v8" in err, err[-2000:]
-    assert [line for line in err.splitlines() if "error:" in line] == [line for line in err.splitlines() if "cannot be rebuilt" in line]
+    assert [line for line in err.splitlines() if "error:" in line] == [line for line in err.splitlines()
+                                                                       if "cannot be rebuilt" in line]
     assert not (tmp_path / "fresh").exists()
-    with pytest.raises(Expired, match=r"v5 of run .* cannot be rebuilt .*the updates after checkpoint v4 .* have expired.*"
+    with pytest.raises(Expired,
+                       match=r"v5 of run .* cannot be rebuilt .*the updates after checkpoint v4 .* have expired.*"
                                       r"the oldest version this log can still give is v8"):
         open_site(KAFKA_URL, run, tmp_path, "fresh", until_version=5, export_adapters=False)
     assert not (tmp_path / "fresh").exists()
     assert open_site(KAFKA_URL, run, tmp_path, "past", until_version=9, export_adapters=False).run(progress=False) == 9
-    assert open_site(KAFKA_URL, run, tmp_path, "past", until_version=10, export_adapters=False).run(progress=False) == 10
+    assert open_site(KAFKA_URL, run, tmp_path, "past", until_version=10,
+                     export_adapters=False).run(progress=False) == 10
     before = _files(tmp_path / "past")
     rc, _, err = _consume(KAFKA_URL, run, tmp_path / "past", 5)
     assert rc == 3 and "its snapshot in" in err and "is at v10, past --until-version 5" in err, err[-2000:]
-    assert [line for line in err.splitlines() if "error:" in line] == [line for line in err.splitlines() if "past --until" in line]
+    assert [line for line in err.splitlines() if "error:" in line] == [line for line in err.splitlines()
+                                                                       if "past --until" in line]
     with pytest.raises(PastVersion, match="is at v10, past --until-version 5"):
         open_site(KAFKA_URL, run, tmp_path, "past", until_version=5, export_adapters=False)
     assert _files(tmp_path / "past") == before

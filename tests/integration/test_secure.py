@@ -30,8 +30,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _start(tmp_path_factory, port, nodes):
-    env = dict(os.environ, HILO_KAFKA_PORT=str(port), HILO_KAFKA_DIR=str(tmp_path_factory.mktemp(f"kafka-secure{nodes}")))
-    subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--secure", "--nodes", str(nodes)], env=env, check=True, timeout=300)
+    env = dict(os.environ, HILO_KAFKA_PORT=str(port),
+               HILO_KAFKA_DIR=str(tmp_path_factory.mktemp(f"kafka-secure{nodes}")))
+    subprocess.run([str(ROOT / "ops/kafka/start.sh"), "--secure", "--nodes", str(nodes)], env=env, check=True,
+                   timeout=300)
     url = "kafka://" + ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(nodes))
     return url, pathlib.Path(env["HILO_KAFKA_DIR"]) / "security", env
 
@@ -78,7 +80,8 @@ def test_a_signed_run_over_sasl_ssl_reaches_every_site_and_no_secret_reaches_a_l
     # the CLI at DEBUG, kafka-python's own config dump included: the password never appears
     password = (sec / "users" / "site.password").read_text().strip()
     code, err = hilo("--log-level", "DEBUG", "consume", "--log", url, "--run", run, "--site", "eu-2", "--state-dir",
-                     str(tmp_path / "eu-2"), "--until-version", "5", "--no-export", "--no-progress", "--trust", str(keys[1]),
+                     str(tmp_path / "eu-2"), "--until-version", "5", "--no-export", "--no-progress", "--trust",
+                     str(keys[1]),
                      "--kafka-config", clients(sec)["site"])
     assert code == 0 and "sasl_plain_password': '***'" in err  # the dump was logged, masked
     assert password not in err and (sec / "users" / "trainer.password").read_text().strip() not in err
@@ -99,15 +102,19 @@ def test_the_site_principal_cannot_write_an_update(secure, tmp_path, logs):
         as_site.append(updates_topic(run), [(b"k", b"forged", {"hilo-run": run, "hilo-chunk": "0/1"})])
     # refused by the broker (the site may write RUN.rollouts only), in one line
     assert re.search(r"the broker refused it: this principal is not authorised on the (topic|cluster) "
-                     r"\((TopicAuthorizationFailedError|ClusterAuthorizationFailedError)\)", str(e.value)) and "\n" not in str(e.value)
-    RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1), prompt_partitions=2)  # the trainer makes the topics
+                     r"\((TopicAuthorizationFailedError|ClusterAuthorizationFailedError)\)",
+                     str(e.value)) and "\n" not in str(e.value)
+    # the trainer makes the topics
+    RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1), prompt_partitions=2)
     with pytest.raises(LogError, match="not authorised on the topic"):  # a site issues no prompts ...
         logs(url, kafka_config=clients(sec)["site"]).append(prompts_topic(run), [(b"k", b"forged", {"hilo-run": run})])
     as_site = logs(url, kafka_config=clients(sec)["site"])
-    assert as_site.append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]  # ... and writes rollouts
+    # ... and writes rollouts
+    assert as_site.append(rollouts_topic(run), [(b"k", b"a rollout", {"hilo-run": run})]) == [0]
     with pytest.raises(LogError, match="may not describe"):  # nor can it start a trainer of the run
         HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["site"]))
-    site = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2, export_adapters=False,
+    site = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=2,
+                              export_adapters=False,
                            kafka_config=clients(sec)["site"]))
     assert site.run(progress=False) == 2 and site.follower.replica.digest == producer.replica.digest
     # read after the site got v2 (so the commit markers are written): the trainer's two versions, nothing more
@@ -131,7 +138,8 @@ def test_a_refused_client_gets_one_line_naming_the_cause(secure, tmp_path, case,
     conf = tmp_path / "client.properties"
     if case == "wrong CA":
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k.pem"),
-                        "-out", str(tmp_path / "ca.pem"), "-days", "1", "-subj", "/CN=someone else"], check=True, capture_output=True)
+                        "-out", str(tmp_path / "ca.pem"), "-days", "1", "-subj", "/CN=someone else"], check=True,
+                       capture_output=True)
         conf.write_text(site_conf.replace(str(sec / "ca.pem"), str(tmp_path / "ca.pem")))
     elif case == "wrong password":
         conf.write_text("\n".join(line for line in site_conf.splitlines() if not line.startswith("sasl.password.file"))
@@ -149,7 +157,8 @@ def test_three_secured_nodes_carry_a_run(tmp_path_factory, tmp_path):
     url, sec, env = _start(tmp_path_factory, 29292, 3)
     try:
         run = secured_run(url, sec, "sec3")
-        producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
+        producer = HiLoProducer.open(small_model(),
+                                     producer_config(run=run, log=url, kafka_config=clients(sec)["trainer"]))
         part = producer.log.admin.describe_topics([updates_topic(run)])[0]["partitions"][0]
         assert sorted(part["replica_nodes"]) == [1, 2, 3]  # replicated across the three SASL_SSL brokers
         done = threading.Event()

@@ -59,7 +59,8 @@ def test_the_return_path_topics(log_and_run, log_url):
         log.create_rollout_topics(run, 0)
     if log_url.startswith("kafka://"):  # the broker holds the partition count; the file log shares by leases
         log.check_topic(prompts_topic(run), 3)
-        with pytest.raises(LogError, match="has 3 partitions; hilo-sync needs exactly 5 \\(hilo topics create --prompt-partitions\\)"):
+        with pytest.raises(LogError, match="has 3 partitions; hilo-sync needs exactly 5 \\(hilo topics create "
+                                           "--prompt-partitions\\)"):
             log.create_rollout_topics(run, 5)
 
 
@@ -86,7 +87,8 @@ def test_a_reader_replaced_while_every_broker_is_down_waits_instead_of_failing()
     t = updates_topic(run)
     log.append(t, [(b"0", b"v0", {})])
     assert [r.value for r in log.read(t, 0, timeout_s=5)] == [b"v0"]
-    reachable, log.connector.bootstrap = log.connector.bootstrap, "127.0.0.1:1"  # every broker gone: nothing listens on port 1
+    # every broker gone: nothing listens on port 1
+    reachable, log.connector.bootstrap = log.connector.bootstrap, "127.0.0.1:1"
     log.reader.replace()  # what two failed reads do
     assert log.read(t, 0, timeout_s=0.5) == []
     assert log.connector.reached  # no "unreachable" verdict kept

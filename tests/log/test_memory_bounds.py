@@ -21,7 +21,8 @@ def _refusal(tmp_path, records):
     producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url))
     publish_random(producer, 1)
     open_log(url).append(updates_topic("r"), records)
-    out = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "log"), "r"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "log"), "r"], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     return r["error"], r["grew_mib"]
@@ -30,7 +31,8 @@ def _refusal(tmp_path, records):
 def test_a_first_chunk_declaring_3_gib_is_refused_for_a_small_adapter(tmp_path):
     """The adapter's largest legitimate update is ~230 KB: a 3 GiB declaration is refused at the first chunk."""
     head = split(b"x" * 1000, "r", "update", 2)[0]
-    forged = [(head[0], b"x" * MiB, head[2] | {"hilo-size": str(3 << 30), "hilo-chunk": f"{i}/3072"}) for i in range(64)]
+    forged = [(head[0], b"x" * MiB, head[2] | {"hilo-size": str(3 << 30), "hilo-chunk": f"{i}/3072"})
+              for i in range(64)]
     error, grew = _refusal(tmp_path, forged)
     assert error and "message of 3221225472 bytes > limit" in error
     assert grew < 48, f"peak RSS grew {grew:.0f} MiB"
@@ -50,7 +52,8 @@ def _checkpoint_bomb(manifest, inflated: int) -> bytes:
     import msgpack
     import zstandard
     from hilo.schemas.framing import _HEADER, KIND_CHECKPOINT, MAGIC, SCHEMA_VERSION
-    head = msgpack.packb({"run": "r", "version": 7, "digest": bytes(16), "manifest": manifest.to_dict(), "optimizer": "adamw"},
+    head = msgpack.packb({"run": "r", "version": 7, "digest": bytes(16), "manifest": manifest.to_dict(),
+                          "optimizer": "adamw"},
                          use_bin_type=True)
     # Reopen the map as 10 entries: the 5 above, then params = [bin of zeros], then the rest.
     head = b"\x8a" + head[1:]
@@ -80,10 +83,11 @@ def test_a_small_checkpoint_record_inflating_to_1_5_gib_is_refused_unread(tmp_pa
     log = open_log(url)
     log.create_topics("r")
     log.append(checkpoints_topic("r"), split(bomb, "r", "checkpoint", 7, extra={"hilo-updates-offset": "0"}))
-    code = ("import json, resource, sys; from hilo.log import open_log; from hilo.replay.follower import bootstrap_from_log\n"
-            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
-            "try:\n    bootstrap_from_log(open_log(sys.argv[1]), 'r'); err = None\nexcept Exception as e:\n    err = str(e)\n"
-            "print(json.dumps({'error': err, 'grew_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base}))")
+    code = ("import json, resource, sys; from hilo.log import open_log; from hilo.replay.follower import "
+            "bootstrap_from_log\nbase = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+            "try:\n    bootstrap_from_log(open_log(sys.argv[1]), 'r'); err = None\nexcept Exception as e:\n    err = "
+            "str(e)\nprint(json.dumps({'error': err, 'grew_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / "
+            "1024 - base}))")
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=300)
     r = json.loads(out.stdout)
     said = r"r.checkpoints offset 0 \(checkpoint v7\): declared decompressed size 16106127\d\d > limit \d+"

@@ -79,7 +79,8 @@ def test_a_site_that_is_only_polled_stops_its_read_ahead_on_close(tmp_path):
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url))
     publish_random(producer, 3)
     site = open_site(url, run, tmp_path, "polled", export_adapters=False)
-    for event in site.follower.updates(timeout_s=1.0):  # polled as `hilo bench serve` and a metrics test do, never run()
+    # polled as `hilo bench serve` and a metrics test do, never run()
+    for event in site.follower.updates(timeout_s=1.0):
         site.on_event(event)
     assert site.follower.replica.digest == producer.replica.digest
     reader = site.follower.reader

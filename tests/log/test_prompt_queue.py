@@ -33,7 +33,8 @@ def _answers(log, run):
 
 
 def _rollouts(lease, site):
-    return [(r.key, f"{site} answers {r.value.decode()}".encode(), {H.PROMPT: r.key.decode(), H.SITE: site}) for r in lease.records]
+    return [(r.key, f"{site} answers {r.value.decode()}".encode(), {H.PROMPT: r.key.decode(), H.SITE: site})
+            for r in lease.records]
 
 
 def test_two_sites_answer_every_prompt_exactly_once(log_url):
@@ -106,13 +107,15 @@ def test_a_site_restarted_under_its_name_frees_its_dead_incarnations_leases(tmp_
     assert not other.take(2, timeout_s=0).records           # held by a's lease for ten minutes ...
     again = log.prompt_queue(run, "a", 600.0)                # ... until a starts again
     assert [r.key for r in again.take(2, timeout_s=0).records] == [b"p0", b"p1"]
-    with pytest.raises(LeaseLost):                           # the old incarnation, if it was only stalled, settles nothing
+    # the old incarnation, if it was only stalled, settles nothing
+    with pytest.raises(LeaseLost):
         dead.settle(lease, _rollouts(lease, "a"))
 
 
 def test_a_deferred_prompt_waits_the_rest_is_answered_and_every_prompt_is_answered_once(log_url):
     """A site that cannot serve one prompt yet answers the others now; on Kafka the deferred prompt's partition waits
-    (offsets commit in order, so what follows it there waits too) until `resume`; on the embedded log it is free at once."""
+    (offsets commit in order, so what follows it there waits too) until `resume`; on the embedded log it is free at
+    once."""
     run, n = new_run("defer"), 6
     log = _setup(log_url, run, n, partitions=1)
     q = log.prompt_queue(run, "a", 60.0)
@@ -124,13 +127,15 @@ def test_a_deferred_prompt_waits_the_rest_is_answered_and_every_prompt_is_answer
         recs = sorted(lease.records, key=lambda r: r.offset)
         later = recs[1]
         now = q.defer(lease, [later])
-        assert [r.offset for r in now.records] == ([recs[0].offset] if kafka else [r.offset for r in recs if r is not later])
+        assert [r.offset for r in now.records] == ([recs[0].offset] if kafka
+                                                   else [r.offset for r in recs if r is not later])
         q.settle(now, _rollouts(now, "a"))
         again = q.take(4, timeout_s=1.0)
         if kafka:
             assert not again.records  # the partition waits at the deferred prompt
             q.resume()
-            wait_until(lambda: got.append(q.take(4, timeout_s=0.5)) or bool(got[-1].records), 60, "the deferred prompt again")
+            wait_until(lambda: got.append(q.take(4, timeout_s=0.5)) or bool(got[-1].records), 60,
+                       "the deferred prompt again")
             again = got[-1]
         assert min(r.offset for r in again.records) == later.offset
         q.settle(again, _rollouts(again, "a"))

@@ -1,9 +1,9 @@
-"""The trainer's audit over real `hilo rl` runs with a real vLLM CPU server: honest sites pass every audit (the margin to
-the tolerance is reported); a site that serves v-1 while claiming v, one that serves a perturbed adapter, and one that
-makes up its log-probabilities are each quarantined while the honest site carries the run to the trainer's digest; one
-that stamps its made-up rollouts as spanning two versions is too, and stays quarantined across a trainer restart. The
-liars run as `python -m hilo.ops.faults.lying_site LIE ...` (ops/faults/lies.py) and, where their own self-check would
-stop them, --no-self-check."""
+"""The trainer's audit over real `hilo rl` runs with a real vLLM CPU server: honest sites pass every audit (the margin
+to the tolerance is reported); a site that serves v-1 while claiming v, one that serves a perturbed adapter, and one
+that makes up its log-probabilities are each quarantined while the honest site carries the run to the trainer's digest;
+one that stamps its made-up rollouts as spanning two versions is too, and stays quarantined across a trainer restart.
+The liars run as `python -m hilo.ops.faults.lying_site LIE ...` (ops/faults/lies.py) and, where their own self-check
+would stop them, --no-self-check."""
 import functools
 import json
 import os
@@ -24,13 +24,15 @@ RL = ("--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--reward", 
 
 
 def _site(log, run, name, tmp_path, vllm_url, steps, *extra, lie=None, dtype="float32"):
-    """A generating site of `run` that exits at v`steps`, exporting adapters in `dtype`; its stderr in tmp_path/NAME.log.
-    `lie`: one of ops/faults/lies.py that the site tells (None: honest)."""
+    """A generating site of `run` that exits at v`steps`, exporting adapters in `dtype`; its stderr in
+    tmp_path/NAME.log. `lie`: one of ops/faults/lies.py that the site tells (None: honest)."""
     start = functools.partial(lying_site, lie) if lie else functools.partial(hilo, "consume")
     with open(tmp_path / f"{name}.log", "w") as stderr:  # the child holds its own copy
         return start("--log", log, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--vllm",
-                     vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", dtype, "--generate", "--reward", REWARD,
-                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300", "--no-progress", *extra,
+                     vllm_url, "--lora-name", f"{run}-{name}", "--export-dtype", dtype, "--generate", "--reward",
+                     REWARD,
+                     "--generate-batch", "2", "--until-version", str(steps), "--wait-checkpoint", "300",
+                     "--no-progress", *extra,
                      stderr=stderr)
 
 
@@ -40,9 +42,11 @@ def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra,
     The trainer stops at v`steps`, the sites at v`until` (default: the same)."""
     until = steps if until is None else until
     sites = {"liar": _site(log, run, "liar", tmp_path, url, until, *extra, lie=lie)}
-    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), *trainer_args)
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps),
+                   *trainer_args)
     try:
-        wait_until(lambda: "now serves v0" in (tmp_path / "liar.log").read_text() or sites["liar"].poll() is not None, 600,
+        wait_until(lambda: "now serves v0" in (tmp_path / "liar.log").read_text() or sites["liar"].poll() is not None,
+                   600,
                    "the liar serves v0")
         assert sites["liar"].poll() is None, (tmp_path / "liar.log").read_text()[-3000:]
     except BaseException:
@@ -68,7 +72,8 @@ def test_honest_sites_pass_every_audit_and_the_margin_is_reported(vllm):
     worst = max(v["worst"] for v in audit["sites"].values())
     assert re.search(r"audit site-\d: \d+ audited, \d+ passed, 0 failed, worst difference", err), err[-2000:]
     assert all(r["audit_s"] >= 0 for r in res["steps"]) and audit["seconds"] > 0
-    print(f"honest worst per-token difference {worst:.3g}, tolerance {TOLERANCE:g}: margin {TOLERANCE / max(worst, 1e-12):.0f}x")
+    print(f"honest worst per-token difference {worst:.3g}, tolerance {TOLERANCE:g}: margin "
+          f"{TOLERANCE / max(worst, 1e-12):.0f}x")
 
 
 @pytest.mark.parametrize("lie, extra, lr", [
@@ -84,11 +89,13 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
     # the tiny random base's tolerance, 1e-5 (honest differences stay under 1.3e-6 on it; the default, 1e-4, fits the
     # pretrained student base too): a perturbed block moves log-probabilities by 3e-5 to 9e-5 at lr 3e-2
     trainer, sites = _liar_then_honest(log, run, tmp_path, url, steps,
-                                       ("--audit-share", "1", "--audit-tolerance", "1e-5", "--lr", lr, *RL), lie, *extra)
+                                       ("--audit-share", "1", "--audit-tolerance", "1e-5", "--lr", lr, *RL), lie,
+                                       *extra)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n,
+                   s in sites.items()}
     res = json.loads(out)
     liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
     # at its 2nd failure (the probe, on by default, counts its failures after that too)
@@ -96,12 +103,13 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
     assert honest["failed"] == 0 and not honest["quarantined"], honest
     assert res["dropped"].get("quarantined", 0) + res["dropped"].get("audit-failed", 0) > 0, res["dropped"]
     said = [line for line in err.splitlines() if "QUARANTINED site liar" in line]
-    print(f"{lie}: liar audited {liar['audited']} (passed {liar['passed']}), quarantined at its failure {liar['failed']}, "
-          f"worst {liar['worst']:.3g}; honest audited {honest['audited']}, worst {honest['worst']:.3g}; dropped {res['dropped']}\n"
-          f"  {said[0] if said else None}")
+    print(f"{lie}: liar audited {liar['audited']} (passed {liar['passed']}), quarantined at its failure "
+          f"{liar['failed']}, worst {liar['worst']:.3g}; honest audited {honest['audited']}, worst "
+          f"{honest['worst']:.3g}; dropped {res['dropped']}\n  {said[0] if said else None}")
     assert len(said) == 1 and "claims v" in said[0] and "tolerance" in said[0], said
     # the run went on: every version trained and published, and both sites (the liar's replica is exact) at its digest
-    assert res["version"] == steps and all(m is not None and m.group(1) == res["trainer_digest"] for m in digests.values()), digests
+    assert res["version"] == steps and all(m is not None and m.group(1) == res["trainer_digest"]
+                                           for m in digests.values()), digests
 
 
 def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_path):
@@ -110,7 +118,8 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
     log, run, steps = f"file://{tmp_path}/log", new_run("selfcheck"), 2
     site = _site(log, run, "s", tmp_path, url, steps, lie="previous")
     honest = _site(log, run, "h", tmp_path, url, steps)
-    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share", "1",
+    trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps),
+                   "--audit-share", "1",
                    *RL)
     with reaped(trainer, site, honest):
         out, err = trainer.communicate(timeout=900)
@@ -120,21 +129,23 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
     res = json.loads(out)
     lines = (tmp_path / "s.log").read_text().splitlines()
     failed = [x for x in lines if "self-check failed: vLLM does not serve v" in x]
-    assert failed and re.search(r"differ from the replica's by up to \S+ \(token \d+ after \d+ of the probe's 12 tokens; "
-                                r"tolerance", failed[0]), failed
+    assert failed and re.search(r"differ from the replica's by up to \S+ \(token \d+ after \d+ of the probe's 12 "
+                                r"tokens; tolerance", failed[0]), failed
     # what it generated (with v0, before its first bad load) was right; after that it generated nothing
     assert res["ok"] and res["audit"]["sites"].get("s", {"failed": 0})["failed"] == 0, res["audit"]
     assert any("takes no prompts until its vLLM answers again" in x for x in lines), lines[-20:]
 
 
 def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught_by_the_sampling_test(vllm, tmp_path):
-    """The lie `sharpen`: the site asks vLLM for a quarter of the prompt's temperature and reports vLLM's log-probabilities
-    of what it sampled, which are right: every per-token check passes. The standardized surprisal sum of its tokens
-    drifts (an honest site's stays near 0) and quarantines it. The limits are lowered to fit a short run."""
+    """The lie `sharpen`: the site asks vLLM for a quarter of the prompt's temperature and reports vLLM's
+    log-probabilities of what it sampled, which are right: every per-token check passes. The standardized surprisal sum
+    of its tokens drifts (an honest site's stays near 0) and quarantines it. The limits are lowered to fit a short
+    run."""
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run("auditsharp"), 8
     trainer, sites = _liar_then_honest(log, run, tmp_path, url, steps, (
-        "--audit-share", "1", "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20", "--audit-release-after", "0",
+        "--audit-share", "1", "--audit-sampling-z-limit", "4", "--audit-sampling-min-tokens", "20",
+        "--audit-release-after", "0",
         *RL), "sharpen")
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
@@ -157,8 +168,10 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     never failed. The trainer, stopped at v3 and started again on its state dir, still refuses the liar."""
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run("auditspan"), 5
-    args = ("--log", log, "--run", run, "--sites", "0", "--state-dir", str(tmp_path / "trainer"), "--audit-share", "1", *RL)
-    trainer, sites = _liar_then_honest(log, run, tmp_path, url, 3, args[6:], "span", until=steps, honest_dtype="bfloat16")
+    args = ("--log", log, "--run", run, "--sites", "0", "--state-dir", str(tmp_path / "trainer"), "--audit-share", "1",
+            *RL)
+    trainer, sites = _liar_then_honest(log, run, tmp_path, url, 3, args[6:], "span", until=steps,
+                                       honest_dtype="bfloat16")
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
@@ -166,14 +179,16 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
         with reaped(again):
             out2, err2 = again.communicate(timeout=900)
         assert again.returncode == 0, err2[-3000:]
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n, s in sites.items()}
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n,
+                   s in sites.items()}
     first, second = json.loads(out), json.loads(out2)
     liar, honest = first["audit"]["sites"]["liar"], first["audit"]["sites"]["honest"]
     print(f"span: liar refused {liar['refused']}, audited {liar['audited']} ({liar['spanning']} spanning), failed "
-          f"{liar['failed']}: {liar['evidence']}\n  honest: audited {honest['audited']}, worst {honest['worst']:.3g}, served by "
-          f"{honest['served']}; dropped {first['dropped']}, after the restart {second['dropped']}")
+          f"{liar['failed']}: {liar['evidence']}\n  honest: audited {honest['audited']}, worst {honest['worst']:.3g}, "
+          f"served by {honest['served']}; dropped {first['dropped']}, after the restart {second['dropped']}")
     assert liar["quarantined"] and liar["failed"] >= 2 and liar["refused"] + liar["audited"] >= 2, liar
-    assert ("is not published" in liar["evidence"] or "claims v" in liar["evidence"]) and liar["served"].startswith("vllm ")
+    assert ("is not published" in liar["evidence"]
+            or "claims v" in liar["evidence"]) and liar["served"].startswith("vllm ")
     assert first["dropped"].get("bad-stamp", 0) + first["dropped"].get("audit-failed", 0) >= 2, first["dropped"]
     assert honest["audited"] > 0 and honest["failed"] == 0 and not honest["quarantined"], honest
     assert honest["served"].startswith("vllm ") and honest["served"].endswith(", bfloat16 adapters"), honest
@@ -198,12 +213,14 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
     url, _ = vllm
     log, run, steps = f"file://{tmp_path}/log", new_run("auditprobe"), 2
     with open(tmp_path / "trainer.log", "w") as stderr:
-        trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps), "--audit-share",
+        trainer = hilo("rl", "--vllm", url, "--log", log, "--run", run, "--sites", "0", "--steps", str(steps),
+                       "--audit-share",
                        "1", "--audit-sampling-min-tokens", "32", *RL, stderr=stderr)
     liar = _site(log, run, "s", tmp_path, url, steps, lie="logprobs")
     sites = {"liar": liar}
     with reaped(trainer, sites):
-        wait_until(lambda: "QUARANTINED site s" in (tmp_path / "trainer.log").read_text() or trainer.poll() is not None, 600,
+        wait_until(lambda: "QUARANTINED site s" in (tmp_path / "trainer.log").read_text() or trainer.poll() is not None,
+                   600,
                    "the liar is quarantined")
         liar.terminate()
         liar.wait(timeout=120)
@@ -234,9 +251,9 @@ def _served(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_audit_served_quick_the_statistical_verdict_keeps_honest_sites_and_catches_liars(vllm, tmp_path, dtype):
-    """`hilo bench audit --served` at a small N: an honest site at the served dtype is never quarantined; one serving v-1
-    is caught. At fp32 a perturbed block (x 1 + 1e-3) moves each token by ~6e-6, under the per-token tolerance (1e-4):
-    only the statistical verdict catches it. At bf16 made-up log-probabilities pass the per-token tolerance; the
+    """`hilo bench audit --served` at a small N: an honest site at the served dtype is never quarantined; one serving
+    v-1 is caught. At fp32 a perturbed block (x 1 + 1e-3) moves each token by ~6e-6, under the per-token tolerance
+    (1e-4): only the statistical verdict catches it. At bf16 made-up log-probabilities pass the per-token tolerance; the
     statistical verdict catches them."""
     url = _served(dtype)
     p = hilo("bench", "audit", "--served", f"{url}={dtype}", "--shares", "", "--honest", "48", "--liar", "16", "--json",
@@ -252,8 +269,11 @@ def test_bench_audit_served_quick_the_statistical_verdict_keeps_honest_sites_and
     assert stat["previous"]["first_quarantine"] is not None, stat
     if dtype == "float32":
         assert stat["logprobs"]["first_quarantine"] is not None, stat
-        assert stat["perturb"]["first_quarantine"] is not None and per_token["perturb"]["first_quarantine"] is None, stat
-    else:  # x 0.99 is ~2e-2 a token, under bf16's tolerance: caught by the statistics (within 16 rollouts at headroom 1;
-        # at the default 10, by the 80th: docs/benchmarks.md); a perturbed block is below bf16's noise, caught by nothing
+        assert stat["perturb"]["first_quarantine"] is not None and per_token["perturb"][
+            "first_quarantine"] is None, stat
+    # x 0.99 is ~2e-2 a token, under bf16's tolerance: caught by the statistics (within 16 rollouts at headroom 1;
+    else:
+        # at the default 10, by the 80th: docs/benchmarks.md); a perturbed block is below bf16's noise, caught by
+        # nothing
         assert per_token["logprobs"]["first_quarantine"] is None, per_token
         assert row["liars"]["statistical, headroom 1"]["logprobs"]["first_quarantine"] is not None, row["liars"]

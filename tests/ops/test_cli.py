@@ -12,7 +12,8 @@ from hilo.ops.cli import main, parser
 
 
 def _help(*args):
-    return subprocess.run([sys.executable, "-m", "hilo.ops.cli", *args, "--help"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([sys.executable, "-m", "hilo.ops.cli", *args, "--help"], capture_output=True, text=True,
+                          check=True).stdout
 
 
 def test_help_lists_every_command_with_its_summary():
@@ -45,8 +46,10 @@ def test_produce_consume_lag_inspect(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [(r["site"], r["applied_version"], r["lag"], r["digest"]) for r in rows] == [("x", 4, 0, digest)]
     assert main(["lag", "--log", url, "--run", run]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "SERVING-VERSION", "HEAD-VERSION", "LAG",
-                                                               "LAG-BYTES", "TRAINER-LAG", "CURRENT-OFFSET", "LOG-END-OFFSET",
+    assert capsys.readouterr().out.splitlines()[0].split() == ["SITE", "APPLIED-VERSION", "SERVING-VERSION",
+                                                               "HEAD-VERSION", "LAG",
+                                                               "LAG-BYTES", "TRAINER-LAG", "CURRENT-OFFSET",
+                                                               "LOG-END-OFFSET",
                                                                "LAST-APPLIED"]
     assert rows[0]["trainer_lag"] is None  # gradient mode: the sites hold the trainer's policy
     assert main(["inspect", "--log", url, "--run", run, "--version", "2", "--json"]) == 0
@@ -57,7 +60,8 @@ def test_produce_consume_lag_inspect(tmp_path, capsys):
 
 def test_produce_in_delta_mode_prints_the_lag_and_flushes(tmp_path, capsys):
     url, run = f"file://{tmp_path}/log", "cli-delta"
-    assert main(["produce", "--log", url, "--run", run, "--steps", "3", "--mode", "delta", "--codec", "spar4", "--budget", "25%"]) == 0
+    assert main(["produce", "--log", url, "--run", run, "--steps", "3", "--mode", "delta", "--codec", "spar4",
+                 "--budget", "25%"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     lags = [float(re.search(r" lag (\S+)$", line).group(1)) for line in out[:3]]
     assert all(x > 0 for x in lags)
@@ -67,7 +71,8 @@ def test_produce_in_delta_mode_prints_the_lag_and_flushes(tmp_path, capsys):
                  "--until-version", m.group(1), "--no-progress", "--no-export"]) == 0
     assert capsys.readouterr().out.split()[-1] == out[-1].split()[3]  # the site reaches the trainer's digest
     assert main(["lag", "--log", url, "--run", run, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["trainer_lag"] == pytest.approx(float(m.group(3)), rel=1e-2)  # printed to 3 digits
+    # printed to 3 digits
+    assert json.loads(capsys.readouterr().out)[0]["trainer_lag"] == pytest.approx(float(m.group(3)), rel=1e-2)
 
 
 def hilo(*args, timeout=120):
@@ -86,12 +91,16 @@ def one_line(err: str) -> str:
 
 @pytest.mark.parametrize("args,code,match", [
     (["demo", "--steps", "0"], 2, r"argument --steps: 0 is below the minimum 3"),
-    (["bench", "codecs", "--shapes", "nope"], 2, r"argument --shapes: 'nope': unknown \['nope'\]; expected a comma list of qwen3-1.7b"),
-    (["produce", "--log", "file:///x", "--run", "r", "--steps", "-1"], 2, r"argument --steps: -1 is below the minimum 1"),
+    (["bench", "codecs", "--shapes", "nope"], 2,
+     r"argument --shapes: 'nope': unknown \['nope'\]; expected a comma list of qwen3-1.7b"),
+    (["produce", "--log", "file:///x", "--run", "r", "--steps", "-1"], 2,
+     r"argument --steps: -1 is below the minimum 1"),
     (["produce", "--log", "file:///x", "--run", "r", "--budget", "lots"], 2, r"argument --budget: --budget 'lots'"),
-    (["topics", "create", "--log", "file:///x", "--run", "a/b"], 2, r"argument --run: --run = 'a/b': a run id is 1-201 letters"),
+    (["topics", "create", "--log", "file:///x", "--run", "a/b"], 2,
+     r"argument --run: --run = 'a/b': a run id is 1-201 letters"),
     (["lag", "--log", "file:///x", "--run", "a.b"], 2, r"argument --run: --run = 'a.b'"),
-    (["inspect", "--log", "file:///x", "--run", "r", "--version", "0"], 2, r"argument --version: 0 is below the minimum 1"),
+    (["inspect", "--log", "file:///x", "--run", "r", "--version", "0"], 2,
+     r"argument --version: 0 is below the minimum 1"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, code, match):
     rc, out, err, _ = hilo(*args)
@@ -112,7 +121,8 @@ def test_a_run_that_does_not_exist_lists_the_runs_that_do(tmp_path, capsys):
     url = f"file://{tmp_path}/log"
     assert main(["topics", "create", "--log", url, "--run", "alpha"]) == 0
     rc, _, err, _ = hilo("lag", "--log", url, "--run", "nope")
-    assert rc == 1 and f"{url}: run 'nope' does not exist; runs here: alpha (hilo topics list --log {url})" in one_line(err)
+    assert rc == 1 and f"{url}: run 'nope' does not exist; runs here: alpha (hilo topics list --log {url})" in one_line(
+        err)
     rc, out, _, _ = hilo("topics", "list", "--log", url)
     assert rc == 0 and out.split() == ["alpha"]
 
@@ -141,34 +151,39 @@ def test_a_state_dir_that_cannot_be_used_is_one_line(tmp_path, obstacle):
     assert main(["topics", "create", "--log", url, "--run", "r"]) == 0
     (tmp_path / "blocker").write_text("x")
     state = tmp_path / "blocker" if obstacle == "file" else tmp_path / "blocker" / "site"
-    rc, _, err, _ = hilo("consume", "--log", url, "--run", "r", "--site", "s", "--state-dir", str(state), "--wait-checkpoint", "1")
+    rc, _, err, _ = hilo("consume", "--log", url, "--run", "r", "--site", "s", "--state-dir", str(state),
+                         "--wait-checkpoint", "1")
     assert rc == 1 and re.search(rf"state dir {state}: cannot be used: (File exists|Not a directory)", one_line(err))
 
 
 def test_demo_and_produce_print_no_deprecation_noise(tmp_path):
-    rc, out, err, _ = hilo("produce", "--log", f"file://{tmp_path}/log", "--run", "quiet", "--steps", "2", "--budget", "5%")
+    rc, out, err, _ = hilo("produce", "--log", f"file://{tmp_path}/log", "--run", "quiet", "--steps", "2", "--budget",
+                           "5%")
     assert rc == 0 and "FutureWarning" not in err and "DeprecationWarning" not in err, err
 
 
 def test_topics_describe_shows_retained_versions(tmp_path, capsys):
     url, run = f"file://{tmp_path}/log", "desc"
-    assert main(["produce", "--log", url, "--run", run, "--steps", "3", "--budget", "5%", "--checkpoint-every", "2"]) == 0
+    assert main(["produce", "--log", url, "--run", run, "--steps", "3", "--budget", "5%", "--checkpoint-every",
+                 "2"]) == 0
     capsys.readouterr()
     assert main(["topics", "describe", "--log", url, "--run", run, "--json"]) == 0
     rows = {r["topic"]: r for r in json.loads(capsys.readouterr().out)}
     assert (rows[f"{run}.updates"]["oldest_version"], rows[f"{run}.updates"]["newest_version"]) == (1, 3)
     assert (rows[f"{run}.checkpoints"]["oldest_version"], rows[f"{run}.checkpoints"]["newest_version"]) == (0, 2)
     assert rows[f"{run}.updates"]["retention.ms"].startswith("-1")
-    assert rows[f"{run}.checkpoints"]["joinable"] | {"checkpoint_bytes": 0} == {"now": True, "until": None, "checkpoint_version": 2,
+    assert rows[f"{run}.checkpoints"]["joinable"] | {"checkpoint_bytes": 0} == {"now": True, "until": None,
+                                                                                "checkpoint_version": 2,
                                                                                 "checkpoint_bytes": 0}
     assert main(["topics", "describe", "--log", url, "--run", run]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == ("new sites: can join now, from checkpoint v2, until no expiry (retention "
-                                                        "unlimited) without a newer checkpoint")
+    assert capsys.readouterr().out.splitlines()[-1] == ("new sites: can join now, from checkpoint v2, until no expiry "
+                                                        "(retention unlimited) without a newer checkpoint")
 
 
 @pytest.mark.parametrize("args, error", [
     (["acls", "show", "--log", "{log}", "--run", "r"], "ACLs are Kafka's; the embedded file log has none"),
-    (["lag", "--log", "{log}", "--run", "r", "--kafka-config", "{conf}"], "--kafka-config {conf}: applies to kafka:// logs"),
+    (["lag", "--log", "{log}", "--run", "r", "--kafka-config", "{conf}"],
+     "--kafka-config {conf}: applies to kafka:// logs"),
 ])
 def test_security_options_on_the_file_log_are_one_line_errors(tmp_path, args, error):
     conf = tmp_path / "client.properties"
@@ -187,7 +202,8 @@ def test_operator_commands_do_not_import_torch(tmp_path, args):
     code = ("import sys; from hilo.ops.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('TORCH', 'torch' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code, *[url if a == "LOG" else a for a in args]], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code, *[url if a == "LOG" else a for a in args]], capture_output=True,
+                       text=True, timeout=120)
     assert "TORCH False" in r.stdout, r.stdout + r.stderr
 
 
@@ -206,7 +222,8 @@ def test_consume_options_and_defaults_come_from_site_config():
         if f.type is not bool and "bool" not in str(f.type):
             assert actions[name].default == f.default, name
         assert help_of(f) and help_of(f).replace("%", "%%") in actions[name].help, name
-    a = p.parse_args(["consume", "--log", "file:///x", "--run", "r", "--site", "s", "--state-dir", "/tmp/s", "--no-export",
+    a = p.parse_args(["consume", "--log", "file:///x", "--run", "r", "--site", "s", "--state-dir", "/tmp/s",
+                      "--no-export",
                       "--idle-exit", "2.5"])
     from hilo.ops.commands.args import config_from_args
     cfg = config_from_args(SiteConfig, a)
@@ -215,7 +232,8 @@ def test_consume_options_and_defaults_come_from_site_config():
 
 
 @pytest.mark.parametrize("command,cls,fields", [
-    ("produce", "hilo.producer.config:ProducerConfig", ("budget", "codec", "mode", "on_bad_record", "publish_deadline_s")),
+    ("produce", "hilo.producer.config:ProducerConfig",
+     ("budget", "codec", "mode", "on_bad_record", "publish_deadline_s")),
     ("consume", "hilo.consumer.config:SiteConfig", ("site", "state_dir", "vllm", "on_bad_record", "prefetch")),
     ("consume", "hilo.consumer.generator:GenerateConfig", ("reward", "batch_prompts", "lease_s", "signing_key")),
     ("produce", "hilo.ops.metrics_server:MetricsConfig", ("metrics_port", "metrics_host", "ready_max_lag")),
@@ -261,7 +279,8 @@ def test_a_config_field_without_help_metadata_is_an_error_when_its_options_are_b
         depth: int = 2
         width: int = opt(4)
 
-    with pytest.raises(TypeError, match=r"^Knobs\.depth, Knobs\.width: no help text; declare each field as `name: T = opt"):
+    with pytest.raises(TypeError,
+                       match=r"^Knobs\.depth, Knobs\.width: no help text; declare each field as `name: T = opt"):
         config_options(argparse.ArgumentParser(), Knobs, ("size",))
 
     @dataclasses.dataclass(frozen=True)
@@ -290,4 +309,5 @@ def test_the_cli_reference_lists_every_command_option_default_and_field():
     budget = next(line for line in md.splitlines() if line.startswith("| `--budget` |") and "ProducerConfig" in line)
     cells = [c.strip() for c in budget.strip("|").split(" | ")]
     assert cells[1:4] == ["budget", ProducerConfig.budget.describe(), "`ProducerConfig.budget`"]
-    assert cells[4] == help_of(ProducerConfig.__dataclass_fields__["budget"])  # without the "(default: ...)" --help adds
+    # without the "(default: ...)" --help adds
+    assert cells[4] == help_of(ProducerConfig.__dataclass_fields__["budget"])

@@ -32,7 +32,8 @@ def test_every_saved_result_says_where_it_was_measured():
     """Each results file names the commit and the machine (what nobody recorded is "unknown", never a guess)."""
     for path in (ROOT / "docs" / "results").rglob("*.json"):
         m = json.loads(path.read_text()).get("measured_on")
-        assert isinstance(m, dict) and {"commit", "dirty", "recorded", "cores", "cpu_model", "triad_gbps"} <= set(m), path
+        assert isinstance(m, dict) and {"commit", "dirty", "recorded", "cores", "cpu_model",
+                                        "triad_gbps"} <= set(m), path
         assert re.fullmatch(r"[0-9a-f]{40}", m["commit"]) and m["recorded"] in ("at run", "git log"), (path, m)
 
 
@@ -40,9 +41,11 @@ def test_the_headline_quotes_the_newest_results_of_a_version():
     """The README's first row (a 1.7B spar4 version: encode, decode + AdamW step) is the replay and pace benchmarks'
     (was: the codecs table's, measured before the fused kernels: 0.73 s and 0.72 s)."""
     replay, pace = (json.loads((ROOT / "docs" / "results" / f"{n}.json").read_text()) for n in ("replay", "pace"))
-    site = next(r for r in replay["rows"] if (r["shape"], r["optimizer"], r["apply"]) == ("qwen3-1.7b", "adamw", "kernel"))
+    site = next(r for r in replay["rows"]
+                if (r["shape"], r["optimizer"], r["apply"]) == ("qwen3-1.7b", "adamw", "kernel"))
     first = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| one version of"))
-    assert f"encode {pace['encode_median_s']:.2f} s, decode + AdamW step {site['stage_s_per_version']['apply']:.3f} s" in first
+    assert (f"encode {pace['encode_median_s']:.2f} s, decode + AdamW step "
+            f"{site['stage_s_per_version']['apply']:.3f} s") in first
 
 
 @pytest.fixture
@@ -90,7 +93,8 @@ def test_regions_that_cannot_be_filled_are_one_line(checkout, text, error):
 
 def test_the_readme_is_a_way_in():
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; at most {README_MAX_LINES} (details go in docs/)"
+    assert len(lines) <= README_MAX_LINES, (f"README.md has {len(lines)} lines; at most {README_MAX_LINES} (details go "
+                                            f"in docs/)")
 
 
 def _prose(text: str) -> str:
@@ -100,11 +104,13 @@ def _prose(text: str) -> str:
 
 def _anchors(page: pathlib.Path) -> set:
     """GitHub's heading anchors of a markdown page."""
-    heads = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.DOTALL | re.MULTILINE), re.MULTILINE)
+    heads = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.DOTALL | re.MULTILINE),
+                       re.MULTILINE)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
 
 
-@pytest.mark.parametrize("page", ["README.md"] + sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")))
+@pytest.mark.parametrize("page",
+                         ["README.md"] + sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")))
 def test_every_relative_link_lands(page):
     src = ROOT / page
     bad = []

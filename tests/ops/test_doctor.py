@@ -40,10 +40,12 @@ def test_a_ready_run_on_the_broker_passes_and_the_machine_is_described(capsys, t
     assert main(["topics", "create", "--log", KAFKA_URL, "--run", run, "--retention-ms", "3600000"]) == 0
     capsys.readouterr()
     code, rows = doctor(capsys, "--log", KAFKA_URL, "--run", run, "--state-dir", str(tmp_path / "site"))
-    assert code == 0 and list(rows) == ["log", "topics", "acls", "kernels", "cpu", "disk"]  # no --vllm, no --kafka-config
+    # no --vllm, no --kafka-config
+    assert code == 0 and list(rows) == ["log", "topics", "acls", "kernels", "cpu", "disk"]
     assert rows["log"][0][0] == "OK" and "1 broker(s)" in rows["log"][0][1]
     updates, checkpoints = rows["topics"]
-    assert updates[1].startswith(f"{run}.updates: 1 partition, delete policy, replication 1, min.insync.replicas 1, retention 1 h")
+    assert updates[1].startswith(f"{run}.updates: 1 partition, delete policy, replication 1, min.insync.replicas 1, "
+                                 f"retention 1 h")
     # one broker: one copy, said as a WARN; checkpoints that expire after an hour: a WARN naming the config to change
     assert updates[0] == "WARN" and "one copy" in updates[1] and "checkpoints expire" not in updates[1]
     assert checkpoints[0] == "WARN" and "checkpoints expire" in checkpoints[1] and "retention.ms=-1" in checkpoints[2]
@@ -53,7 +55,8 @@ def test_a_ready_run_on_the_broker_passes_and_the_machine_is_described(capsys, t
     assert re.search(r"(compiled in|loaded from numba's cache in) [0-9.]+ s|already compiled", found)
     status, found, _ = rows["cpu"][0]
     flags = cpu_flags()
-    assert status == ("OK" if {"avx2", "avx512f"} & flags else "WARN") and all(f in found for f in {"avx2", "avx512f"} & flags)
+    assert status == ("OK" if {"avx2", "avx512f"} & flags else "WARN") and all(f in found
+                                                                               for f in {"avx2", "avx512f"} & flags)
     assert rows["disk"][0][0] == "OK" and "GB free" in rows["disk"][0][1]
     code, rows = doctor(capsys, "--state-dir", str(tmp_path), "--min-free-gb", "1e9", *QUICK)  # more than any disk has
     assert code == 0 and rows["disk"][0][0] == "WARN" and "--min-free-gb" in rows["disk"][0][2]
@@ -69,21 +72,26 @@ def test_an_unreachable_broker_fails_and_the_checks_after_it_are_skipped(capsys)
 
 def test_a_topic_with_two_partitions_fails_naming_the_fix(capsys):
     run = new_run("doctor2p")
-    with_log(KAFKA_URL, lambda log: log.admin.create_topics({updates_topic(run): {"num_partitions": 2, "replication_factor": 1}}))
+    with_log(KAFKA_URL,
+             lambda log: log.admin.create_topics({updates_topic(run): {"num_partitions": 2, "replication_factor": 1}}))
     code, rows = doctor(capsys, "--log", KAFKA_URL, "--run", run, *QUICK)
     updates, checkpoints = rows["topics"]
-    assert code == 1 and updates[0] == "FAIL" and updates[1].startswith(f"{run}.updates: 2 partitions; hilo-sync needs exactly 1")
+    assert code == 1 and updates[0] == "FAIL" and updates[1].startswith(f"{run}.updates: 2 partitions; hilo-sync needs "
+                                                                        f"exactly 1")
     assert "delete the topic" in updates[2] and f"hilo topics create --log {KAFKA_URL} --run {run}" in updates[2]
-    assert checkpoints[0] == "FAIL" and checkpoints[1] == f"{run}.checkpoints does not exist"  # made by hand: no checkpoints
+    # made by hand: no checkpoints
+    assert checkpoints[0] == "FAIL" and checkpoints[1] == f"{run}.checkpoints does not exist"
 
 
 def test_more_in_sync_replicas_than_copies_fails(capsys):
-    """min.insync.replicas 2 on a one-broker cluster: the broker takes the topic, then refuses every write (acks=all)."""
+    """min.insync.replicas 2 on a one-broker cluster: the broker takes the topic, then refuses every write
+    (acks=all)."""
     run = new_run("doctorisr")
     assert main(["topics", "create", "--log", KAFKA_URL, "--run", run]) == 0
     capsys.readouterr()
     from kafka.admin import ConfigResource, ConfigResourceType
-    with_log(KAFKA_URL, lambda log: log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, updates_topic(run),
+    with_log(KAFKA_URL,
+             lambda log: log.admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, updates_topic(run),
                                                                             configs={"min.insync.replicas": "2"})]))
     code, rows = doctor(capsys, "--log", KAFKA_URL, "--run", run, *QUICK)
     status, found, fix = rows["topics"][0]
@@ -102,7 +110,8 @@ def test_more_in_sync_replicas_than_copies_fails(capsys):
 def test_a_bad_client_file_fails(capsys, tmp_path, props, check, expect, fix):
     conf = tmp_path / "client.properties"
     conf.write_text(props)
-    code, rows = doctor(capsys, "--log", KAFKA_URL, "--run", "r", "--kafka-config", str(conf), "--connect-timeout-s", "3", *QUICK)
+    code, rows = doctor(capsys, "--log", KAFKA_URL, "--run", "r", "--kafka-config", str(conf), "--connect-timeout-s",
+                        "3", *QUICK)
     status, found, said = rows[check][0]
     assert code == 1 and status == "FAIL" and re.search(expect, found) and fix in said
     assert "wrong" not in json.dumps(rows)  # no secret in any line
@@ -110,12 +119,15 @@ def test_a_bad_client_file_fails(capsys, tmp_path, props, check, expect, fix):
 
 
 def test_the_command_prints_one_line_per_check_and_exits_1_on_a_fail(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "hilo.ops.cli", "doctor", "--log", f"file://{tmp_path}/nowhere", "--run", "r",
+    p = subprocess.run([sys.executable, "-m", "hilo.ops.cli", "doctor", "--log", f"file://{tmp_path}/nowhere", "--run",
+                        "r",
                         "--state-dir", str(tmp_path), "--skip", "kernels"], capture_output=True, text=True, timeout=300)
     lines = p.stdout.splitlines()
     cpu = "OK" if {"avx2", "avx512f"} & cpu_flags() else "WARN"
-    assert p.returncode == 1 and [line.split()[:2] for line in lines] == [["FAIL", "log"], ["SKIP", "topics"], [cpu, "cpu"],
-                                                                           ["OK", "disk"], ["OK", "disk"]]  # no ACLs on a file log
+    assert p.returncode == 1 and [line.split()[:2] for line in lines] == [["FAIL", "log"], ["SKIP", "topics"],
+                                                                          [cpu, "cpu"],
+                                                                           # no ACLs on a file log
+                                                                           ["OK", "disk"], ["OK", "disk"]]
     assert f"file://{tmp_path}/nowhere: no such directory; fix: check --log" in lines[0] and p.stderr == ""
 
 

@@ -19,7 +19,8 @@ QUICK = ["--skip", "kernels,cpu,disk"]
 
 
 def doctor(capsys, *args) -> tuple:
-    """(exit code, {check: (status, found, fix)}) of `hilo doctor ARGS --json` in this process (one line per vLLM check)."""
+    """(exit code, {check: (status, found, fix)}) of `hilo doctor ARGS --json` in this process (one line per vLLM
+    check)."""
     code = main(["doctor", *args, *QUICK, "--json"])
     return code, {r["check"]: (r["status"], r["found"], r["fix"]) for r in json.loads(capsys.readouterr().out)}
 
@@ -53,7 +54,8 @@ def test_a_server_serving_another_base_or_none_at_all_fails(vllm, capsys):
     url, base = vllm
     code, rows = doctor(capsys, "--vllm", url, "--base", "/models/Qwen3-1.7B")
     status, found, fix = rows["vllm-base"]
-    assert code == 1 and status == "FAIL" and found.startswith(f"vLLM at {url} serves {base}, not the base /models/Qwen3-1.7B")
+    assert code == 1 and status == "FAIL" and found.startswith(f"vLLM at {url} serves {base}, not the base "
+                                                               f"/models/Qwen3-1.7B")
     assert "ops/vllm/start.sh BASE_MODEL_DIR" in fix and rows["vllm"][0] == "OK"
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

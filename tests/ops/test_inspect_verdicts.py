@@ -53,8 +53,10 @@ class Ctx:
                manifest_id=None, signer=None):
         """A framed next-version update (dense zeros unless told otherwise)."""
         r = self.r
-        blocks = blocks if blocks is not None else [{"i": i, "g": fill * b.numel} for i, b in enumerate(r.manifest.blocks)]
-        return UpdateMessage(run or self.run, self.v, r.digest, b"\x07" * 16, manifest_id or r.manifest.manifest_id, codec,
+        blocks = blocks if blocks is not None else [{"i": i, "g": fill * b.numel} for i,
+                                                    b in enumerate(r.manifest.blocks)]
+        return UpdateMessage(run or self.run, self.v, r.digest, b"\x07" * 16, manifest_id or r.manifest.manifest_id,
+                             codec,
                              {}, optimizer, hparams, blocks).to_bytes(signer)
 
     def records(self, data, kind="update"):
@@ -66,7 +68,8 @@ def _factors(ctx, u=65504.0, s=3e38):
     """A spar block 0 of rank 1: fp16 factors filled with `u`, fp32 scale `s` (the product may overflow)."""
     m, n = ctx.r.manifest.blocks[0].shape
     return [{"i": 0, "k": 1, "u": to_bytes(torch.full((1, m), u, dtype=torch.float16), "float16"),
-             "v": to_bytes(torch.full((1, n), 65504.0, dtype=torch.float16), "float16"), "s": to_bytes(torch.tensor([s]), "float32")}]
+             "v": to_bytes(torch.full((1, n), 65504.0, dtype=torch.float16), "float16"),
+             "s": to_bytes(torch.tensor([s]), "float32")}]
 
 
 def _nan_dense(ctx):
@@ -116,7 +119,8 @@ BAD = {
     "genuine-under-other-version": (False, "malformed", lambda c: c.records(c.genuine.data)),
     "adam-second-moment-overflow": (False, "non-finite", lambda c: c.records(c.update(fill=struct.pack("<f", 3e38)))),
     "nan-gradient": (False, "malformed", _nan_dense),
-    "nan-factor": (False, "malformed", lambda c: c.records(c.update(codec="spar", blocks=_factors(c, u=float("nan"), s=1.0)))),
+    "nan-factor": (False, "malformed",
+                   lambda c: c.records(c.update(codec="spar", blocks=_factors(c, u=float("nan"), s=1.0)))),
     "overflowing-factors": (False, "non-finite", lambda c: c.records(c.update(codec="spar", blocks=_factors(c)))),
     "lr-1e300": (False, "malformed", lambda c: c.records(c.update(hparams=ADAMW | {"lr": 1e300}))),
     "lr-infinite-in-fp32": (False, "malformed", lambda c: c.records(c.update(hparams=ADAMW | {"lr": 1e39}))),
@@ -130,7 +134,8 @@ BAD = {
     "other-key": (True, "other-key", lambda c: c.records(c.update(signer=Signer.load(c.other_key)))),
     "altered-after-signing": (True, "bad-signature", _altered),
     "signed-genuine-under-other-version": (True, "malformed", lambda c: c.records(c.genuine.data)),
-    "signed-lr-1e300": (True, "malformed", lambda c: c.records(c.update(hparams=ADAMW | {"lr": 1e300}, signer=c.signer))),
+    "signed-lr-1e300": (True, "malformed",
+                        lambda c: c.records(c.update(hparams=ADAMW | {"lr": 1e300}, signer=c.signer))),
 }
 
 
@@ -150,7 +155,8 @@ def _site_verdicts(url, run, trust, appended):
 
 @pytest.fixture(scope="module", params=["file", pytest.param("kafka", marks=pytest.mark.kafka)])
 def bad_log(request, tmp_path_factory):
-    """Two runs (unsigned, signed) on one log, each: 2 genuine versions, then its bad records, then a site's verdicts."""
+    """Two runs (unsigned, signed) on one log, each: 2 genuine versions, then its bad records, then a site's
+    verdicts."""
     tmp = tmp_path_factory.mktemp("inspect")
     url = f"file://{tmp}/log" if request.param == "file" else KAFKA_URL
     private, public = generate(tmp / "keys")
@@ -163,7 +169,8 @@ def bad_log(request, tmp_path_factory):
         publish_random(producer, 2)
         log = open_log(url)
         ctx = Ctx(log, run, producer, Signer.load(private) if signed else None, other)
-        appended = {name: log.append(updates_topic(run), make(ctx))[0] for name, (s, _, make) in BAD.items() if s == signed}
+        appended = {name: log.append(updates_topic(run), make(ctx))[0] for name,
+                    (s, _, make) in BAD.items() if s == signed}
         producer.close()
         trust = str(public) if signed else None
         verdicts = _site_verdicts(url, run, trust, appended)
@@ -175,7 +182,8 @@ def bad_log(request, tmp_path_factory):
 def test_inspect_gives_the_sites_verdict(bad_log, name, capsys):
     url, run, trust, at, site = bad_log[name]
     assert site.reason == BAD[name][1], site.detail
-    assert main(["inspect", "--log", url, "--run", run, "--offset", str(at), "--json", *(["--trust", trust] if trust else [])]) == 0
+    assert main(["inspect", "--log", url, "--run", run, "--offset", str(at), "--json",
+                 *(["--trust", trust] if trust else [])]) == 0
     d = json.loads(capsys.readouterr().out)
     assert (d["offset"], d["verdict"], d["reason"], d["detail"]) == (at, "skipped", site.reason, site.detail)
 
@@ -192,12 +200,14 @@ def test_inspect_inside_a_burst_of_junk_gives_the_sites_verdict(logs, capsys):
     publish_random(producer, 2)
     log = logs(KAFKA_URL)
     ctx = Ctx(log, run, producer)
-    junk = [r for _ in range(BURST // 2) for r in (*ctx.records(os.urandom(300)), *_absurd_size(ctx))]  # malformed, limit
+    # malformed, limit
+    junk = [r for _ in range(BURST // 2) for r in (*ctx.records(os.urandom(300)), *_absurd_size(ctx))]
     first = log.append(updates_topic(run), junk)[0]
     producer.close()
     site = _site_verdicts(KAFKA_URL, run, None, {i: first + i for i in range(BURST)})
     for at in (first, first + 1, first + BURST - 1):
-        assert main(["inspect", "--log", KAFKA_URL, "--run", run, "--offset", str(at), "--json"]) == 0, capsys.readouterr().err
+        assert main(["inspect", "--log", KAFKA_URL, "--run", run, "--offset", str(at),
+                     "--json"]) == 0, capsys.readouterr().err
         d = json.loads(capsys.readouterr().out)
         assert (d["verdict"], d["reason"], d["detail"]) == ("skipped", site[at].reason, site[at].detail)
     assert [site[first].reason, site[first + 1].reason] == ["malformed", "limit"]
@@ -212,8 +222,8 @@ def test_without_a_usable_checkpoint_inspect_says_what_is_true(tmp_path, logs, c
     log.append(updates_topic(run), split(os.urandom(300), run, "update", 1))
     assert main(["inspect", "--log", url, "--run", run, "--offset", "0"]) == 1
     err = capsys.readouterr().err
-    assert "offset 0: no verdict" in err and "no checkpoint of run 'r' was read from r.checkpoints, which retains every " \
-        "offset it has had (0..0)" in err and "expired" not in err, err
+    assert "offset 0: no verdict" in err and "no checkpoint of run 'r' was read from r.checkpoints, which retains " \
+        "every offset it has had (0..0)" in err and "expired" not in err, err
 
 
 def test_the_table_covers_every_reason_a_site_skips_for():
@@ -224,7 +234,8 @@ def test_the_table_covers_every_reason_a_site_skips_for():
 def test_a_genuine_version_and_a_key_rotation_are_valid(tmp_path, capsys):
     url, run = f"file://{tmp_path}/log", "r"
     private, public = generate(tmp_path / "keys")
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, codec="spar", signing_key=str(private)))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=url, codec="spar", signing_key=str(private)))
     publish_random(producer, 2)
     update = last_message(open_log(url), updates_topic(run), run).first_offset
     producer.rotate_key(str(generate(tmp_path / "next")[0]))
@@ -243,23 +254,28 @@ def test_inspect_trusting_the_first_key_follows_a_verified_rotation(log_url, tmp
     original key verifies the rotation and applies them. Now inspect follows it as a site does (replay/checks.py)."""
     old, new = (generate(tmp_path / n) for n in ("old", "new"))
     run = new_run("rotated")
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, codec="spar", signing_key=str(old[0]),
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=log_url, codec="spar", signing_key=str(old[0]),
                                                                 checkpoint_every=2, keep_checkpoints=10))
     publish_random(producer, 3)
     producer.rotate_key(str(new[0]))
-    publish_random(producer, 3, seed=1)  # v4..v6 signed by the new key, and the checkpoints of v3 (the rotation's), v4, v6
+    # v4..v6 signed by the new key, and the checkpoints of v3 (the rotation's), v4, v6
+    publish_random(producer, 3, seed=1)
     producer.close()
     starts = [(r.offset, r.parsed.kind) for r in records(logs(log_url), updates_topic(run)) if r.parsed.first_chunk]
     key = next(i for i, (_, kind) in enumerate(starts) if kind == "key")
     after = starts[key + 1:]
     assert [kind for _, kind in after] == ["update"] * 3
     for offset, _ in starts[key:]:
-        assert main(["inspect", "--log", log_url, "--run", run, "--offset", str(offset), "--trust", str(old[1]), "--json"]) == 0
+        assert main(["inspect", "--log", log_url, "--run", run, "--offset", str(offset), "--trust", str(old[1]),
+                     "--json"]) == 0
         d = json.loads(capsys.readouterr().out)
         assert (d["verdict"], d["reason"]) == ("valid", None), (offset, d)
-    assert f"signed by the trusted key {Verifier.load(new[1]).key_id.hex()}, trusted from v4 by a verified rotation" in d["detail"]
+    assert (f"signed by the trusted key {Verifier.load(new[1]).key_id.hex()}, trusted from v4 by a verified "
+            f"rotation") in d["detail"]
     # trusting the new key, a site starts from its checkpoints: what it signed is valid
-    assert main(["inspect", "--log", log_url, "--run", run, "--offset", str(after[0][0]), "--trust", str(new[1]), "--json"]) == 0
+    assert main(["inspect", "--log", log_url, "--run", run, "--offset", str(after[0][0]), "--trust", str(new[1]),
+                 "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "valid"
 
 
@@ -279,9 +295,12 @@ def test_inspect_refuses_an_honest_2_gib_zstd_bomb_within_a_sites_memory_bound(t
     error, site_grew = _refusal(tmp_path, bomb)  # the site's verdict and what it cost, in a fresh process
     assert error and f"declared decompressed size {BOMB} > limit" in error and site_grew < BOUND_MIB
     at = open_log(f"file://{tmp_path}/log").end_offset(updates_topic("r")) - len(bomb)
-    out = subprocess.run([sys.executable, "-c", INSPECT, f"file://{tmp_path}/log", str(at)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", INSPECT, f"file://{tmp_path}/log", str(at)], capture_output=True,
+                         text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
-    assert (r["rc"], r["inspect"]["verdict"], r["inspect"]["reason"], r["inspect"]["detail"]) == (0, "skipped", "limit", error)
-    assert r["grew_mib"] < BOUND_MIB, f"inspect's peak RSS grew {r['grew_mib']:.0f} MiB (the site's: {site_grew:.0f} MiB)"
+    assert (r["rc"], r["inspect"]["verdict"], r["inspect"]["reason"], r["inspect"]["detail"]) == (0, "skipped", "limit",
+                                                                                                  error)
+    assert r["grew_mib"] < BOUND_MIB, (f"inspect's peak RSS grew {r['grew_mib']:.0f} MiB (the site's: {site_grew:.0f} "
+                                       f"MiB)")

@@ -18,8 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("heavy")]
 # What the commands read at run time besides code (ops/kafka/start.sh for the broker, the plugin vLLM loads, ...)
-PACKAGE_DATA = ("hilo/schemas/SPEC.md", "hilo/schemas/ARITHMETIC.md", "hilo/ops/kafka/start.sh", "hilo/ops/kafka/pom.xml",
-                "hilo/ops/kafka/mirror.sh", "hilo/ops/wan/setup.sh", "hilo/ops/vllm/start.sh", "hilo/ops/vllm/plugin/pyproject.toml",
+PACKAGE_DATA = ("hilo/schemas/SPEC.md", "hilo/schemas/ARITHMETIC.md", "hilo/ops/kafka/start.sh",
+                "hilo/ops/kafka/pom.xml",
+                "hilo/ops/kafka/mirror.sh", "hilo/ops/wan/setup.sh", "hilo/ops/vllm/start.sh",
+                "hilo/ops/vllm/plugin/pyproject.toml",
                 "hilo/ops/grafana/hilo.json", "hilo/ops/gpu/check.sh")
 
 
@@ -28,7 +30,8 @@ def _run(*args, **kw) -> subprocess.CompletedProcess:
     failure, a message with its output (check=True would show none)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env, **kw)
-    assert out.returncode == 0, f"{' '.join(map(str, args))} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (f"{' '.join(map(str, args))} exited "
+                                 f"{out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out
 
 
@@ -64,13 +67,15 @@ def test_the_wheel_and_sdist_carry_every_module_and_what_the_commands_read(dists
     in_wheel = set(wheel.namelist())
     for name in PACKAGE_DATA:
         assert name in in_wheel, f"{name} is not in {dists['wheel'].name}"
-    modules = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in in_wheel if n.endswith(".py") and "/plugin/" not in n}
+    modules = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in in_wheel if n.endswith(".py")
+               and "/plugin/" not in n}
     assert _modules() <= modules, f"missing from the wheel: {sorted(_modules() - modules)}"
     start = wheel.getinfo("hilo/ops/kafka/start.sh")
     assert (start.external_attr >> 16) & 0o111, "ops/kafka/start.sh lost its executable bit in the wheel"
     with tarfile.open(dists["sdist"]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "schemas/SPEC.md", "ops/kafka/start.sh", "ops/grafana/hilo.json"):
+    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "schemas/SPEC.md", "ops/kafka/start.sh",
+                 "ops/grafana/hilo.json"):
         assert name in names, f"{name} is not in {dists['sdist'].name}"
 
 
@@ -87,7 +92,8 @@ def test_the_installed_wheel_runs_on_each_end_of_the_claimed_pythons(end, dists,
     assert f"Python {version}." in said, said
     # every module imports (a 3.11-only name anywhere fails here on 3.10)
     imported = _run(bin_ / "python", "-c", "import importlib, sys\n"
-                    "for name in sys.argv[1:]: importlib.import_module(name)\nprint(len(sys.argv) - 1)", *sorted(_modules()),
+                    "for name in sys.argv[1:]: importlib.import_module(name)\nprint(len(sys.argv) - 1)",
+                    *sorted(_modules()),
                     cwd=tmp_path).stdout
     assert int(imported) == len(_modules())
     # every command's --help answers (one process: each parse exits 0 after printing)
@@ -97,7 +103,8 @@ def test_the_installed_wheel_runs_on_each_end_of_the_claimed_pythons(end, dists,
                   "    with contextlib.redirect_stdout(out):\n"
                   "        try:\n            parser([name, '--help']).parse_args([name, '--help'])\n"
                   "        except SystemExit as e:\n            assert e.code == 0, (name, e.code)\n"
-                  "    assert out.getvalue().startswith('usage: hilo ' + name), name\n    print(name)", cwd=tmp_path).stdout
+                  "    assert out.getvalue().startswith('usage: hilo ' + name), name\n    print(name)",
+                  cwd=tmp_path).stdout
     from hilo.ops.commands import COMMANDS
     assert helped.split() == list(COMMANDS)
     assert _run(bin_ / "hilo", "--help").stdout.startswith("usage: hilo")

@@ -26,7 +26,8 @@ COMPLETION = ((1, 2, 3), (-0.5, -1.0, -2.0), "stop")  # what the stand-in engine
 
 
 class _Engine:
-    """Stands in for vLLM's completions (it does not run in the fast tests): records the sampling each request asked for."""
+    """Stands in for vLLM's completions (it does not run in the fast tests): records the sampling each request asked
+    for."""
 
     version = "stand-in"
 
@@ -41,7 +42,8 @@ class _Engine:
 
 def _serving(tmp_path, lie=None, version=3) -> Serving:
     """A site's real Serving (no vLLM), the lie `lie` told (None: honest), serving v`version`."""
-    cfg = SiteConfig(log=f"file://{tmp_path}/log", run="r", site="a", state_dir=str(tmp_path / "a"), export_dtype="float32")
+    cfg = SiteConfig(log=f"file://{tmp_path}/log", run="r", site="a", state_dir=str(tmp_path / "a"),
+                     export_dtype="float32")
     serving = (lies.lying(lie)[0] if lie else Serving)(cfg, Metrics("site", run="r", site="a"))
     serving.state.on_exported(version, tmp_path / "a" / "adapters" / f"v{version:08d}")
     serving.state.on_loaded()
@@ -57,7 +59,8 @@ def test_a_lying_generator_sends_real_rollout_records_that_tell_its_lie(tmp_path
     gen = kind(GenerateConfig(reward="hilo.ops.digit_task:reward"), logs(f"file://{tmp_path}/log"), serving, "r", "a")
     out = [decode_rollout_record(value, "rollout") for _, value, _ in gen._answer(prompt, 3)]
     assert len(out) == 2 and all(r.version_start == 3 and r.completion_ids == COMPLETION[0] for r in out)
-    made_up = tuple(torch.tensor([x * lies.LOGPROB_SCALE for x in COMPLETION[1]]).tolist())  # as the record keeps them: fp32
+    # as the record keeps them: fp32
+    made_up = tuple(torch.tensor([x * lies.LOGPROB_SCALE for x in COMPLETION[1]]).tolist())
     assert [r.logprobs for r in out] == [made_up if lie in ("logprobs", "span") else COMPLETION[1]] * 2
     assert [r.version_end for r in out] == [4 if lie == "span" else 3] * 2
     assert engine.asked == [prompt.sampling if lie != "sharpen" else lies.sharpened(prompt.sampling)]
@@ -76,9 +79,11 @@ def test_a_previous_liar_loads_the_adapter_it_loaded_before_under_the_new_versio
 def test_an_unknown_lie_is_one_line_naming_it_and_the_choices(tmp_path):
     with pytest.raises(ConfigError, match=r"^lie 'lazy': expected one of previous, perturb, logprobs, sharpen, span$"):
         lies.lying("lazy")
-    p = lying_site("lazy", "--log", f"file://{tmp_path}/log", "--run", "r", "--site", "s", "--state-dir", str(tmp_path / "s"))
+    p = lying_site("lazy", "--log", f"file://{tmp_path}/log", "--run", "r", "--site", "s", "--state-dir",
+                   str(tmp_path / "s"))
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 2 and err == "lying_site: error: lie 'lazy': expected one of previous, perturb, logprobs, sharpen, span\n"
+    assert p.returncode == 2 and err == ("lying_site: error: lie 'lazy': expected one of previous, perturb, logprobs, "
+                                         "sharpen, span\n")
     assert not (tmp_path / "s").exists()
 
 
@@ -102,7 +107,8 @@ def test_the_launcher_runs_hilo_consume_with_the_lie_installed(tmp_path, capsys)
     liar = lying_site("perturb", *args, "--site", "liar", "--state-dir", str(tmp_path / "liar"))
     out, err = liar.communicate(timeout=300)
     assert liar.returncode == 0 and out.strip() == f"liar: v2 digest {digest}", err[-3000:]  # its replica is exact
-    honest, lied = (load_file(str(tmp_path / s / "adapters" / "v00000002" / "adapter_model.safetensors")) for s in ("honest", "liar"))
+    honest, lied = (load_file(str(tmp_path / s / "adapters" / "v00000002" / "adapter_model.safetensors"))
+                    for s in ("honest", "liar"))
     assert honest.keys() == lied.keys()
     changed = [k for k in honest if not torch.equal(honest[k], lied[k])]
     assert len(changed) == 1 and ".lora_B." in changed[0], changed

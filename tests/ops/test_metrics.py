@@ -58,7 +58,8 @@ def value(m: dict, name: str, **labels) -> float | None:
 
 def start_site(log_url, run, tmp_path, name="s", *extra):
     """A `hilo consume` process with a metrics endpoint on a free port; returns (process, base URL)."""
-    p = hilo("consume", "--log", log_url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name), "--no-export",
+    p = hilo("consume", "--log", log_url, "--run", run, "--site", name, "--state-dir", str(tmp_path / name),
+             "--no-export",
              "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--wait-checkpoint", "60", "--no-progress", *extra)
     line = wait_for_line(p, r"metrics on http://")
     return p, re.search(r"(http://[0-9.]+:\d+)/metrics", line).group(1)
@@ -79,7 +80,8 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path, logs):
         publish_random(producer, 3, seed=1)
         wait_until(lambda: value(scrape(url), "hilo_site_applied_version") == 7, 60, "the site applies v7")
         truth = head(logs(log_url), updates_topic(run), run).version
-        wait_until(lambda: value(scrape(url), "hilo_site_head_version") == truth, 30, "the head gauge reaches the log's head")
+        wait_until(lambda: value(scrape(url), "hilo_site_head_version") == truth, 30,
+                   "the head gauge reaches the log's head")
         m = scrape(url)
         assert value(m, "hilo_site_lag_versions") == truth - 7 == 0 and value(m, "hilo_site_lag_bytes") == 0
         assert value(m, "hilo_site_versions_applied_total") == 7
@@ -92,7 +94,8 @@ def test_a_site_exports_the_truth_of_the_log(log_url, tmp_path, logs):
             len(r.value) + sum(len(k) + len(v) for k, v in r.headers.items()) for r in recs) > 0
         # freshness needs the log's record timestamps: Kafka has them, the file log does not
         fresh = value(m, "hilo_site_freshness_seconds_count")
-        assert fresh == (7 if log_url.startswith("kafka://") else 0) and value(m, "hilo_site_freshness_seconds_sum") >= 0
+        assert fresh == (7 if log_url.startswith("kafka://") else 0) and value(m,
+                                                                               "hilo_site_freshness_seconds_sum") >= 0
         assert value(m, "hilo_site_stopped") == 0 and value(m, "hilo_site_seconds_since_applied") >= 0
         assert get(url + "/readyz") == (200, "v7, 0 behind the head\n") and get(url + "/healthz")[0] == 200
         # every metric the dashboard queries is one a site or the trainer exports
@@ -167,7 +170,8 @@ def test_a_lagging_site_reports_its_lag(log_url, tmp_path):
     run = new_run("lagging")
     producer = HiLoProducer.open(small_model(), producer_config(run=run, log=log_url))
     publish_random(producer, 2)
-    site = open_site(log_url, run, tmp_path, export_adapters=False)  # bootstrapped at v2 (genesis checkpoint + replay to come)
+    # bootstrapped at v2 (genesis checkpoint + replay to come)
+    site = open_site(log_url, run, tmp_path, export_adapters=False)
     publish_random(producer, 3, seed=1)
     # Kafka writes a transaction's commit marker after the commit returns: v5 becomes readable moments later.
     wait_until(lambda: site.refresh_head(force=True) or site.view.head_version == 5, 30, "the site sees v5 at the head")
@@ -214,16 +218,20 @@ def test_a_trainer_exports_its_publishes_and_its_fencing(tmp_path):
     with endpoint(producer.metrics.registry) as url:
         publish_random(producer, 3)
         m = scrape(url)
-        assert value(m, "hilo_trainer_published_version") == 3 and value(m, "hilo_trainer_versions_published_total") == 3
+        assert value(m, "hilo_trainer_published_version") == 3 and value(m,
+                                                                         "hilo_trainer_versions_published_total") == 3
         for stage in ("encode", "sign", "transaction"):
             assert value(m, "hilo_trainer_stage_seconds_count", stage=stage) == 3, stage
         assert value(m, "hilo_trainer_message_bytes_count") == 3
         assert value(m, "hilo_trainer_message_bytes_sum") == producer.ledger.log_bytes
-        assert value(m, "hilo_trainer_adapter_fraction") == pytest.approx(producer.last_step["bytes"] / producer.manifest.adapter_bytes())
+        assert value(m,
+                     "hilo_trainer_adapter_fraction") == pytest.approx(producer.last_step[
+                         "bytes"] / producer.manifest.adapter_bytes())
         assert 0 < value(m, "hilo_trainer_residual_ratio") < 1
         assert value(m, "hilo_trainer_fenced") == 0
         # the file log keeps everything: a new site can join now, and for good
-        assert value(m, "hilo_trainer_joinable") == 1 and value(m, "hilo_trainer_joinable_until_timestamp_seconds") == float("inf")
+        assert value(m, "hilo_trainer_joinable") == 1 \
+            and value(m, "hilo_trainer_joinable_until_timestamp_seconds") == float("inf")
         newer = HiLoProducer.open(small_model(), producer_config(run=run, log=url_log))  # fences the first
         with pytest.raises(FencedError):
             publish_random(producer, 1, seed=1)
@@ -239,7 +247,8 @@ def test_a_port_in_use_fails_at_start_before_anything_is_applied(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        p = hilo("consume", "--log", f"file://{tmp_path}/log", "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"),
+        p = hilo("consume", "--log", f"file://{tmp_path}/log", "--run", run, "--site", "s", "--state-dir",
+                 str(tmp_path / "s"),
                  "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
         out, err = p.communicate(timeout=60)
     assert p.returncode == 1
@@ -256,7 +265,8 @@ def test_metric_names_follow_the_conventions_and_the_operations_page_lists_them(
     for spec in TABLE:
         assert re.fullmatch(r"hilo_(site|trainer)_[a-z_]+", spec.name) and not spec.name.endswith("_total"), spec.name
         assert spec.kind != "counter" or not spec.key.endswith(("_seconds", "_bytes")), spec.name
-    assert markdown_table() in (ROOT / "docs" / "operations.md").read_text(), "docs/operations.md's metrics table: run `hilo docs`"
+    assert markdown_table() in (ROOT / "docs" / "operations.md").read_text(), ("docs/operations.md's metrics table: "
+                                                                               "run `hilo docs`")
     with pytest.raises(ConfigError, match="no metric 'nope'"):
         Metrics("site", run="r", site="s").set("nope", 1)
 
@@ -268,7 +278,8 @@ def test_json_logs_and_lag_watch(tmp_path):
     assert p.returncode == 0, err
     lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     assert lines and all({"timestamp", "level", "logger", "message"} <= set(e) for e in lines)
-    site = hilo("consume", "--log", log_url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"), "--no-export",
+    site = hilo("consume", "--log", log_url, "--run", run, "--site", "s", "--state-dir", str(tmp_path / "s"),
+                "--no-export",
                 "--until-version", "2")
     assert site.wait(timeout=300) == 0
     w = hilo("lag", "--log", log_url, "--run", run, "--watch", "0.2", "--json")

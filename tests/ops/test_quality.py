@@ -49,11 +49,13 @@ def test_quick_quality_run(tmp_path, capsys):
     for c in cells:
         assert {"task", "optimizer", "sync", "seeds", "pass1_mean", "pass4_mean", "pass4_std", "bytes_per_step",
                 "fraction_of_adapter"} <= set(c)
-        assert c["rollout_digest_equal_versions"] == [c["steps"]] * c["seeds"]  # rollout replica == trainer, every version
+        # rollout replica == trainer, every version
+        assert c["rollout_digest_equal_versions"] == [c["steps"]] * c["seeds"]
         assert 0 <= c["pass1_mean"] <= c["pass4_mean"] <= 1
         if c["sync"] != "full":
             assert c["fraction_of_adapter"] <= 0.016
-            assert c["blocks_never_sent"] <= c["blocks_sent_at_most_3"] <= c["blocks"] == 14 * SMOKE_STUDENT.layers  # 7 LoRA A, B
+            # 7 LoRA A, B
+            assert c["blocks_never_sent"] <= c["blocks_sent_at_most_3"] <= c["blocks"] == 14 * SMOKE_STUDENT.layers
             assert 0 < c["residual_ratio"] and -1 <= c["shadow_cosine"] <= 1
         assert (c["lag_mean"] is not None) == (c["sync"] == "delta")
         if c["sync"] == "full":
@@ -103,7 +105,8 @@ def test_budgets_give_each_lossy_sync_one_cell_per_budget(tmp_path, capsys):
     assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
     by = {(c["sync"], c["budget"]): c for c in res["cells"]}
-    assert set(by) == {("full", None), ("spar", 0.004), ("spar", 0.064)}  # --budgets overrides PLAN for every lossy sync
+    # --budgets overrides PLAN for every lossy sync
+    assert set(by) == {("full", None), ("spar", 0.004), ("spar", 0.064)}
     small, large = by[("spar", 0.004)], by[("spar", 0.064)]
     assert small["fraction_of_adapter"] <= 0.004 < large["fraction_of_adapter"] <= 0.064
     assert "spar @0.4%" in table(res) and "spar @6.4%" in table(res)
@@ -114,7 +117,8 @@ def test_vs_full_is_the_paired_difference_with_a_95_percent_t_interval():
     from hilo.ops.bench.quality import paired, summary, vs_full
     full = {"task": "rl", "optimizer": "sgd", "sync": "full", "budget": None, "pass4_mean": 0.5, "seed_ids": [0, 1, 2],
             "pass4_seeds": [0.40, 0.50, 0.60]}
-    spar = {"task": "rl", "optimizer": "sgd", "sync": "spar", "budget": 0.016, "pass4_mean": 0.47, "seed_ids": [0, 1, 2],
+    spar = {"task": "rl", "optimizer": "sgd", "sync": "spar", "budget": 0.016, "pass4_mean": 0.47,
+            "seed_ids": [0, 1, 2],
             "pass4_seeds": [0.38, 0.47, 0.56]}
     p = paired(spar, full)
     # per-seed differences -0.02, -0.03, -0.04: mean -0.03, SE 0.01/sqrt(3); the seed-to-seed spread of 0.1 cancels
@@ -130,10 +134,12 @@ def test_vs_full_is_the_paired_difference_with_a_95_percent_t_interval():
 def test_fidelity_averages_each_method_over_its_pairs_and_leaves_full_sync_out():
     from hilo.ops.bench.quality import fidelity
     base = {"budget": 0.016, "blocks": 56, "lag_mean": None, "blocks_sent_at_most_3": 2.0, "residual_ratio": 1.0}
-    cells = [{**base, "sync": "full", "budget": None, "bytes_per_step": 9e5, "shadow_cosine": 1.0, "blocks_never_sent": 0.0},
+    cells = [{**base, "sync": "full", "budget": None, "bytes_per_step": 9e5, "shadow_cosine": 1.0,
+              "blocks_never_sent": 0.0},
              {**base, "sync": "spar4", "bytes_per_step": 7000, "shadow_cosine": 0.6, "blocks_never_sent": 1.0},
              {**base, "sync": "spar4", "bytes_per_step": 8000, "shadow_cosine": 0.8, "blocks_never_sent": 3.0},
-             {**base, "sync": "delta", "bytes_per_step": 7500, "shadow_cosine": 0.99, "blocks_never_sent": 0.0, "lag_mean": 0.05}]
+             {**base, "sync": "delta", "bytes_per_step": 7500, "shadow_cosine": 0.99, "blocks_never_sent": 0.0,
+              "lag_mean": 0.05}]
     rows = fidelity({"cells": cells}).splitlines()[2:]
     assert rows == ["| spar4 @1.6% | 2 | 7,500 | 0.70 | 2.0 / 56 | 2.0 | 1.00 |  |",
                     "| delta @1.6% | 1 | 7,500 | 0.99 | 0.0 / 56 | 2.0 | 1.00 | 0.050 |"]
@@ -165,9 +171,11 @@ def test_tuning_rule_never_picks_the_rate_below_a_collapse():
     from hilo.schemas.errors import ConfigError
     floor = 0.20
     # 3e-3 has the best mean, but 0.01 collapses on one seed of three: 3e-3 is not eligible, 1e-3 is chosen
-    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32], 0.01: [0.30, 0.05, 0.31]}, floor, 1e-3) == (1e-3, None)
+    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32], 0.01: [0.30, 0.05, 0.31]}, floor,
+                       1e-3) == (1e-3, None)
     # the same scores with 0.01 stable on every seed (within the margin of the floor): 3e-3 wins
-    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32], 0.01: [0.30, floor - COLLAPSE_MARGIN / 2, 0.31]},
+    assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32],
+                        0.01: [0.30, floor - COLLAPSE_MARGIN / 2, 0.31]},
                        floor, 1e-3) == (3e-3, None)
     # the grid's top would win but the rate above it was never run: ask for it before choosing
     assert choose_rate({1e-3: [0.30, 0.31, 0.29], 3e-3: [0.33, 0.34, 0.32]}, floor, 1e-3) == (None, 0.01)
@@ -194,7 +202,8 @@ def test_a_run_is_identified_by_its_base_models_weights_not_only_their_specs():
     cfg = RunConfig("rl", "muon", "spar4", 1e-3, seed=1000)
     ida = _run_id(cfg, {"student": weights_digest(a), "teacher": "t"})
     assert ida == _run_id(cfg, {"student": weights_digest(a), "teacher": "t"})
-    assert ida != _run_id(cfg, {"student": weights_digest(b), "teacher": "t"})  # saved runs of the other student never match
+    # saved runs of the other student never match
+    assert ida != _run_id(cfg, {"student": weights_digest(b), "teacher": "t"})
 
 
 @pytest.mark.slow
@@ -206,12 +215,14 @@ def test_probe_sees_full_sync_step_exactly_as_the_shadow_and_spar4_part_from_it(
     # dense fp32 gradients: the replica's step is the shadow's step (every block with a gradient is sent: all but
     # LoRA's A blocks at the first version, whose gradient is zero while B is still zero)
     assert m["sent_fraction"] == pytest.approx(1 - 0.5 / 3) and m["block_rank"] == 16
-    assert m["step_cosine_sent"] == pytest.approx(1.0, abs=1e-6) and m["norm_ratio_sent"] == pytest.approx(1.0, abs=1e-6)
+    assert m["step_cosine_sent"] == pytest.approx(1.0, abs=1e-6) and m["norm_ratio_sent"] == pytest.approx(1.0,
+                                                                                                           abs=1e-6)
     assert m["residual_ratio_mean"] == 0.0
     lossy = probe(ProbeConfig(task="distill", optimizers=("muon",), lrs=(1e-3,), sync="spar4", seeds=(1000,), steps=3,
                                  eval_problems=64, student="smoke"), lambda *a: None)
     s = lossy["optimizers"]["muon"]
-    assert s["decoded_rank_sent"] < m["decoded_rank_sent"] and s["step_cosine_sent"] < 0.99 and s["residual_ratio_mean"] > 0
+    assert s["decoded_rank_sent"] < m["decoded_rank_sent"] and s["step_cosine_sent"] < 0.99 and s[
+        "residual_ratio_mean"] > 0
     assert len(s["runs"][0]["residual_by_version"]) == 3
 
 
@@ -221,7 +232,8 @@ def test_post_mode_sites_add_the_trainers_compressed_step_and_stay_identical():
     from hilo.ops.pretrain import SMOKE_STUDENT, SMOKE_TEACHER, pretrained
     student, teacher = pretrained(SMOKE_STUDENT), pretrained(SMOKE_TEACHER)
     probes = []
-    r = run(RunConfig("rl", "muon", "post", 1e-3, seed=1000, steps=3, eval_split="val", eval_samples=4, eval_problems=64),
+    r = run(RunConfig("rl", "muon", "post", 1e-3, seed=1000, steps=3, eval_split="val", eval_samples=4,
+                      eval_problems=64),
             student, teacher, probes)
     assert r["rollout_digest_equal_versions"] == 3 and r["lag_mean"] is not None and r["lag_mean"] > 0
     assert r["bytes_per_step"] <= 0.016 * r["adapter_bytes"]
@@ -233,7 +245,8 @@ def test_post_mode_sites_add_the_trainers_compressed_step_and_stay_identical():
 @pytest.mark.xdist_group("heavy")
 def test_tuning_runs_every_rate_on_three_seeds_and_records_the_rule(tmp_path, capsys):
     from hilo.ops.bench.quality import LR_GRID, TUNE_SEEDS, SweepConfig, choose_rate, main
-    cfg = SweepConfig(steps=2, seeds=1, tasks=("distill",), optimizers=("adamw",), syncs=("full",), workers=2, eval_problems=64,
+    cfg = SweepConfig(steps=2, seeds=1, tasks=("distill",), optimizers=("adamw",), syncs=("full",), workers=2,
+                      eval_problems=64,
                       student="smoke")
     assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
@@ -252,7 +265,8 @@ def test_another_shape_takes_each_cells_rate_from_an_earlier_sweep(tmp_path):
     from hilo.schemas.errors import ConfigError
     q = tmp_path / "quality.json"
     q.write_text(json.dumps({"cells": [{"task": "rl", "optimizer": "muon", "sync": "full", "budget": None, "lr": 0.001},
-                                       {"task": "rl", "optimizer": "muon", "sync": "spar4", "budget": 0.016, "lr": 0.003}]}))
+                                       {"task": "rl", "optimizer": "muon", "sync": "spar4", "budget": 0.016,
+                                        "lr": 0.003}]}))
     assert _rate_from(str(q), "rl", "muon", "full", None) == 0.001
     assert _rate_from(str(q), "rl", "muon", "spar4", 0.016) == 0.003
     with pytest.raises(ConfigError, match="no cell rl/muon/spar4@0.01 "):
@@ -267,14 +281,18 @@ def test_a_report_of_saved_runs_leaves_out_only_the_cells_whose_tuning_is_unfini
     from hilo.ops.bench.quality import TUNE_SEEDS, _run_id, _tune
     from hilo.ops.bench.runstore import RunStore
     store, bases = RunStore(tmp_path), {"student": "s", "teacher": "t"}
-    done, half = RunConfig("rl", "muon", "spar4", 1e-3, eval_split="val"), RunConfig("rl", "adamw", "spar4", 1e-3, eval_split="val")
+    done, half = RunConfig("rl", "muon", "spar4", 1e-3, eval_split="val"), RunConfig("rl", "adamw", "spar4", 1e-3,
+                                                                                     eval_split="val")
     grid = (3e-4, 1e-3, 3e-3)
     score = {3e-4: 0.30, 1e-3: 0.33, 3e-3: 0.31, 0.01: 0.05}
     for lr in grid:
         for s in TUNE_SEEDS:
-            store.put(_run_id(replace(done, lr=lr, seed=s), bases, STUDENTS["h256-l4"]), {"pass1": score[lr], "pass4": 0.6})
+            store.put(_run_id(replace(done, lr=lr, seed=s), bases, STUDENTS["h256-l4"]),
+                      {"pass1": score[lr], "pass4": 0.6})
             if lr != 3e-3:
-                store.put(_run_id(replace(half, lr=lr, seed=s), bases, STUDENTS["h256-l4"]), {"pass1": score[lr], "pass4": 0.6})
-    best, rows, unfinished = _tune({"done": (done, grid), "half": (half, grid)}, store, 1, False, "t", 0.2, bases, STUDENTS["h256-l4"])
+                store.put(_run_id(replace(half, lr=lr, seed=s), bases, STUDENTS["h256-l4"]),
+                          {"pass1": score[lr], "pass4": 0.6})
+    best, rows, unfinished = _tune({"done": (done, grid), "half": (half, grid)}, store, 1, False, "t", 0.2, bases,
+                                   STUDENTS["h256-l4"])
     assert best == {"done": 1e-3} and [r["lr"] for r in rows if r["chosen"]] == [1e-3]
     assert len(unfinished) == 1 and "rl/adamw/spar4@0.016 lr=0.003" in unfinished[0]

@@ -25,7 +25,8 @@ def test_the_newest_changelog_entry_is_the_version_in_pyproject():
 
 def test_the_newest_entry_names_the_formats_this_code_writes():
     body = _releases()[0][1].strip()
-    assert body.startswith(f"Writes wire format {SCHEMA_VERSION}, arithmetic {MATH_VERSION}, state digest {DIGEST_VERSION}."), body[:120]
+    assert body.startswith(f"Writes wire format {SCHEMA_VERSION}, arithmetic {MATH_VERSION}, state digest "
+                           f"{DIGEST_VERSION}."), body[:120]
 
 
 def test_spec_is_titled_with_the_wire_format_version_the_code_writes():

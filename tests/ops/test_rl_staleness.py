@@ -36,8 +36,10 @@ class Site:
                     continue
                 self.answered.add(p.prompt_id)
                 self.log.append(rollouts_topic(self.run), [
-                    (p.prompt_id.encode(), RolloutRecord(self.run, p.prompt_id, s, "site-1", self.version, self.version, (7,),
-                                                         (-0.1,), float(s % 2), "hilo.ops.digit_task:reward", "stop").to_bytes(), {})
+                    (p.prompt_id.encode(),
+                     RolloutRecord(self.run, p.prompt_id, s, "site-1", self.version, self.version, (7,),
+                                                         (-0.1,), float(s % 2), "hilo.ops.digit_task:reward",
+                                   "stop").to_bytes(), {})
                     for s in range(p.sampling.n)])
 
 
@@ -46,7 +48,8 @@ class Trainer:
 
     def __init__(self, log, run, ledger_path, version=0):
         self.version, self.ready, self.rows = version, [], []
-        self.exchange = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=B, max_staleness=S), prompt_partitions=2,
+        self.exchange = RolloutExchange.open(log, run, RolloutPolicy(batch_prompts=B, max_staleness=S),
+                                             prompt_partitions=2,
                                         ledger=RolloutLedger(ledger_path))
         if version:
             self.exchange.restore(version)
@@ -66,7 +69,8 @@ class Trainer:
         return groups
 
 
-def test_a_restarted_trainer_trains_no_sample_more_than_s_behind_and_reports_what_it_trained(tmp_path, log_url, caplog, logs):
+def test_a_restarted_trainer_trains_no_sample_more_than_s_behind_and_reports_what_it_trained(tmp_path, log_url, caplog,
+                                                                                             logs):
     # On Kafka (prompts over 2 partitions) the restarted trainer used to hold p-2, p-4, p-3, p-5 (partition order) and
     # train p-3 at v2, 2 behind, reported 1; on either log it reported the staleness a group had on arrival
     log, run, ledger = logs(log_url), new_run("rlstale"), str(tmp_path / "trainer" / "rollouts.jsonl")
@@ -95,14 +99,17 @@ def test_a_restarted_trainer_trains_no_sample_more_than_s_behind_and_reports_wha
     for line in (tmp_path / "trainer" / "rollouts.jsonl").read_text().splitlines():
         e = json.loads(line)
         ledger_lines[e["v"]] = e
-    behind = {v: [v - 1 - version_start[(pid, s)] for pid in ledger_lines[v]["trained"] for s in range(N)] for v in (1, 2, 3)}
-    assert {v: sorted(g.prompt.prompt_id for g in trained[v]) for v in trained} == {v: ledger_lines[v]["trained"] for v in trained}
+    behind = {v: [v - 1 - version_start[(pid, s)] for pid in ledger_lines[v]["trained"] for s in range(N)]
+              for v in (1, 2, 3)}
+    assert {v: sorted(g.prompt.prompt_id for g in trained[v]) for v in trained} == {v: ledger_lines[v]["trained"]
+                                                                                    for v in trained}
     assert all(0 <= b <= S for v in behind for b in behind[v]), behind
     # ... and what the JSON rows report is what was trained
     for row in rows:
         v = row["step"]
         assert row["staleness_counts"] == {str(b): behind[v].count(b) for b in sorted(set(behind[v]))}, (row, behind)
-        assert [s for g in trained[v] for s in g.staleness] == [v - 1 - x.version_start for g in trained[v] for x in g.rollouts]
+        assert [s for g in trained[v] for s in g.staleness] == [v - 1 - x.version_start for g in trained[v]
+                                                                for x in g.rollouts]
     assert {v: ledger_lines[v]["trained"] for v in trained} == {1: ["p-0", "p-1"], 2: ["p-2", "p-3"], 3: ["p-4", "p-5"]}
     refusals = [r.getMessage() for r in caplog.records if r.name == "hilo.producer.rollout_exchange"]
     assert dict(again.exchange.book.dropped) == {} and not refusals, refusals  # nothing wasted: the oldest went first

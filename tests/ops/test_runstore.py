@@ -1,4 +1,5 @@
-"""The sweep's run store: one JSONL file, resumable after a kill mid-write, and the older one-file-per-run layout read."""
+"""The sweep's run store: one JSONL file, resumable after a kill mid-write, and the older one-file-per-run layout
+read."""
 import json
 
 from hilo.ops.bench.runstore import RunStore

@@ -12,7 +12,8 @@ from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, 
 def _same_run(url: str, run: str, keys, chunk_bytes: int) -> None:
     """Six versions, checkpoints every two (all kept), a key rotation after v3, messages in chunks of `chunk_bytes`."""
     producer = HiLoProducer.open(small_model(), producer_config(
-        run=run, log=url, codec="spar", checkpoint_every=2, keep_checkpoints=10, signing_key=str(keys[0][0]), chunk_bytes=chunk_bytes))
+        run=run, log=url, codec="spar", checkpoint_every=2, keep_checkpoints=10, signing_key=str(keys[0][0]),
+        chunk_bytes=chunk_bytes))
     try:
         publish_random(producer, 3)
         producer.rotate_key(str(keys[1][0]))
@@ -38,7 +39,8 @@ def test_describe_on_kafka_gives_the_file_logs_versions_and_counts(tmp_path, cap
     on_file, on_kafka = _describe(file_url, run, capsys), _describe(KAFKA_URL, run, capsys)
     for topic in ("updates", "checkpoints"):
         fields = ("oldest_version", "newest_version", "records", "messages")
-        assert [on_kafka[topic].get(f) for f in fields] == [on_file[topic].get(f) for f in fields], (topic, on_file, on_kafka)
+        assert [on_kafka[topic].get(f) for f in fields] == [on_file[topic].get(f) for f in fields], (topic, on_file,
+                                                                                                     on_kafka)
         # Kafka's offsets are not a count: its markers take offsets no reader gets
         assert on_kafka[topic]["end_offset"] - on_kafka[topic]["begin_offset"] > on_kafka[topic]["records"]
         assert on_file[topic]["end_offset"] - on_file[topic]["begin_offset"] == on_file[topic]["records"]

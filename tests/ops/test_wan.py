@@ -39,7 +39,8 @@ def _transfer(site: int, nbytes: int) -> float:
 
 
 def _namespaces():
-    return [ln.split()[0] for ln in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    return [ln.split()[0]
+            for ln in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
             if ln.startswith("hilo-")]
 
 

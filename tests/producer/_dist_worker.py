@@ -1,7 +1,8 @@
 """One rank of the 2-rank jobs of tests/producer/test_distributed.py, started by torchrun (or directly, with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, where the test must see what a rank does on its own).
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/producer/_dist_worker.py SCENARIO URL RUN OUT STEPS
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/producer/_dist_worker.py \
+        SCENARIO URL RUN OUT STEPS
 
 Every rank runs the same loop: the tiny model (other LoRA weights on every rank but 0, so only the sync can make them
 equal), wrapped in DistributedDataParallel, a HiLoOptimizer, a scheduler and clipping, each rank on its own batches.
@@ -92,7 +93,8 @@ def accelerate_loop(model, config, steps):
     """tests/producer/test_training_loops.py's Accelerate loop, on every rank of the job."""
     from accelerate import Accelerator
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)  # MULTI_CPU: the job's gloo process group
-    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, backoff_factor=2.0 ** -120, growth_interval=1000)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, backoff_factor=2.0 ** -120,
+                                              growth_interval=1000)
     opt = HiLoOptimizer(model, config, lr=1e-3)
     data = torch.utils.data.DataLoader(AdditionData(16 * steps), batch_size=4)
     model_, opt_, data = accelerator.prepare(model, opt, data)
@@ -115,8 +117,10 @@ def trainer_loop(model, config, steps):
     from transformers import Trainer, TrainingArguments
     opt = HiLoOptimizer(model, config, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    args = TrainingArguments(output_dir=str(out / "trainer-out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                             max_steps=steps, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True, save_steps=2)
+    args = TrainingArguments(output_dir=str(out / "trainer-out"), per_device_train_batch_size=4,
+                             gradient_accumulation_steps=2,
+                             max_steps=steps, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True,
+                             save_steps=2)
     trainer = Trainer(model=model, args=args, train_dataset=AdditionData(128), optimizers=(opt, sched))
     saves = sorted((out / "trainer-out").glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))
     report["start_version"] = opt.version
@@ -126,12 +130,14 @@ def trainer_loop(model, config, steps):
 
 
 def another_trainer(config):
-    """Open (and close) a lone trainer of `config`'s run in a process of its own: it fences this job's publishing rank."""
-    code = ("import sys; from hilo.ops.tiny_trainer import build_model; from hilo.producer.config import ProducerConfig; "
-            "from hilo.producer.producer import HiLoProducer; from hilo.replica.codecs import Budget; "
+    """Open (and close) a lone trainer of `config`'s run in a process of its own: it fences this job's publishing
+    rank."""
+    code = ("import sys; from hilo.ops.tiny_trainer import build_model; from hilo.producer.config import "
+            "ProducerConfig; from hilo.producer.producer import HiLoProducer; from hilo.replica.codecs import Budget; "
             "HiLoProducer.open(build_model(seed=0, rank=8, hidden=64, layers=2), ProducerConfig(run=sys.argv[2], "
             "log=sys.argv[1], budget=Budget(0.25), checkpoint_every=3)).close()")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k,
+           v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     subprocess.run([sys.executable, "-c", code, config.log, config.run], env=env, check=True, timeout=240)
 
 
@@ -154,7 +160,8 @@ def plain_loop(opt, ddp, saved, steps):
         if scenario == "fenced" and step == 1 and rank == 0:
             another_trainer(opt.producer.config)
         if scenario == "outage" and step == 1 and rank == 0:
-            subprocess.run([str(pathlib.Path(__file__).resolve().parents[2] / "ops/kafka/stop.sh")], check=True, timeout=300)
+            subprocess.run([str(pathlib.Path(__file__).resolve().parents[2] / "ops/kafka/stop.sh")], check=True,
+                           timeout=300)
         if scenario == "nan" and step == 1 and rank == 0:
             opt.producer.params[3].grad[0, 0] = float("nan")
         try:
@@ -169,7 +176,8 @@ def plain_loop(opt, ddp, saved, steps):
 
 
 def fsdp_loop(opt, model, steps):
-    """The FSDP2-sharded model: each rank its own batches; FSDP2 reduce-scatters the gradients into each rank's shard."""
+    """The FSDP2-sharded model: each rank its own batches; FSDP2 reduce-scatters the gradients into each rank's
+    shard."""
     gen = torch.Generator().manual_seed(1000 * rank)
     report["local_shapes"] = [list(t.to_local().shape) for t in opt.producer.params[:2]]
     for _ in range(steps):

@@ -46,11 +46,13 @@ opt = names["opt"]
 p = opt.producer
 flat = b"".join(t.detach().float().contiguous().numpy().tobytes() for t in p.params)
 (out / f"rank{rank}.json").write_text(json.dumps({
-    "rank": rank, "version": opt.version, "digest": p.replica.digest.hex(), "params_sha256": hashlib.sha256(flat).hexdigest(),
+    "rank": rank, "version": opt.version, "digest": p.replica.digest.hex(),
+    "params_sha256": hashlib.sha256(flat).hexdigest(),
     "params_are_replica": all(torch.equal(a.detach().float(), b) for a, b in zip(p.params, p.replica.state.params)),
     "publishes": p.publishes, "global_step": names["trainer"].state.global_step if "trainer" in names else None}))
 p.close()
-torch.distributed.barrier()  # the ranks tear down together: rank 1 aborted in its teardown once (C++ terminate) while rank 0 left
+# the ranks tear down together: rank 1 aborted in its teardown once (C++ terminate) while rank 0 left
+torch.distributed.barrier()
 torch.distributed.destroy_process_group()
 # Everything this rank owes is written (its JSON, the producer closed), so it leaves without the interpreter's teardown:
 # there, under GRPOTrainer, a C++ thread some library left joinable aborted the process now and then ("terminate called

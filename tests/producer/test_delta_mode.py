@@ -18,7 +18,8 @@ from tests.helpers import site_of
 
 
 def delta_producer(log_url, run, **kw):
-    return HiLoProducer.open(small_model(), producer_config(run=run, log=log_url, mode="delta", codec="spar4", optimizer="muon",
+    return HiLoProducer.open(small_model(),
+                             producer_config(run=run, log=log_url, mode="delta", codec="spar4", optimizer="muon",
                                                        hparams={"lr": 0.02}, **kw))
 
 

@@ -38,8 +38,10 @@ pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = str(pathlib.Path(__file__).with_name("_dist_worker.py"))
 SNIPPETS = str(pathlib.Path(__file__).with_name("_snippet_worker.py"))
-ACCELERATE_2 = ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no"]  # `accelerate launch` of 2 processes (--multi_gpu: its multi-process switch, CPU here)
+ACCELERATE_2 = ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no",
+                # `accelerate launch` of 2 processes (--multi_gpu: its multi-process switch, CPU here)
+                "--dynamo_backend", "no"]
 JOB_S = 300  # a 2-rank job of a few steps takes 15-30 s on a busy 2-core machine
 
 
@@ -248,14 +250,18 @@ def test_accelerate_launch_runs_the_trl_grpo_trainer_snippet_unchanged(tmp_path)
 
 
 @pytest.mark.parametrize("scenario,line", [
-    ("codec", r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's is "
+    ("codec",
+     r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's is "
               r"'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)"),
-    ("layout", r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
+    ("layout",
+     r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
                r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
     ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
-    ("fsdp2_one", r"ConfigError: torch.distributed job: rank 1's LoRA sharding is FSDP2, the publishing rank 0's is none; "
+    ("fsdp2_one",
+     r"ConfigError: torch.distributed job: rank 1's LoRA sharding is FSDP2, the publishing rank 0's is none; "
                   r"every rank must"),
-    ("publish_rank", r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing rank 0's "
+    ("publish_rank",
+     r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing rank 0's "
                      r"is 0; every rank must"),
 ], ids=["codec", "layout", "publish_rank_outside", "fsdp2_on_one_rank", "publish_rank_differs"])
 def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
@@ -271,7 +277,8 @@ def test_a_step_the_publishing_rank_refuses_moves_no_rank_and_raises_its_line_on
     rc, out, (r0, r1) = torchrun("nan", url, run, tmp_path, 3)
     assert rc == 0, out[-4000:]
     assert r0["errors"] == r1["errors"] and len(r0["errors"]) == 1
-    assert r0["errors"][0].startswith("TrainerError: run nan: the gradient of '") and "nothing was published" in r0["errors"][0]
+    assert r0["errors"][0].startswith("TrainerError: run nan: the gradient of '") and "nothing was published" in r0[
+        "errors"][0]
     assert r0["version_after_error"] == r1["version_after_error"] == 1
     assert_ranks_hold_the_replica(r0, r1, 2)
     assert [m.version for m in published(url, run)] == [1, 2]
@@ -304,13 +311,14 @@ def test_a_rank_killed_mid_step_stops_the_job_with_one_line_and_a_restart_resume
         line = reps[survivor]["stopped"]
         assert "\n" not in line
         if killed == 0:
-            assert line.startswith("TrainerError: run killed: rank 1 of 2, step: the publishing rank 0 stopped or did not "
-                                   "answer within rank_timeout_s = 60s"), line
+            assert line.startswith("TrainerError: run killed: rank 1 of 2, step: the publishing rank 0 stopped or did "
+                                   "not answer within rank_timeout_s = 60s"), line
         else:
             # v2's message (sent before its publish) or the outcome (v1 where that failed, else v2): whichever the dead
             # rank's socket refused first
-            assert re.match(r"TrainerError: run killed: rank 0 of 2, step \(sending (v2's message before its apply|v[12] to the "
-                            r"ranks)\): a rank stopped or did not answer within rank_timeout_s = 60s", line), line
+            assert re.match(r"TrainerError: run killed: rank 0 of 2, step \(sending (v2's message before its "
+                            r"apply|v[12] to the ranks)\): a rank stopped or did not answer within rank_timeout_s = "
+                            r"60s", line), line
         on_log = [m.version for m in published(url, run)]
         assert on_log == [1, 2] if killed == 0 else on_log in ([1], [1, 2])  # rank 1 never applied v2
         rc, out, (r0, r1) = torchrun("train", url, run, tmp_path, 4 - on_log[-1])
@@ -325,7 +333,8 @@ def test_a_multi_rank_launch_that_cannot_be_joined_is_refused_before_the_log_is_
     monkeypatch.setenv("WORLD_SIZE", "2")  # a launcher's, without its rendezvous: each rank would fence the others
     for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 \(a multi-rank launch\) without RANK, MASTER_ADDR, MASTER_PORT, and "
+    with pytest.raises(ConfigError,
+                       match=r"WORLD_SIZE=2 \(a multi-rank launch\) without RANK, MASTER_ADDR, MASTER_PORT, and "
                                           r"torch.distributed is not initialized"):
         HiLoOptimizer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log"))
     assert not (tmp_path / "log").exists()

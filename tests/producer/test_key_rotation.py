@@ -19,10 +19,12 @@ def test_one_rotation_mid_run_moves_every_signer_and_verifier(tmp_path):
     old, new = (generate(tmp_path / n) for n in ("old", "new"))
     old_id, new_id = (Signer.load(k[0]).key_id for k in (old, new))
     url, run = f"file://{tmp_path}/log", new_run()
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, signing_key=str(old[0]), checkpoint_every=100))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=url, signing_key=str(old[0]), checkpoint_every=100))
     site = None
     try:
-        exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=4), keyring=producer.keyring,
+        exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=4),
+                                        keyring=producer.keyring,
                                         prompt_partitions=1)
         publish_random(producer, 2)
         site = open_site(url, run, tmp_path, "live", trust=str(old[1]), export_adapters=False)
@@ -30,16 +32,19 @@ def test_one_rotation_mid_run_moves_every_signer_and_verifier(tmp_path):
         follower = site.follower
         assert follower.replica.version == 2 and follower.keyring is site.keyring is follower.replica.keyring
         assert producer.checkpoints.keyring is producer.keyring is exchange.keyring  # held, not copied
-        signers = lambda: {k.signer.key_id for k in (producer.keyring, producer.checkpoints.keyring, exchange.keyring)}  # noqa: E731
+        signers = lambda: {k.signer.key_id  # noqa: E731
+                           for k in (producer.keyring, producer.checkpoints.keyring, exchange.keyring)}
         assert signers() == {old_id} and follower.replica.verifier.key_id == old_id
 
         producer.rotate_key(str(new[0]))  # the one call
 
         assert signers() == {new_id} and producer.keyring.verifier.key_id == producer.replica.verifier.key_id == new_id
         assert producer.keyring.history == (old_id.hex(), new_id.hex())
-        ckpt = last_message(producer.log, checkpoints_topic(run), run)  # the rotation's checkpoint: signed by the new key
+        # the rotation's checkpoint: signed by the new key
+        ckpt = last_message(producer.log, checkpoints_topic(run), run)
         assert split_trailer(ckpt.data, "checkpoint")[1][:8] == new_id
-        assert exchange.issue(itertools.islice(prompts(run, Sampling(n=1, temperature=1.0, top_p=1.0, max_tokens=4, seed=0)), 1)) == 1
+        assert exchange.issue(itertools.islice(prompts(run, Sampling(n=1, temperature=1.0, top_p=1.0, max_tokens=4,
+                                                                     seed=0)), 1)) == 1
         prompt = next(records(producer.log, prompts_topic(run), 0, start=0))
         assert split_trailer(prompt.value, "prompt")[1][:8] == new_id  # the exchange signs with the rotated key
 

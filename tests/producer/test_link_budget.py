@@ -139,10 +139,12 @@ def test_sites_at_the_head_report_their_link_and_each_version_says_how_its_budge
         data = last_message(log, updates_topic(run), run).data
         meta, adapter = decode_record(data, "v8").meta, producer.manifest.adapter_bytes()
         assert meta["budget_rule"] in ("link", "ceiling") and meta["budget_site"] in links
-        assert 0.1 <= meta["budget_fraction"] <= 2.0 and len(data) <= meta["budget_fraction"] * adapter  # the codec kept to it
+        # the codec kept to it
+        assert 0.1 <= meta["budget_fraction"] <= 2.0 and len(data) <= meta["budget_fraction"] * adapter
         if meta["budget_rule"] == "link":  # the CPU term once it is fitted
             cost_s = adapter / meta["budget_link_bps"] + meta.get("budget_cpu_s_per_fraction", 0.0)
-            assert meta["budget_fraction"] == pytest.approx(meta["budget_share"] * meta["budget_step_s"] / cost_s, rel=1e-2)
+            assert meta["budget_fraction"] == pytest.approx(meta["budget_share"] * meta["budget_step_s"] / cost_s,
+                                                            rel=1e-2)
         wait_until(lambda: all(r.digest == producer.replica.digest.hex() for r in reports().values()), 60,
                    "both sites at the trainer's digest")
     producer.close()

@@ -13,7 +13,8 @@ from tests.producer.test_producer import FlakyLog, _grads, _reference, _site_dig
 
 def _open(url, tmp_path, log=None):
     """A pipelined trainer on `url` (publish_deadline_s = 1), recording its history, with its own snapshot."""
-    cfg = producer_config(run="r", log=url, publish_deadline_s=1, pipeline=True, history=str(tmp_path / "trainer.jsonl"),
+    cfg = producer_config(run="r", log=url, publish_deadline_s=1, pipeline=True,
+                          history=str(tmp_path / "trainer.jsonl"),
                           state_dir=str(tmp_path / "t"))
     return HiLoProducer.open(small_model(), cfg, log_backend=log)
 
@@ -49,7 +50,8 @@ def test_a_pipelined_run_is_the_in_line_run_and_a_site_reaches_its_digest(tmp_pa
     _each_version_once(url, 4)
 
 
-def test_a_publish_that_fails_while_the_next_step_computes_is_raised_there_and_a_restart_has_every_version_once(tmp_path):
+def test_a_publish_that_fails_while_the_next_step_computes_is_raised_there_and_a_restart_has_every_version_once(
+    tmp_path):
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
     producer = _open(url, tmp_path, log)

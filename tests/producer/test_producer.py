@@ -79,7 +79,8 @@ def _reference(tmp_path, gens):
 
 
 def _site_digest(url, run, tmp_path, version):
-    s = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version, export_adapters=False))
+    s = site_of(SiteConfig(log=url, run=run, site="s", state_dir=str(tmp_path / "s"), until_version=version,
+                           export_adapters=False))
     s.run(progress=False)
     return s.follower.replica.digest
 
@@ -88,7 +89,8 @@ def _at_v2(tmp_path):
     """(url, flaky log, producer) after two clean versions."""
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=1),
+                                 log_backend=log)
     for v in (1, 2):
         _step(producer, _grads(v))
     return url, log, producer
@@ -129,7 +131,8 @@ def test_publish_stored_but_unacknowledged_is_adopted_from_the_log_with_its_erro
 def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=1), log_backend=log)
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=1),
+                                 log_backend=log)
     publish_random(producer, 2)
     digest, residual = producer.replica.digest, [e.clone() for e in producer.builder.encoder.residual]
     log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated: broker refused"))
@@ -143,10 +146,12 @@ def test_failed_publish_that_the_log_does_not_hold_changes_nothing(tmp_path):
 
 
 def test_propose_mutates_nothing(tmp_path):
-    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=f"file://{tmp_path}/log", codec="powersgd"))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run="r", log=f"file://{tmp_path}/log", codec="powersgd"))
     publish_random(producer, 1)
     b = producer.builder
-    before = (b.replica.digest, [e.clone() for e in b.encoder.residual], [q.clone() for q in b.encoder.q], b.encoder.cursor)
+    before = (b.replica.digest, [e.clone() for e in b.encoder.residual], [q.clone() for q in b.encoder.q],
+              b.encoder.cursor)
     proposal = b.propose([torch.randn(p.shape) for p in producer.params], {"lr": 1e-3})
     assert proposal.version == 2 and proposal.message.digest != before[0]
     assert b.replica.digest == before[0] and b.replica.version == 1
@@ -169,7 +174,8 @@ def test_config_errors_name_the_field(field, value, match):
 
 def test_a_budget_with_no_room_for_payload_is_refused(tmp_path):
     from hilo.replica.codecs import Budget
-    with pytest.raises(HiloError, match=r"ProducerConfig.budget: 524 bytes per message for this 32768-byte adapter leave -502 bytes"):
+    with pytest.raises(HiloError, match=r"ProducerConfig.budget: 524 bytes per message for this 32768-byte adapter "
+                                        r"leave -502 bytes"):
         HiLoProducer.open(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log", budget=Budget(0.016)))
 
 
@@ -217,14 +223,15 @@ def test_a_run_started_with_an_older_digest_version_is_continued_by_this_build(t
         _step(second, _grads(v))
     second.close()
     assert _site_digest(url, "old", tmp_path, 4) == second.replica.digest
-    new = ReplicaState(manifest, *[getattr(second.replica.state, f) for f in ("optimizer", "version", "params", "slots", "scalars")])
+    new = ReplicaState(manifest, *[getattr(second.replica.state, f)
+                                   for f in ("optimizer", "version", "params", "slots", "scalars")])
     assert new.digest() != second.replica.digest  # the run's definition, not this build's new-run one
 
 
-FENCED = {"file": r"run {run}: this trainer \(token 1\) was fenced by a newer trainer \(pid \d+ on .*, token 2\) that took "
-                  r"over at v3; it publishes nothing more",
-          "kafka": r"run {run}: this trainer \(writer since v0\) was fenced: a newer producer of transactional id hilo.{run} "
-                   r"\(another trainer of this run\) took over; it publishes nothing more"}
+FENCED = {"file": r"run {run}: this trainer \(token 1\) was fenced by a newer trainer \(pid \d+ on .*, token 2\) that "
+                  r"took over at v3; it publishes nothing more",
+          "kafka": r"run {run}: this trainer \(writer since v0\) was fenced: a newer producer of transactional id "
+                   r"hilo.{run} \(another trainer of this run\) took over; it publishes nothing more"}
 
 
 def test_a_second_trainer_fences_the_first(log_url, tmp_path):
@@ -274,7 +281,8 @@ def test_a_step_waits_out_an_outage_shorter_than_its_deadline(tmp_path):
     from tests.helpers import wait_until
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
-    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=120), log_backend=log)
+    producer = HiLoProducer.open(small_model(), producer_config(run="r", log=url, publish_deadline_s=120),
+                                 log_backend=log)
     _step(producer, _grads(1))
     log.down = True
 
@@ -294,6 +302,7 @@ def test_a_step_waits_out_an_outage_shorter_than_its_deadline(tmp_path):
 def test_past_its_deadline_a_step_says_so_in_one_line_and_changes_nothing(tmp_path):
     url, log, producer = _at_v2(tmp_path)  # publish_deadline_s = 1
     log.down = True
-    with pytest.raises(LogError, match=r"run r: v3 was not published within publish_deadline_s = 1s .*the trainer stays at v2") as e:
+    with pytest.raises(LogError, match=r"run r: v3 was not published within publish_deadline_s = 1s .*the trainer "
+                                       r"stays at v2") as e:
         _step(producer, _grads(3))
     assert "\n" not in str(e.value) and producer.version == 2

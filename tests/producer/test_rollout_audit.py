@@ -102,11 +102,12 @@ def test_honest_rollouts_pass_wrong_versions_and_made_up_logprobs_fail_and_quara
 
 
 def test_a_quarantined_site_is_released_by_a_probe_of_passed_rollouts_in_a_row_and_a_failure_starts_it_over(model):
-    """While quarantined, each rollout of the site is audited whatever the share, and dropped; `release_after` passed in a
-    row (with enough tokens for its sampling test) release it. With release_after = 0 only an operator does."""
+    """While quarantined, each rollout of the site is audited whatever the share, and dropped; `release_after` passed in
+    a row (with enough tokens for its sampling test) release it. With release_after = 0 only an operator does."""
     manifest, vs = versions(model)
     names = lora_names(model, manifest)
-    a = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=3, sampling_min_tokens=8, probe_share=1.0)
+    a = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=3, sampling_min_tokens=8,
+                probe_share=1.0)
     stale = sample(model, names, vs[1], seed=7)
     assert a.judge(record("x0", 0, "s", 2, *stale), prompt(0)) == "audit-failed" and a.verdicts["s"].quarantined
     a.cfg = dataclasses.replace(a.cfg, share=0.0)  # no rollout is drawn now: a probe audits all the same
@@ -115,7 +116,8 @@ def test_a_quarantined_site_is_released_by_a_probe_of_passed_rollouts_in_a_row_a
     got.append(a.judge(record("x1", 0, "s", 2, *stale), prompt(0)))   # a failure on probation: the probe starts over
     assert a.verdicts["s"].probation == 0 and a.verdicts["s"].quarantined
     got += [a.judge(record(f"h{i}", 0, "s", 2, *honest[i]), prompt(i)) for i in range(2, 5)]
-    assert got == ["quarantined"] * 6 and not a.verdicts["s"].quarantined  # the third in a row released it (dropped itself)
+    # the third in a row released it (dropped itself)
+    assert got == ["quarantined"] * 6 and not a.verdicts["s"].quarantined
     assert a.judge(record("h5", 0, "s", 2, *honest[5]), prompt(5)) is None  # share 0: accepted, not audited
     never = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=1, release_after=0, sampling_min_tokens=8)
     never.judge(record("x0", 0, "s", 2, *stale), prompt(0))
@@ -126,12 +128,14 @@ def test_a_quarantined_site_is_released_by_a_probe_of_passed_rollouts_in_a_row_a
 def test_rollouts_scored_together_ahead_are_judged_as_one_by_one(model):
     manifest, vs = versions(model)
     names = lora_names(model, manifest)
-    rs = [record(f"b{i}", 0, "s", i % 3, *sample(model, names, vs[i % 3], n_tokens=1 + i % 4, seed=i)) for i in range(7)]
+    rs = [record(f"b{i}", 0, "s", i % 3, *sample(model, names, vs[i % 3], n_tokens=1 + i % 4, seed=i))
+          for i in range(7)]
     rs[3] = record("b3", 0, "s", 1, rs[3].completion_ids, tuple(x * 0.99 for x in rs[3].logprobs))
     one, batched = auditor(model, manifest, vs), auditor(model, manifest, vs)
     batched.prepare([(r, prompt(0)) for r in rs])
     assert len(batched._scored) == 7
-    assert [batched.judge(r, prompt(0)) for r in rs] == [one.judge(r, prompt(0)) for r in rs] == [None] * 3 + ["audit-failed"] + [None] * 3
+    assert [batched.judge(r, prompt(0)) for r in rs] == [one.judge(r, prompt(0))
+                                                         for r in rs] == [None] * 3 + ["audit-failed"] + [None] * 3
     assert not batched._scored and abs(batched.verdicts["s"].worst_passed - one.verdicts["s"].worst_passed) < 1e-6
 
 
@@ -153,7 +157,8 @@ def test_the_share_is_drawn_per_rollout_with_the_trainers_key(model):
     drawn = [a.drawn(record(f"p{i}", 0, "s", 0, (1,), (-1.0,))) for i in range(4000)]
     assert 0.08 < sum(drawn) / len(drawn) < 0.12
     b = Auditor(AuditConfig(share=0.1), model, manifest, keep=1, key=b"k" * 32)
-    assert drawn[:100] == [b.drawn(record(f"p{i}", 0, "s", 0, (1,), (-1.0,))) for i in range(100)]  # the same key draws the same
+    # the same key draws the same
+    assert drawn[:100] == [b.drawn(record(f"p{i}", 0, "s", 0, (1,), (-1.0,))) for i in range(100)]
     other = Auditor(AuditConfig(share=0.1), model, manifest, keep=1)  # another key: another draw
     assert drawn != [other.drawn(record(f"p{i}", 0, "s", 0, (1,), (-1.0,))) for i in range(4000)]
 
@@ -189,14 +194,16 @@ def test_differences_each_within_the_tolerance_but_above_honest_noise_quarantine
         got["honest"].append(a.judge(record(f"h{i}", 0, "honest", 2, ids, lps), prompt(i)))
         got["off"].append(a.judge(record(f"o{i}", 0, "off", 2, ids, tuple(x - 1e-5 for x in lps)), prompt(i)))
     off, honest = a.verdicts["off"], a.verdicts["honest"]
-    assert off.quarantined and off.failed == 0 and off.noise_z > a.cfg.noise_z_limit and "differ from the versions" in off.evidence
+    assert off.quarantined and off.failed == 0 and off.noise_z > a.cfg.noise_z_limit and ("differ from the "
+                                                                                          "versions") in off.evidence
     assert got["off"].index("quarantined") == off.noise_tokens // 4 - 1 and got["off"][0] is None, (got, off)
     assert not honest.quarantined and honest.noise_z < 0 and set(got["honest"]) == {None}, honest
 
 
 def test_probes_stay_within_their_share_of_the_trainers_time(model):
-    """By default a quarantined site is probed, but its probe audits take at most probe_share of the time since the audit
-    started (its own accounting): a site answering as fast as it can gets the rest dropped unaudited, not audited."""
+    """By default a quarantined site is probed, but its probe audits take at most probe_share of the time since the
+    audit started (its own accounting): a site answering as fast as it can gets the rest dropped unaudited, not
+    audited."""
     manifest, vs = versions(model)
     names = lora_names(model, manifest)
     a = auditor(model, manifest, vs, quarantine_after=1, sampling_min_tokens=8, probe_share=0.02)
@@ -210,7 +217,8 @@ def test_probes_stay_within_their_share_of_the_trainers_time(model):
         longest = max(longest, a.probe_seconds - before)
         assert a.probe_seconds <= a.cfg.probe_share * (time.perf_counter() - a.started) + longest
     v = a.verdicts["s"]
-    assert a.probes_skipped > 0 and v.audited == 1 + 60 - a.probes_skipped and v.probation == v.audited - 1, (a.probes_skipped, v)
+    assert a.probes_skipped > 0 and v.audited == 1 + 60 - a.probes_skipped and v.probation == v.audited - 1, (
+        a.probes_skipped, v)
 
 
 def test_the_book_drops_a_failed_group_and_a_quarantined_sites_waiting_samples():
@@ -240,8 +248,9 @@ def test_bad_audit_config_is_one_line(field, value, msg):
 
 
 def switching(model, names, before, after, switch_at, n_tokens=4, seed=0):
-    """(ids, honest log-probabilities) of a request whose adapter was replaced mid-way: tokens before `switch_at` sampled
-    under `before`, the rest under `after` (what a site whose engine reloaded mid-request sends, stamped start..end)."""
+    """(ids, honest log-probabilities) of a request whose adapter was replaced mid-way: tokens before `switch_at`
+    sampled under `before`, the rest under `after` (what a site whose engine reloaded mid-request sends, stamped
+    start..end)."""
     head, head_lps = sample(model, names, before, n_tokens=switch_at, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     ids, lps = list(PROMPT) + list(head), list(head_lps)
@@ -281,7 +290,8 @@ def test_a_rollout_spanning_versions_is_audited_against_them_in_order_and_a_span
 
 
 def test_the_match_takes_each_tokens_version_in_order():
-    """Per token, a claimed version within the tolerance, never going back; the evidence names the token where it broke."""
+    """Per token, a claimed version within the tolerance, never going back; the evidence names the token where it
+    broke."""
     lp = lambda *xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
     zeros = torch.zeros(3, dtype=torch.float64)
     v0, v1 = (lp(-1.0, -2.0, -3.0), zeros, zeros), (lp(-1.5, -2.5, -3.5), zeros, zeros)
@@ -309,9 +319,11 @@ def test_stamps_the_trainer_never_published_or_a_span_wider_than_S_are_refused_d
     assert a.judge(spanning("w", "s", 0, 2, ids, lps), prompt(1)) == "bad-stamp"
     s = a.verdicts["s"]
     assert (s.refused, s.failed, s.audited, s.quarantined) == (2, 2, 0, True)
-    assert s.evidence.startswith("2 of 2 rollouts checked failed (0 audited, 2 refused by their stamps); the latest: prompt w "
-                                 "sample 0 is stamped v0..v2: a span of 2 versions, wider than the staleness bound S = 1"), s
-    assert stamp_refusal(spanning("f", "s", 2, 3, ids, lps), 2, 1).endswith("v3 is not published (the trainer's head is v2)")
+    assert s.evidence.startswith("2 of 2 rollouts checked failed (0 audited, 2 refused by their stamps); the latest: "
+                                 "prompt w sample 0 is stamped v0..v2: a span of 2 versions, wider than the staleness "
+                                 "bound S = 1"), s
+    assert stamp_refusal(spanning("f", "s", 2, 3, ids, lps), 2,
+                         1).endswith("v3 is not published (the trainer's head is v2)")
     assert "bad-stamp" in DROP_REASONS
 
 
@@ -338,7 +350,8 @@ def test_a_site_exporting_another_dtype_is_audited_at_it_and_said_once(model, ca
     rollouts = [(i, *sample(model, names, bf16[v], seed=40 + i), v) for i, v in enumerate((1, 2, 1, 2))]
     said = auditor(model, manifest, vs, tolerance=1e-4, quarantine_after=9)
     with caplog.at_level("WARNING", logger="hilo.producer.rollout_audit"):
-        got = [said.judge(spanning(f"p{i}", "bf", v, v, ids, lps, export_dtype="bfloat16", engine="vllm 0.32.0"), prompt(i))
+        got = [said.judge(spanning(f"p{i}", "bf", v, v, ids, lps, export_dtype="bfloat16", engine="vllm 0.32.0"),
+                          prompt(i))
                for i, ids, lps, v in rollouts]
     lines = [r.getMessage() for r in caplog.records if "bfloat16" in r.getMessage()]
     assert got == [None] * 4 and said.verdicts["bf"].failed == 0 and said.verdicts["bf"].worst_passed < 1e-5
@@ -383,5 +396,6 @@ def test_verdicts_survive_a_restart_and_a_failure_judged_again_counts_once(model
     assert third.verdicts["liar"].quarantined and third.verdicts["liar"].evidence == evidence
     assert third.judge(record("h1", 0, "liar", 2, *honest), prompt(1)) == "quarantined"
     (tmp_path / "audit.json").write_text("[]")
-    with pytest.raises(ConfigError, match=r"audit.json: not the trainer's audit verdicts .*remove it to start every site clean"):
+    with pytest.raises(ConfigError,
+                       match=r"audit.json: not the trainer's audit verdicts .*remove it to start every site clean"):
         started()

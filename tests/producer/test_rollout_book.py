@@ -16,7 +16,8 @@ def prompt(i, n=2, max_tokens=4, min_version=0, run="r"):
 
 
 def rollout(pid, sample, version, tokens=2, run="r"):
-    return RolloutRecord(run, pid, sample, "s", version, version, tuple(range(tokens)), (-0.5,) * tokens, 1.0, "m:f", "stop")
+    return RolloutRecord(run, pid, sample, "s", version, version, tuple(range(tokens)), (-0.5,) * tokens, 1.0, "m:f",
+                         "stop")
 
 
 def test_admission_control_keeps_at_most_s_plus_one_times_b_in_flight():
@@ -107,7 +108,8 @@ def test_a_complete_group_waiting_for_a_later_step_is_checked_against_the_versio
     assert group.prompt.prompt_id == "p0" and group.staleness == (1, 1)
     assert book.complete() == ["p1"] and book.room() == 2             # p1 waits, still counted by admission control
     assert book.complete_groups(trainer_version=2, most=1) == []       # at v2 p1's samples would be 2 behind: S = 1
-    assert dict(book.dropped) == {"stale": 3} and book.retired == {"p1", "p2"} and book.room() == 4  # p2's one sample too
+    # p2's one sample too
+    assert dict(book.dropped) == {"stale": 3} and book.retired == {"p1", "p2"} and book.room() == 4
     assert book.offer(rollout("p2", 1, version=2), trainer_version=2) == "stale"  # its group aged out: never reopened
 
 

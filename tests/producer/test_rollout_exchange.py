@@ -49,7 +49,8 @@ def test_bad_rollouts_are_refused_by_reason_and_never_trained_on(tmp_path, caplo
     put(_rollout(run, "p-1", 1, reward=float("nan")))              # NaN reward
     put(_rollout(run, "p-2", 0, logprob=float("inf")))             # infinite log-probability
     log.append(rollouts_topic(run), [(b"x", b"not a frame at all", {})])
-    expect = {"duplicate": 1, "other-run": 2, "unknown-prompt": 1, "unknown-sample": 1, "too-long": 1, "non-finite": 2, "malformed": 1}
+    expect = {"duplicate": 1, "other-run": 2, "unknown-prompt": 1, "unknown-sample": 1, "too-long": 1, "non-finite": 2,
+              "malformed": 1}
     if signed:
         put(_rollout(run, "p-3", 0), key=None)                     # unsigned
         put(_rollout(run, "p-3", 1), key=forger)                   # signed by a key no trusted site holds
@@ -94,9 +95,11 @@ def test_the_return_path_history_names_a_lost_prompt_and_a_duplicated_sample(tmp
     answers = [("p-0", 0), ("p-0", 1), ("p-1", 0), ("p-1", 1)]
     log.append(rollouts_topic(run), [(p.encode(), _rollout(run, p, s).to_bytes(), {}) for p, s in answers])
     assert check_return_path(log, run).anomalies == ["prompt p-2: no rollout (lost)"]
-    log.append(rollouts_topic(run), [(b"p-1", _rollout(run, "p-1", 1).to_bytes(), {}), (b"p-9", _rollout(run, "p-9", 0).to_bytes(), {})])
+    log.append(rollouts_topic(run),
+               [(b"p-1", _rollout(run, "p-1", 1).to_bytes(), {}), (b"p-9", _rollout(run, "p-9", 0).to_bytes(), {})])
     assert check_return_path(log, run).anomalies == ["prompt p-1: samples [0, 1, 1] of n = 2 (duplicated: [1])",
-                                                      "rollouts for prompt p-9, which was never issued", "prompt p-2: no rollout (lost)"]
+                                                      "rollouts for prompt p-9, which was never issued",
+                                                     "prompt p-2: no rollout (lost)"]
 
 
 def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_group_twice(tmp_path):
@@ -105,7 +108,8 @@ def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_gr
     url, run = f"file://{tmp_path}/log", new_run("ledger")
     log = open_log(url)
     log.create_topics(run)
-    policy, ledger = RolloutPolicy(batch_prompts=2, max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
+    policy, ledger = RolloutPolicy(batch_prompts=2,
+                                   max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
     first = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)
     assert first.issue(prompts(run, Sampling(2, 1.0, 1.0, 3, 0))) == 4
     answers = [("p-0", 0), ("p-0", 1), ("p-1", 0), ("p-1", 1), ("p-2", 0)]
@@ -118,7 +122,8 @@ def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_gr
     assert sorted(g.prompt.prompt_id for g in again.poll(0, timeout_s=0)) == ["p-0", "p-1"] and again.issued == 4
     later = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)  # v1 was published after all
     assert later.restore(trainer_version=1) == {"trained": 2, "retired": 0, "in_flight": 2, "rollouts": 1}
-    log.append(rollouts_topic(run), [(b"p-0", _rollout(run, "p-0", 0).to_bytes(), {}), (b"p-2", _rollout(run, "p-2", 1).to_bytes(), {})])
+    log.append(rollouts_topic(run),
+               [(b"p-0", _rollout(run, "p-0", 0).to_bytes(), {}), (b"p-2", _rollout(run, "p-2", 1).to_bytes(), {})])
     assert [g.prompt.prompt_id for g in later.poll(1, timeout_s=0)] == ["p-2"]
     assert dict(later.book.dropped) == {"duplicate": 1}   # p-0 was trained on at v1: never again
     # a line for v1 written again later (a second crash-and-retry of v1) replaces the first
@@ -130,7 +135,8 @@ def test_a_restarted_trainer_neither_loses_a_prompt_in_flight_nor_trains_on_a_gr
 
 
 class _Away:
-    """A log that is away while `down` (LogUnavailable, as a Kafka log reached before says it), the real one otherwise."""
+    """A log that is away while `down` (LogUnavailable, as a Kafka log reached before says it), the real one
+    otherwise."""
 
     def __init__(self, log):
         self.log, self.down = log, False

@@ -16,7 +16,8 @@ POLLS = 200  # reads until the exchange reaches the log's end (Kafka may hand ou
 
 def _rollout(run, pid, sample, version=0, reward=None, site="s"):
     reward = float(sample % 2 == 0) if reward is None else reward  # genuine rewards: 1 or 0 (the digit task's grid)
-    return RolloutRecord(run, pid, sample, site, version, version, (1, 2), (-0.5, -0.5), reward, "hilo.ops.digit_task:reward", "stop")
+    return RolloutRecord(run, pid, sample, site, version, version, (1, 2), (-0.5, -0.5), reward,
+                         "hilo.ops.digit_task:reward", "stop")
 
 
 def _put(log, run, answers, **kw):
@@ -49,7 +50,8 @@ def test_a_group_completed_a_version_later_is_checked_against_the_version_that_t
         groups = _take(log, ex, 2)
     assert [(g.prompt.prompt_id, g.staleness) for g in groups] == [("p-1", (0, 0))]
     assert dict(ex.book.dropped) == {"stale": 2} and "p-0" in ex.book.retired
-    assert any(r.levelno == logging.WARNING for r in caplog.records if r.name == "hilo.producer.rollout_exchange")  # said
+    # said
+    assert any(r.levelno == logging.WARNING for r in caplog.records if r.name == "hilo.producer.rollout_exchange")
 
 
 def _forged_run(tmp_path, log_url):
@@ -59,7 +61,8 @@ def _forged_run(tmp_path, log_url):
     run = new_run("forge")
     log = open_log(log_url)
     log.create_topics(run)
-    policy, ledger = RolloutPolicy(batch_prompts=2, max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
+    policy, ledger = RolloutPolicy(batch_prompts=2,
+                                   max_staleness=1), RolloutLedger(str(tmp_path / "t" / "rollouts.jsonl"))
     live = RolloutExchange.open(log, run, policy, ledger=ledger, prompt_partitions=2)
     source = prompts(run, Sampling(2, 1.0, 1.0, 3, 0))
     assert live.issue(source) == 4                                          # p-0 .. p-3

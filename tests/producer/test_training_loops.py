@@ -99,7 +99,8 @@ def test_delta_mode_under_a_scheduler_and_a_framework_checkpoint(tmp_path):
         opt.zero_grad()
     # README: end
     p = opt.producer
-    assert all(torch.equal(a.detach().float(), m) for a, m in zip(p.params, p.master.params))  # the model trains the master
+    # the model trains the master
+    assert all(torch.equal(a.detach().float(), m) for a, m in zip(p.params, p.master.params))
     saved = opt.state_dict()
     assert set(saved["hilo"]["master"]["slots"]) == {"exp_avg", "exp_avg_sq"}
     msgs = published(url, run)
@@ -131,7 +132,8 @@ def test_a_bf16_model_trains_on_fp32_replica_params(tmp_path):
     assert opt.version == 3 and all(r.dtype == torch.float32 for r in opt.producer.replica.state.params)
     for p, r in zip(opt.producer.params, opt.producer.replica.state.params):
         assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), r.to(torch.bfloat16))
-    assert any(not torch.equal(r, r.to(torch.bfloat16).float()) for r in opt.producer.replica.state.params)  # fp32 kept more
+    # fp32 kept more
+    assert any(not torch.equal(r, r.to(torch.bfloat16).float()) for r in opt.producer.replica.state.params)
 
 
 class AdditionData(torch.utils.data.Dataset):
@@ -150,7 +152,8 @@ class AdditionData(torch.utils.data.Dataset):
 def _trainer(model, opt, sched, tmp_path, max_steps, **kw):
     """The Trainer of the README snippet (4 x 3 micro-batches per optimizer step, clipping at 0.5)."""
     from transformers import Trainer, TrainingArguments
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=3,
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                             gradient_accumulation_steps=3,
                              max_steps=max_steps, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True,
                              save_strategy=kw.pop("save_strategy", "no"), **kw)
     return Trainer(model=model, args=args, train_dataset=AdditionData(128), optimizers=(opt, sched))
@@ -164,8 +167,10 @@ def test_transformers_trainer_one_version_per_optimizer_step_and_resume(tmp_path
     # README: transformers Trainer
     opt = HiLoOptimizer(model, ProducerConfig(run=run, log=url, budget=Budget(0.25)), lr=1e-3)
     sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=1, num_training_steps=6)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=3,
-                             max_steps=4, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True, save_steps=2)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                             gradient_accumulation_steps=3,
+                             max_steps=4, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True,
+                             save_steps=2)
     trainer = Trainer(model=model, args=args, train_dataset=AdditionData(128), optimizers=(opt, sched))
     trainer.train()
     # README: end
@@ -182,12 +187,14 @@ def test_transformers_trainer_one_version_per_optimizer_step_and_resume(tmp_path
     trainer2 = _trainer(model2, opt2, sched2, tmp_path, max_steps=6)
     saved = torch.load(tmp_path / "out" / "checkpoint-4" / "optimizer.pt", weights_only=True)  # what Trainer saved
     opt2.load_state_dict(saved)  # (Trainer does this too when it resumes; loading twice at the head changes nothing)
-    assert all(torch.equal(a, b) for a, b in zip(opt2.producer.builder.encoder.residual, opt.producer.builder.encoder.residual))
+    assert all(torch.equal(a, b) for a,
+               b in zip(opt2.producer.builder.encoder.residual, opt.producer.builder.encoder.residual))
     trainer2.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
     assert trainer2.state.global_step == 6 and opt2.version == 6
     assert [m.version for m in published(url, run)] == [1, 2, 3, 4, 5, 6]
     # the rates kept following the schedule across the restart (linear decay after one warm-up step)
-    assert [round(m.hparams["lr"], 12) for m in published(url, run)] == [round(1e-3 * f, 12) for f in (0, 1, 0.8, 0.6, 0.4, 0.2)]
+    assert [round(m.hparams["lr"], 12) for m in published(url, run)] == [round(1e-3 * f, 12)
+                                                                         for f in (0, 1, 0.8, 0.6, 0.4, 0.2)]
     assert follower.digest() == opt2.producer.replica.digest.hex()
     assert_model_is_replica(opt2)
 
@@ -199,10 +206,13 @@ def test_trainer_resumed_from_an_older_checkpoint_continues_at_the_log_head(tmp_
     _trainer(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), tmp_path, max_steps=4,
              save_strategy="steps", save_steps=2).train()
     opt2 = HiLoOptimizer(small_model(), ProducerConfig(run=run, log=url, budget=Budget(0.25)), lr=1e-3)
-    t2 = _trainer(opt2.producer.model, opt2, torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0), tmp_path, max_steps=5)
+    t2 = _trainer(opt2.producer.model, opt2, torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0), tmp_path,
+                  max_steps=5)
     t2.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
-    assert [r.levelno for r in caplog.records if r.name == "hilo.producer.optimizer"] == [logging.WARNING]  # said: the log wins
-    assert opt2.version == 7 and [m.version for m in published(url, run)] == list(range(1, 8))  # 3 more steps, no v3 again
+    # said: the log wins
+    assert [r.levelno for r in caplog.records if r.name == "hilo.producer.optimizer"] == [logging.WARNING]
+    # 3 more steps, no v3 again
+    assert opt2.version == 7 and [m.version for m in published(url, run)] == list(range(1, 8))
     assert_model_is_replica(opt2)
 
 
@@ -215,7 +225,8 @@ def addition_prompts():
     """GRPO's dataset: two-digit additions with their answers."""
     from datasets import Dataset
     pairs = [(a, b) for a in range(10, 50) for b in range(10, 14)]
-    return Dataset.from_dict({"prompt": [f"{a:02d}+{b:02d}=" for a, b in pairs], "answer": [f"{a + b:03d};" for a, b in pairs]})
+    return Dataset.from_dict({"prompt": [f"{a:02d}+{b:02d}=" for a, b in pairs],
+                              "answer": [f"{a + b:03d};" for a, b in pairs]})
 
 
 def test_trl_grpo_trainer_with_a_peft_config(tmp_path):
@@ -225,19 +236,25 @@ def test_trl_grpo_trainer_with_a_peft_config(tmp_path):
     follower = Follow(url, run, tmp_path, steps)
     dataset = addition_prompts()
     # README: TRL GRPOTrainer
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4, max_completion_length=4,
-                      max_steps=steps, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0, disable_tqdm=True)
-    trainer = GRPOTrainer(model=build_base(seed=0, hidden=64, layers=2), reward_funcs=digits_right, args=args, train_dataset=dataset,
-                          processing_class=build_tokenizer(), peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=4,
+                      max_steps=steps, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0,
+                      disable_tqdm=True)
+    trainer = GRPOTrainer(model=build_base(seed=0, hidden=64, layers=2), reward_funcs=digits_right, args=args,
+                          train_dataset=dataset,
+                          processing_class=build_tokenizer(),
+                          peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     opt = HiLoOptimizer(trainer.model, ProducerConfig(run=run, log=url, budget=Budget(0.25)), lr=args.learning_rate)
     trainer.optimizer = opt  # the trainer wraps the model with PEFT first; its scheduler is built on this optimizer
     trainer.train()
     # README: end
     assert trainer.state.global_step == steps and opt.version == steps
     genesis, _ = bootstrap_from_log(open_log(url), run, max_version=0)
-    assert any(not torch.equal(a, b) for a, b in zip(genesis.state.params, opt.producer.replica.state.params))  # it learned
+    # it learned
+    assert any(not torch.equal(a, b) for a, b in zip(genesis.state.params, opt.producer.replica.state.params))
     lrs = [m.hparams["lr"] for m in published(url, run)]
-    assert len(lrs) == steps and lrs[0] == pytest.approx(1e-3) and lrs[-1] < lrs[0]  # GRPOTrainer's linear schedule drove it
+    # GRPOTrainer's linear schedule drove it
+    assert len(lrs) == steps and lrs[0] == pytest.approx(1e-3) and lrs[-1] < lrs[0]
     assert follower.digest() == opt.producer.replica.digest.hex()
     assert_model_is_replica(opt)
 
@@ -251,7 +268,8 @@ def test_accelerate_accumulation_and_a_step_the_grad_scaler_skips(tmp_path):
     follower = Follow(url, run, tmp_path, 3)
     model = small_model()
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
-    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, backoff_factor=2.0 ** -120, growth_interval=1000)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, backoff_factor=2.0 ** -120,
+                                              growth_interval=1000)
     opt = HiLoOptimizer(model, ProducerConfig(run=run, log=url, budget=Budget(0.25)), lr=1e-3)
     data = torch.utils.data.DataLoader(AdditionData(32), batch_size=4)
     model, opt_, data = accelerator.prepare(model, opt, data)
@@ -302,7 +320,8 @@ def test_hyperparameters_the_sites_cannot_run_are_refused(tmp_path):
 def test_a_trainable_parameter_outside_the_adapter_is_refused(tmp_path):
     model = small_model()
     model.base_model.model.lm_head.weight.requires_grad_(True)
-    with pytest.raises(ConfigError, match=r"1 trainable parameter\(s\) outside LoRA adapter 'default' would not be replicated"):
+    with pytest.raises(ConfigError,
+                       match=r"1 trainable parameter\(s\) outside LoRA adapter 'default' would not be replicated"):
         HiLoOptimizer(model, ProducerConfig(run="r", log=f"file://{tmp_path}/log", budget=Budget(0.25)))
 
 

@@ -23,7 +23,8 @@ ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 
 def _update(producer, run=None, fill=b"\x00\x00\x00\x00"):
     """The next update of `producer`'s run (or of `run`), every gradient element the float32 `fill`."""
     r = producer.replica
-    return UpdateMessage(run or r.run, r.version + 1, r.digest, b"\x07" * 16, r.manifest.manifest_id, "dense", {}, "adamw",
+    return UpdateMessage(run or r.run, r.version + 1, r.digest, b"\x07" * 16, r.manifest.manifest_id, "dense", {},
+                         "adamw",
                          ADAMW, [{"i": i, "g": fill * b.numel} for i, b in enumerate(r.manifest.blocks)]).to_bytes()
 
 
@@ -49,16 +50,19 @@ def _bad_record(kind, producer, run):
 
 
 def _finite(replica) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in replica.state.params + [t for ts in replica.state.slots.values() for t in ts])
+    return all(bool(torch.isfinite(t).all())
+               for t in replica.state.params + [t for ts in replica.state.slots.values() for t in ts])
 
 
-@pytest.mark.parametrize("kind", ["noise", "noise-with-headers", "another-run", "zstd-bomb", "absurd-size", "non-finite"])
+@pytest.mark.parametrize("kind",
+                         ["noise", "noise-with-headers", "another-run", "zstd-bomb", "absurd-size", "non-finite"])
 def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kind, logs):
     run = new_run("bad")
     cfg = producer_config(run=run, log=log_url)
     producer = HiLoProducer.open(small_model(), cfg)
     publish_random(producer, 3)
-    live = open_site(log_url, run, tmp_path, "live", export_adapters=False, until_version=3, history=str(tmp_path / "live.jsonl"))
+    live = open_site(log_url, run, tmp_path, "live", export_adapters=False, until_version=3,
+                     history=str(tmp_path / "live.jsonl"))
     live.run(progress=False)
     records, reason = _bad_record(kind, producer, run)
     at = logs(log_url).append(updates_topic(run), records)[0]
@@ -83,7 +87,8 @@ def test_a_bad_record_is_skipped_by_sites_and_the_trainer(log_url, tmp_path, kin
     assert live.follower.replica.digest == restarted.replica.digest and _finite(live.follower.replica)
     for adapter in (tmp_path / "live" / "adapters").iterdir():  # what vLLM would load
         from safetensors.torch import load_file
-        assert all(bool(torch.isfinite(t.float()).all()) for t in load_file(adapter / "adapter_model.safetensors").values())
+        assert all(bool(torch.isfinite(t.float()).all())
+                   for t in load_file(adapter / "adapter_model.safetensors").values())
     restarted.close()
 
 
@@ -132,7 +137,8 @@ def test_on_bad_record_is_an_enum_that_configs_coerce_from_text():
     site = {"log": "file:///tmp/log", "run": "r", "site": "s", "state_dir": "/tmp/s"}
     assert SiteConfig(**site).on_bad_record is OnBadRecord.SKIP
     assert SiteConfig(**site, on_bad_record="stop").on_bad_record is OnBadRecord.STOP
-    with pytest.raises(ConfigError, match=r"^ProducerConfig\.on_bad_record = 'ignore': expected one of \['skip', 'stop'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"^ProducerConfig\.on_bad_record = 'ignore': expected one of \['skip', 'stop'\]"):
         ProducerConfig(run="r", on_bad_record="ignore")
     with pytest.raises(ConfigError, match=r"^SiteConfig\.on_bad_record = 'STOP'"):
         SiteConfig(**site, on_bad_record="STOP")

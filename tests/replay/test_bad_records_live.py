@@ -72,7 +72,8 @@ def _live_run(url, tmp_path, logs, kinds, signed):
     common = ["--log", url, "--run", run]
     trainer = hilo("produce", *common, "--steps", str(STEPS), *sign)
     sites = {name: hilo("consume", *common, "--site", name, "--state-dir", str(tmp_path / name), "--no-export",
-                        "--until-version", str(STEPS), "--wait-checkpoint", "300", "--history", str(tmp_path / f"{name}.jsonl"), *trust)
+                        "--until-version", str(STEPS), "--wait-checkpoint", "300", "--history",
+                        str(tmp_path / f"{name}.jsonl"), *trust)
              for name in ("a", "b")}
     topic = updates_topic(run)
     log, bad = logs(url), []
@@ -86,7 +87,8 @@ def _live_run(url, tmp_path, logs, kinds, signed):
         assert _skips(tmp_path / f"{name}.jsonl") == bad
     # a trainer restarted after the records resumes past them; a new site replays through them
     again = _done(hilo("produce", *common, "--steps", "2", *sign), "restarted trainer")
-    fresh = hilo("consume", *common, "--site", "c", "--state-dir", str(tmp_path / "c"), "--no-export", "--until-version",
+    fresh = hilo("consume", *common, "--site", "c", "--state-dir", str(tmp_path / "c"), "--no-export",
+                 "--until-version",
                  str(STEPS + 2), "--history", str(tmp_path / "c.jsonl"), *trust)
     assert _done(fresh, "new site") == again
     assert _skips(tmp_path / "c.jsonl") == bad

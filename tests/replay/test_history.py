@@ -7,7 +7,8 @@ from hilo.replay.history import HistoryWriter, check, log_versions, read_history
 from tests.conftest import new_run, producer_config, publish_random, small_model
 from tests.helpers import site_of
 
-TRAINER = [{"s": "t", "v": 0, "d": "a0", "o": 0, "start": True}] + [{"s": "t", "v": v, "d": f"a{v}", "o": v} for v in range(1, 6)]
+TRAINER = [{"s": "t", "v": 0, "d": "a0", "o": 0, "start": True}] + [{"s": "t", "v": v, "d": f"a{v}", "o": v}
+                                                                    for v in range(1, 6)]
 
 
 def site(entries):

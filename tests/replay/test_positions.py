@@ -98,7 +98,8 @@ def test_a_cluster_that_holds_another_run_under_the_same_name_is_one_line_and_th
     # another cluster where someone started a different history under the same run name (another base, another seed)
     other = HiLoProducer.open(small_model(seed=7), producer_config(run=run, log=f"file://{tmp_path}/c", codec="dense"))
     publish_random(other, 6, seed=9)
-    said = r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another history"
+    said = (r"its snapshot v4 is of history [0-9a-f]{12}, the log's checkpoints are of history [0-9a-f]{12} \(another "
+            r"history")
     with pytest.raises(LogError, match=said) as e:
         open_site(f"file://{tmp_path}/c", run, tmp_path, idle_exit_s=0.5)
     assert "\n" not in str(e.value)
@@ -114,7 +115,8 @@ def test_a_cluster_without_the_run_is_one_line_naming_the_runs_it_holds(tmp_path
     run, _, producer = _followed(tmp_path, "absent", 2)
     elsewhere = f"file://{tmp_path}/d"
     HiLoProducer.open(small_model(), producer_config(run="someone-elses-run", log=elsewhere, codec="dense")).close()
-    with pytest.raises(LogError, match=rf"site s: {elsewhere} holds no run '{run}' after 0.5 s \(it holds someone-elses-run\)") as e:
+    with pytest.raises(LogError, match=rf"site s: {elsewhere} holds no run '{run}' after 0.5 s \(it holds "
+                                       rf"someone-elses-run\)") as e:
         open_site(elsewhere, run, tmp_path, wait_checkpoint_s=0.5)
     assert "\n" not in str(e.value)
     producer.close()

@@ -56,7 +56,8 @@ def test_between_the_renames_only_the_old_copy_exists_and_is_found(tmp_path, man
     v1, v2 = _replicas(manifest, grads)
     SnapshotStore(tmp_path).save(v1, Position(1))
     with pytest.raises(Crash):
-        SnapshotStore(tmp_path, lambda p: (_ for _ in ()).throw(Crash()) if p == "old-moved" else None).save(v2, Position(2))
+        SnapshotStore(tmp_path,
+                      lambda p: (_ for _ in ()).throw(Crash()) if p == "old-moved" else None).save(v2, Position(2))
     names = sorted(p.name for p in tmp_path.iterdir())
     assert "snapshot" not in names and any(n.startswith("snapshot.old-") for n in names)
     assert SnapshotStore(tmp_path).load()[0].digest == v1.digest
@@ -72,7 +73,8 @@ def test_the_raw_format_is_the_state_as_it_lies_in_memory_and_loads_back_exactly
     assert (snap / "state.bin").read_bytes() == b"".join(t.numpy().tobytes() for t in tensors)  # params, then each slot
     outer = msgpack.unpackb((snap / "state.msgpack").read_bytes())
     head = msgpack.unpackb(outer["body"])
-    assert (outer["format"], head["version"], head["digest"], head["slots"]) == (RAW_FORMAT, 2, v2.digest, list(s.slots))
+    assert (outer["format"], head["version"], head["digest"], head["slots"]) == (RAW_FORMAT, 2, v2.digest,
+                                                                                 list(s.slots))
     replica, pos = SnapshotStore(tmp_path).load()
     assert (replica.version, replica.digest, replica.genesis, replica.run) == (2, v2.digest, v2.genesis, v2.run)
     assert (pos.next_offset, pos.log_bytes) == (7, 123) and dict(replica.recent) == dict(v2.recent)
@@ -98,9 +100,11 @@ def test_a_v0_snapshot_keeps_its_history_nonce(tmp_path, manifest):
 def test_a_snapshot_of_the_checkpoint_format_still_loads(tmp_path, manifest, grads):
     v1, v2 = _replicas(manifest, grads)
     SnapshotStore(tmp_path, fmt="ckpt").save(v2, Position(2))
-    assert sorted(p.name for p in (tmp_path / "snapshot").iterdir()) == ["position.json", "recent.msgpack", "state.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "snapshot").iterdir()) == ["position.json", "recent.msgpack",
+                                                                         "state.ckpt"]
     replica, pos = SnapshotStore(tmp_path).load()
-    assert (replica.version, replica.digest, pos.next_offset, dict(replica.recent)) == (2, v2.digest, 2, dict(v2.recent))
+    assert (replica.version, replica.digest, pos.next_offset, dict(replica.recent)) == (2, v2.digest, 2,
+                                                                                        dict(v2.recent))
     SnapshotStore(tmp_path).save(replica, pos)  # the next save writes the raw format over it
     assert (tmp_path / "snapshot" / "state.bin").exists() and SnapshotStore(tmp_path).load()[0].digest == v2.digest
     with pytest.raises(ConfigError, match=r"SnapshotStore.fmt = 'zip': expected one of raw, ckpt"):
@@ -115,23 +119,29 @@ def _flip(path, at):
 
 @pytest.mark.parametrize("fmt,damage,error,exc", [
     ("raw", "position", r"snapshot .*/snapshot/position.json: corrupt", MalformedMessage),
-    ("raw", "position-type", r"snapshot .*/snapshot/position.json: corrupt \(position: expected a JSON object, got list\)",
+    ("raw", "position-type",
+     r"snapshot .*/snapshot/position.json: corrupt \(position: expected a JSON object, got list\)",
      MalformedMessage),
-    ("raw", "position-of-another-version", r"snapshot .*/snapshot/position.json: is of v1 digest [0-9a-f]{12}, the state of v2 "
+    ("raw", "position-of-another-version",
+     r"snapshot .*/snapshot/position.json: is of v1 digest [0-9a-f]{12}, the state of v2 "
      r"digest [0-9a-f]{12}; remove", MalformedMessage),
-    ("raw", "bin-flipped", r"snapshot .*/snapshot/state.bin: v2 content hashes to [0-9a-f]{32}, its header says [0-9a-f]{32} "
+    ("raw", "bin-flipped",
+     r"snapshot .*/snapshot/state.bin: v2 content hashes to [0-9a-f]{32}, its header says [0-9a-f]{32} "
      r"\(torn or altered\); remove .* to bootstrap from the log$", DivergenceError),
-    ("raw", "bin-truncated", r"snapshot .*/snapshot/state.bin: \d+ bytes, its header says \d+ \(torn or altered\)", MalformedMessage),
+    ("raw", "bin-truncated", r"snapshot .*/snapshot/state.bin: \d+ bytes, its header says \d+ \(torn or altered\)",
+     MalformedMessage),
     ("raw", "bin-missing", r"snapshot .*/snapshot/state.bin: missing, its header says \d+", MalformedMessage),
     ("raw", "header-truncated", r"snapshot .*/snapshot/state.msgpack: corrupt \(.*\); remove", MalformedMessage),
-    ("raw", "header-other-format", r"snapshot .*/snapshot/state.msgpack: corrupt \(format 3, this hilo reads 2", MalformedMessage),
+    ("raw", "header-other-format", r"snapshot .*/snapshot/state.msgpack: corrupt \(format 3, this hilo reads 2",
+     MalformedMessage),
     ("raw", "header-other-run", r"snapshot .*/snapshot/state.msgpack: corrupt \(its check does not match its body\)",
      MalformedMessage),
     ("raw", "header-bad-digest", r"snapshot .*/snapshot/state.msgpack: field 'digest' is 3 bytes, expected 16; remove",
      MalformedMessage),
     ("raw", "state-missing", r"snapshot .*/snapshot: state.msgpack \(and state.ckpt\) missing", MalformedMessage),
     ("ckpt", "state-truncated", r"snapshot .*/snapshot/state.ckpt", MalformedMessage),
-    ("ckpt", "state-other-content", r"snapshot .*/snapshot/state.ckpt: checkpoint v2 content hashes to", DivergenceError),
+    ("ckpt", "state-other-content", r"snapshot .*/snapshot/state.ckpt: checkpoint v2 content hashes to",
+     DivergenceError),
 ])
 def test_corrupt_snapshot_files_get_named_errors(tmp_path, manifest, grads, fmt, damage, error, exc):
     v1, v2 = _replicas(manifest, grads)

@@ -55,7 +55,8 @@ def test_adamw_sites_on_every_mkl_code_path_reach_the_trainers_digests(tmp_path,
     for v, msg in enumerate(data, 1):
         (d / f"{v:06d}.msg").write_bytes(msg)
     worker = pathlib.Path(__file__).with_name("_apply_worker.py")
-    procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), "reference"], stdout=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), "reference"], stdout=subprocess.PIPE,
+                              text=True,
                               env=dict(os.environ, MKL_ENABLE_INSTRUCTIONS=isa)) for isa in MKL_PATHS]
     results = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0] * len(MKL_PATHS)
@@ -88,5 +89,6 @@ def test_an_arithmetic_version_this_build_does_not_know_is_refused_by_name(manif
     _, data, _ = _messages(manifest, steps=1)
     msg = decode_record(data[0], "v1")
     future = UpdateMessage(**{**msg.__dict__, "math": MATH_VERSION + 1}).to_bytes()
-    with pytest.raises(UnsupportedVersion, match=f"arithmetic version {MATH_VERSION + 1}; this build knows 1 to {MATH_VERSION}"):
+    with pytest.raises(UnsupportedVersion,
+                       match=f"arithmetic version {MATH_VERSION + 1}; this build knows 1 to {MATH_VERSION}"):
         decode_record(future, "offset 9")

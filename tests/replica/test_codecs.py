@@ -26,7 +26,8 @@ def test_error_feedback_conserves_the_gradient(manifest, grads, codec):
         for t, s, gi, di in zip(true_sum, sent_sum, g, decoded):
             t += gi.double()
             s += di.double()
-    err = max(float((s + e.double() - t).abs().max() / t.abs().max()) for t, s, e in zip(true_sum, sent_sum, enc.residual))
+    err = max(float((s + e.double() - t).abs().max() / t.abs().max()) for t, s,
+              e in zip(true_sum, sent_sum, enc.residual))
     lost = max(float(e.abs().max()) for e in enc.residual)
     assert lost > 0, "a lossy codec left no residual: the test would not exercise error feedback"
     assert err < 1e-5
@@ -46,7 +47,8 @@ def test_decoded_equals_what_replicas_decode(manifest, grads, codec):
 def test_message_fits_budget(codec, fraction):
     """The whole framed message, not just the payload, stays within the byte budget."""
     manifest = qwen3_manifest("qwen3-0.6b", rank=16)
-    manifest = type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules, manifest.blocks[:56])
+    manifest = type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules,
+                              manifest.blocks[:56])
     stream = GradientStream(manifest, seed=3)
     budget = Budget(fraction)
     enc = make_encoder(codec, manifest, budget)
@@ -97,7 +99,8 @@ def _energy_kept(g, d):
 def test_spar_keeps_more_energy_than_uniform_powersgd_at_same_bytes():
     """On blocks with unequal spectra, spending bytes where the energy is beats a uniform rank."""
     manifest = qwen3_manifest("qwen3-0.6b", rank=16)
-    manifest = type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules, manifest.blocks[:56])
+    manifest = type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules,
+                              manifest.blocks[:56])
     g = GradientStream(manifest, seed=5).next()
     psgd = make_encoder("powersgd", manifest, Budget(0.02))
     e_p = psgd.encode(g)
@@ -131,7 +134,8 @@ def test_encoder_state_round_trips(manifest, grads, codec):
 
 def _first_56_blocks():
     manifest = qwen3_manifest("qwen3-0.6b", rank=16)
-    return type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules, manifest.blocks[:56])
+    return type(manifest)(manifest.base_model, manifest.rank, manifest.alpha, manifest.target_modules,
+                          manifest.blocks[:56])
 
 
 @pytest.mark.parametrize("m", (1, 6, 7))
@@ -178,7 +182,8 @@ def test_spar4_spends_the_same_bytes_on_more_directions_and_compressed_budgets_a
     for codec in ("spar", "spar4", "topk"):
         e = make_encoder(codec, manifest, budget).encode(GradientStream(manifest, seed=3).next())
         out[codec] = e
-        assert 0.9 * budget.payload_bytes(manifest) <= compressed_size(e.blocks) <= budget.payload_bytes(manifest), codec
+        assert 0.9 * budget.payload_bytes(manifest) <= compressed_size(e.blocks) <= budget.payload_bytes(
+            manifest), codec
     dirs = {c: sum(b["k"] for b in out[c].blocks) for c in ("spar", "spar4")}
     assert dirs["spar4"] >= 2.5 * dirs["spar"], dirs
     assert all(b["bits"] == 4 for b in out["spar4"].blocks) and all("bits" not in b for b in out["spar"].blocks)
@@ -207,7 +212,8 @@ def test_malformed_bits_field_is_refused_by_block_and_field(manifest, grads):
     e = make_encoder("spar4", manifest, Budget(0.3)).encode(grads.next())
     bad = [dict(b) for b in e.blocks]
     bad[1]["bits"] = 5
-    with pytest.raises(MalformedMessage, match=rf"block {bad[1]['i']} '[^']+': field 'bits' is 5, expected one of \[16, 4\]"):
+    with pytest.raises(MalformedMessage,
+                       match=rf"block {bad[1]['i']} '[^']+': field 'bits' is 5, expected one of \[16, 4\]"):
         decode("spar4", manifest, e.params, bad, "offset 9")
     short = [dict(b) for b in e.blocks]
     short[0]["u"] = short[0]["u"][:-1]

@@ -36,7 +36,8 @@ def test_two_processes_match_trainer_digest_at_every_version(tmp_path, manifest,
         d.mkdir()
         replica = genesis(manifest, ADD)
         (d / "genesis.ckpt").write_bytes(replica.checkpoint().to_bytes())
-        master, builder = MasterCopy(replica.state.params, "muon"), UpdateBuilder(replica, make_encoder(codec, manifest, Budget(0.25)))
+        master, builder = MasterCopy(replica.state.params,
+                                     "muon"), UpdateBuilder(replica, make_encoder(codec, manifest, Budget(0.25)))
         expected[name] = []
         for v in range(1, STEPS + 1):
             state, movement = master.propose(grads.next(), {"lr": LR["muon"]})

@@ -1,6 +1,7 @@
 """State digest versions (replica/digest.py): versions 1 and 2 still give the digests logs written before them
 promise; version 3's pieces are the standard XXH3-64, whether the fused kernel hashed them or xxhash did; the bits do
-not depend on how many threads hashed; a manifest says its version, and one this build does not know is refused by name."""
+not depend on how many threads hashed; a manifest says its version, and one this build does not know is refused by
+name."""
 import dataclasses
 import json
 import subprocess
@@ -41,7 +42,8 @@ def _odd_manifest() -> Manifest:
     """Pieces of every kind: short (<= 240 bytes), just long (244), several per tensor with a short last one, and
     pieces that start mid-word (odd column count, so the kernel copies them aligned first)."""
     shapes = {"short": (5, 5), "edge": (61, 1), "tail": (16385, 1), "mid": (2000, 17), "wide": (3, 40_000)}
-    return Manifest("odd-pieces", 4, 8.0, ("x",), tuple(BlockSpec(f"odd.{k}", "A", v) for k, v in sorted(shapes.items())))
+    return Manifest("odd-pieces", 4, 8.0, ("x",),
+                    tuple(BlockSpec(f"odd.{k}", "A", v) for k, v in sorted(shapes.items())))
 
 
 def test_version_1_gives_the_digest_it_always_gave():
@@ -63,13 +65,15 @@ def test_new_manifests_use_version_3_and_it_names_itself():
     back = Manifest.from_dict(msgpack.unpackb(msgpack.packb(m.to_dict())), "x")
     assert back == m and back.manifest_id == m.manifest_id
     assert Manifest.from_dict(_v1_manifest().to_dict(), "old").digest_version == 1  # no field: version 1
-    digests = {_state(m).digest(), _state(_v1_manifest()).digest(), _state(dataclasses.replace(m, digest_version=2)).digest()}
+    digests = {_state(m).digest(), _state(_v1_manifest()).digest(),
+               _state(dataclasses.replace(m, digest_version=2)).digest()}
     assert len(digests) == 3  # three definitions (and three manifest ids)
 
 
 def test_a_digest_version_this_build_does_not_know_is_refused_by_name():
     d = qwen3_manifest("tiny", rank=4).to_dict() | {"digest_version": DIGEST_VERSION + 1}
-    with pytest.raises(UnsupportedVersion, match=f"run x manifest: state digest version {DIGEST_VERSION + 1}; this build knows 1 to 3"):
+    with pytest.raises(UnsupportedVersion,
+                       match=f"run x manifest: state digest version {DIGEST_VERSION + 1}; this build knows 1 to 3"):
         Manifest.from_dict(d, "run x")
 
 
@@ -92,7 +96,8 @@ def test_the_kernels_piece_hash_is_xxh3_64_at_every_length_and_alignment():
     base = words.ctypes.data
     for start in (0, 1):  # 8-byte aligned, and mid-word
         for n in (61, 62, 63, 64, 65, 255, 256, 257, 271, 272, 273, 512, 4096, 16383, 16384, 16385):
-            assert piece_hash(base + 4 * start, n) == xxhash.xxh3_64_intdigest(words[start:start + n].tobytes()), (start, n)
+            assert piece_hash(base + 4 * start,
+                              n) == xxhash.xxh3_64_intdigest(words[start:start + n].tobytes()), (start, n)
 
 
 def test_a_state_the_kernel_wrote_has_the_digest_xxhash_gives_it():
@@ -104,7 +109,8 @@ def test_a_state_the_kernel_wrote_has_the_digest_xxhash_gives_it():
     from tests.conftest import genesis
     m = _odd_manifest()
     trainer = genesis(m, "adamw")
-    msg = UpdateBuilder(trainer, make_encoder("spar4", m, Budget(0.25))).step(GradientStream(m, seed=2).next(), {"lr": 1e-3})
+    msg = UpdateBuilder(trainer, make_encoder("spar4", m, Budget(0.25))).step(GradientStream(m, seed=2).next(),
+                                                                              {"lr": 1e-3})
     site = genesis(m, "adamw")
     site.apply_mode = "kernel-only"
     for tamper in (False, True):

@@ -22,7 +22,8 @@ from hilo.schemas.records import BlockSpec, Manifest
 from tests.conftest import CODECS, LR, OPTIMIZERS, genesis
 
 STEPS = 6
-FUSED = tuple(o for o in OPTIMIZERS if o in kernels.STEPS) + (ADD,)  # every optimizer with a kernel, and delta mode's add
+# every optimizer with a kernel, and delta mode's add
+FUSED = tuple(o for o in OPTIMIZERS if o in kernels.STEPS) + (ADD,)
 
 
 def odd_manifest() -> Manifest:
@@ -99,9 +100,11 @@ def test_kernel_site_and_reference_site_in_two_processes(tmp_path, manifest):
             (d / f"{v:06d}.msg").write_bytes(msg)
         expected[d.name] = [x.hex() for x in digests]
     worker = pathlib.Path(__file__).with_name("_apply_worker.py")
-    runs = (("kernel", "1"), ("reference", "2"))  # the kernel process on one numba thread, the reference on two torch threads
+    # the kernel process on one numba thread, the reference on two torch threads
+    runs = (("kernel", "1"), ("reference", "2"))
     procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), mode], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, NUMBA_NUM_THREADS=threads, OMP_NUM_THREADS=threads)) for mode, threads in runs]
+                              env=dict(os.environ, NUMBA_NUM_THREADS=threads, OMP_NUM_THREADS=threads)) for mode,
+             threads in runs]
     results = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     for r in results:
@@ -144,7 +147,8 @@ def test_a_state_the_kernel_cannot_take_is_refused_before_anything_is_written(ma
     assert r.version == 2
     r.state.slots["exp_avg"][b] = t
     assert r.state.digest() == held
-    assert all(torch.equal(x, y) for x, y in zip(spare, [t for t in r._spare.params] + [t for ts in r._spare.slots.values() for t in ts]))
+    assert all(torch.equal(x, y) for x,
+               y in zip(spare, [t for t in r._spare.params] + [t for ts in r._spare.slots.values() for t in ts]))
     assert r.apply_bytes(data[2], "v3")  # the same replica, its buffer put right, goes on
 
 
@@ -164,8 +168,8 @@ def test_unknown_apply_mode_is_refused(manifest):
 
 
 def test_the_kernel_has_no_fused_multiply_add(manifest):
-    """fastmath off: LLVM keeps every multiply and add apart (an FMA rounds once where torch rounds twice). The kernel is
-    compiled again without the disk cache (numba shows no assembly for cached code), used once, and read."""
+    """fastmath off: LLVM keeps every multiply and add apart (an FMA rounds once where torch rounds twice). The kernel
+    is compiled again without the disk cache (numba shows no assembly for cached code), used once, and read."""
     from hilo.replica.kernels import _jit, fused
     fresh = numba.njit(**(_jit.PARALLEL | {"cache": False}))(fused.run.py_func)
     _, data, expected = messages(manifest, "spar4", "adamw", steps=1)
@@ -204,11 +208,13 @@ def test_the_encoders_fused_self_check_gives_the_reference_bits(manifest, codec,
     for mode in ("kernel", "reference"):
         trainer = genesis(manifest, "adamw")
         trainer.apply_mode = mode
-        builder, grads, seen = UpdateBuilder(trainer, make_encoder(codec, manifest, Budget(0.25))), GradientStream(manifest, seed=5), []
+        builder, grads, seen = UpdateBuilder(trainer, make_encoder(codec, manifest,
+                                                                   Budget(0.25))), GradientStream(manifest, seed=5), []
         for _ in range(STEPS):
             proposal = builder.propose(grads.next(), {"lr": LR["adamw"]})
             builder.commit(proposal)
-            seen.append((proposal.message.to_bytes(), proposal.encoding.decoded, builder.encoder.residual, trainer.digest))
+            seen.append((proposal.message.to_bytes(), proposal.encoding.decoded, builder.encoder.residual,
+                         trainer.digest))
         runs[mode] = seen
     assert kernels.encoder_check(codec) is not None
     for (m1, d1, r1, g1), (m2, d2, r2, g2) in zip(runs["kernel"], runs["reference"]):

@@ -17,7 +17,8 @@ def _overflowing_block(manifest, i=0):
     """Finite fp16 factors and a finite fp32 scale whose product is Inf in fp32."""
     m, n = manifest.blocks[i].shape
     return {"i": i, "k": 1, "u": to_bytes(torch.full((1, m), 65504.0, dtype=torch.float16), "float16"),
-            "v": to_bytes(torch.full((1, n), 65504.0, dtype=torch.float16), "float16"), "s": to_bytes(torch.tensor([3e38]), "float32")}
+            "v": to_bytes(torch.full((1, n), 65504.0, dtype=torch.float16), "float16"),
+            "s": to_bytes(torch.tensor([3e38]), "float32")}
 
 
 def test_finite_factors_whose_product_overflows_are_refused_with_a_matching_digest(manifest):
@@ -31,14 +32,16 @@ def test_finite_factors_whose_product_overflows_are_refused_with_a_matching_dige
     digest = ReplicaState(manifest, "adamw", 1, p, s, sc).digest()
     msg = UpdateMessage(r.run, 1, r.digest, digest, manifest.manifest_id, "spar", {}, "adamw", ADAMW, blocks)
     before = r.digest
-    with pytest.raises(MalformedMessage, match=r"version 1 would leave NaN/Inf in the decoded gradient of '.*lora_[AB]'; refused"):
+    with pytest.raises(MalformedMessage,
+                       match=r"version 1 would leave NaN/Inf in the decoded gradient of '.*lora_[AB]'; refused"):
         r.apply_bytes(msg.to_bytes(), "forged")
     assert r.digest == before and r.version == 0
 
 
 def test_a_learning_rate_finite_in_float64_but_infinite_in_fp32_is_refused(manifest):
     r = genesis(manifest)
-    msg = UpdateMessage(r.run, 1, r.digest, bytes(16), manifest.manifest_id, "topk", {}, "adamw", ADAMW | {"lr": 1e39}, [])
+    msg = UpdateMessage(r.run, 1, r.digest, bytes(16), manifest.manifest_id, "topk", {}, "adamw", ADAMW | {"lr": 1e39},
+                        [])
     with pytest.raises(MalformedMessage, match=r"hparams\['lr'\] = 1e\+39 is infinite as the fp32 value the step uses"):
         r.apply_bytes(msg.to_bytes(), "big lr")
     assert r.version == 0

@@ -72,7 +72,8 @@ def _rel(a, b):
 
 @pytest.fixture
 def problem(manifest, grads):
-    params = [torch.randn(b.shape, generator=torch.Generator().manual_seed(i)) * 0.05 for i, b in enumerate(manifest.blocks)]
+    params = [torch.randn(b.shape, generator=torch.Generator().manual_seed(i)) * 0.05 for i,
+              b in enumerate(manifest.blocks)]
     return params, [grads.next() for _ in range(STEPS)]
 
 
@@ -81,7 +82,8 @@ CASES = [
      {"lr": LR["sgd"], "momentum": 0.9, "weight_decay": 0.01}),
     ("sgd-nesterov", lambda p, g: _run_torch_optim(torch.optim.SGD, p, g, lr=LR["sgd"], momentum=0.9, nesterov=True),
      {"lr": LR["sgd"], "momentum": 0.9, "nesterov": 1.0}),
-    ("adamw", lambda p, g: _run_torch_optim(torch.optim.AdamW, p, g, lr=LR["adamw"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1),
+    ("adamw", lambda p,
+     g: _run_torch_optim(torch.optim.AdamW, p, g, lr=LR["adamw"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1),
      {"lr": LR["adamw"], "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.1}),
     ("lion", lambda p, g: _lion_reference(p, g, LR["lion"], 0.9, 0.99, 0.1),
      {"lr": LR["lion"], "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1}),

@@ -30,7 +30,8 @@ def _storage(r) -> set:
 
 
 @pytest.mark.parametrize("optimizer", list(HPARAMS))
-def test_a_recycling_replica_matches_the_trainer_bit_for_bit_and_alternates_two_sets_of_buffers(manifest, grads, optimizer):
+def test_a_recycling_replica_matches_the_trainer_bit_for_bit_and_alternates_two_sets_of_buffers(manifest, grads,
+                                                                                                optimizer):
     site = genesis(manifest, optimizer)
     site.recycle = True
     storage = []

@@ -14,7 +14,8 @@ from tests.conftest import genesis
 
 
 def _messages(manifest, grads, n):
-    """n updates of a trainer replica (dense: what it promises is exactly what a site computes) and its digest after each."""
+    """n updates of a trainer replica (dense: what it promises is exactly what a site computes) and its digest after
+    each."""
     trainer = genesis(manifest, "adamw")
     builder = UpdateBuilder(trainer, make_encoder("dense", manifest, Budget(1.0)))
     out = []
@@ -59,7 +60,8 @@ def test_a_held_state_changed_in_memory_is_named_and_nothing_is_adopted(manifest
     site.apply(msgs[0][0], "v1")
     verified = site.digest
     site.state.params[0].view(-1)[0] += 1.0  # what a stray write into the live state would do
-    with pytest.raises(DivergenceError, match=r"v2: v1, the state version 2 starts from, changed in memory after it was verified"):
+    with pytest.raises(DivergenceError,
+                       match=r"v2: v1, the state version 2 starts from, changed in memory after it was verified"):
         site.apply(msgs[1][0], "v2")
     assert site.version == 1 and site.digest == verified
 

@@ -56,7 +56,8 @@ base, rejected, accepted = rss(), 0, 0
 store = SnapshotStore(f"{work}/snap")
 store.save(replica, Position(1))
 good_files = {p.name: p.read_bytes() for p in (store.path).iterdir()}
-msg_records = [Record(i, k, v, h) for i, (k, v, h) in enumerate(split(ckpt, "fuzz", "checkpoint", 1, len(ckpt) // 5 + 1))]
+msg_records = [Record(i, k, v, h) for i,
+               (k, v, h) in enumerate(split(ckpt, "fuzz", "checkpoint", 1, len(ckpt) // 5 + 1))]
 for i in range(n):
     what = f"fuzz#{i}"
     try:
@@ -71,8 +72,10 @@ for i in range(n):
             target = rng.choice(sorted(good_files))
             data = good_files[target]
             (store.path / target).write_bytes(mutate_bytes(data) if target.endswith(".ckpt") else
-                                              rng.choice([data[:rng.randrange(len(data))], b"{}", b"[1]", b'{"next_offset": "x"}',
-                                                          data.replace(b'"next_offset": 1', b'"next_offset": -1'), rng.randbytes(30)]))
+                                              rng.choice([data[:rng.randrange(len(data))], b"{}", b"[1]",
+                                                          b'{"next_offset": "x"}',
+                                                          data.replace(b'"next_offset": 1', b'"next_offset": -1'),
+                                                          rng.randbytes(30)]))
             got, pos = store.load()
             assert got.digest == replica.digest, "an accepted snapshot must be the original state"
         else:

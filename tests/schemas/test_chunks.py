@@ -35,7 +35,8 @@ def test_checksum_mismatch_names_the_offsets():
 
 def test_too_many_chunks_are_refused_at_the_first_record():
     recs = records(b"x" * 50, 1)  # 5 chunks
-    with pytest.raises(MalformedMessage, match=r"r.updates offset 0: header 'hilo-chunk' = '0/5', expected i/n with 0 <= i < n <= 4"):
+    with pytest.raises(MalformedMessage,
+                       match=r"r.updates offset 0: header 'hilo-chunk' = '0/5', expected i/n with 0 <= i < n <= 4"):
         Reassembler(RUN, TOPIC, Limits(max_chunks=4)).feed(recs[0])
 
 
@@ -81,7 +82,8 @@ def test_chunks_past_the_declared_size_are_refused_at_the_overflowing_chunk():
     """A sequence declaring 1,000 bytes whose chunks carry more: refused at the chunk that overflows."""
     recs = [Record(i, b"1", b"x" * 600, h) for i, (_, _, h) in enumerate(split(b"y" * 1000, RUN, "update", 1, 500))]
     r = Reassembler(RUN, TOPIC)
-    with pytest.raises(MalformedMessage, match=r"r.updates offset 1 \(v1\): chunk 1/2 brings the message past its declared 1000 bytes"):
+    with pytest.raises(MalformedMessage,
+                       match=r"r.updates offset 1 \(v1\): chunk 1/2 brings the message past its declared 1000 bytes"):
         feed_all(r, recs)
     assert r.buffered == 0 and r.parts == []
 

@@ -48,7 +48,8 @@ def _mutate_structure(rng, body):
         v = entry[key]
         if isinstance(v, bytes) and v and rng.random() < 0.6:
             cut = rng.randrange(len(v))
-            entry[key] = rng.choice([v[:cut], v + v[:cut + 1], bytes([255]) * len(v), v[:cut] + b"\x7c\x00" + v[cut + 2:]])
+            entry[key] = rng.choice([v[:cut], v + v[:cut + 1], bytes([255]) * len(v),
+                                     v[:cut] + b"\x7c\x00" + v[cut + 2:]])
         else:
             entry[key] = rng.choice(WEIRD)
     elif choice < 0.45:
@@ -107,7 +108,8 @@ def test_fuzzed_messages_are_rejected_cleanly_and_never_mutate(manifest, grads):
             rejected += 1
         else:
             applied += 1  # the mutation kept the message valid (e.g. it hit `meta`): it applied correctly
-            assert replica.version == 1 and replica.digest == next(m.digest for m in messages.values() if m.digest == replica.digest)
+            assert replica.version == 1 and replica.digest == next(m.digest for m in messages.values()
+                                                                   if m.digest == replica.digest)
             replica = PolicyReplica.from_checkpoint(checkpoint)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     assert rejected + applied == N and rejected > 0.9 * N
@@ -151,8 +153,10 @@ def test_fuzzed_checkpoints_snapshots_and_chunk_headers(tmp_path, kind, n):
     import subprocess
     import sys
     worker = pathlib.Path(__file__).with_name("_fuzz_worker.py")
-    out = subprocess.run([sys.executable, str(worker), kind, str(n), "7", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, str(worker), kind, str(n), "7", str(tmp_path)], capture_output=True,
+                         text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
-    assert r["tried"] == n and r["rejected"] > 0.3 * n, r  # the rest: harmless mutations, accepted as exactly the original
+    # the rest: harmless mutations, accepted as exactly the original
+    assert r["tried"] == n and r["rejected"] > 0.3 * n, r
     assert r["grew_mib"] < 64, f"peak RSS grew {r['grew_mib']:.0f} MiB"

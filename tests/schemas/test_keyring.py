@@ -32,7 +32,8 @@ def test_a_site_trusts_what_it_was_given_then_each_key_it_moves_to():
     for s in (old, new):  # a record signed before the rotation this reader saw still verifies with verify_any
         ring.verify_any(*split_trailer(KeyRotation("r", 1, s.public_bytes()).to_bytes(s), "rec"), "rec")
     intruder = _signer()
-    with pytest.raises(OtherKey, match=f"rec: signed by key {intruder.key_id.hex()}, this site trusts key {new.key_id.hex()}"):
+    with pytest.raises(OtherKey,
+                       match=f"rec: signed by key {intruder.key_id.hex()}, this site trusts key {new.key_id.hex()}"):
         ring.verify_any(*split_trailer(KeyRotation("r", 1, b"\0" * 32).to_bytes(intruder), "rec"), "rec")
     with pytest.raises(Unsigned):
         ring.verify_any(*split_trailer(KeyRotation("r", 1, b"\0" * 32).to_bytes(), "rec"), "rec")

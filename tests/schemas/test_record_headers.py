@@ -8,9 +8,11 @@ from hilo.schemas.chunks import split
 
 
 def test_headers_a_writer_sets_parse_back_to_their_values():
-    (_, _, raw), = split(b"x" * 10, "run-1", "update", 7, extra={H.DIGEST: "ab" * 16, H.LOG_BYTES: "1234", H.LAG: "0.0012"})
+    (_, _, raw), = split(b"x" * 10, "run-1", "update", 7,
+                         extra={H.DIGEST: "ab" * 16, H.LOG_BYTES: "1234", H.LAG: "0.0012"})
     h = H.RecordHeaders.of(raw)
-    assert (h.run, h.kind, h.version, h.chunk, h.digest, h.log_bytes, h.lag) == ("run-1", "update", 7, (0, 1), "ab" * 16, 1234, 0.0012)
+    assert (h.run, h.kind, h.version, h.chunk, h.digest, h.log_bytes, h.lag) == ("run-1", "update", 7, (0, 1),
+                                                                                 "ab" * 16, 1234, 0.0012)
     assert h.first_chunk and h.last_chunk and h.of_run("run-1") and not h.of_run("run-2")
 
 

@@ -15,7 +15,8 @@ from hilo.schemas.rollouts import PromptRecord, RolloutRecord, Sampling, decode_
 from hilo.schemas.signing import Signer, SignatureError, generate
 
 PROMPT = PromptRecord("exp1", "p-000017", (151644, 872, 198, 17, 10, 18), Sampling(4, 1.0, 0.95, 16, 7), 12)
-ROLLOUT = RolloutRecord("exp1", "p-000017", 3, "eu-1", 12, 13, (20, 151645), (-0.25, -0.5), 1.0, "hilo.ops.digits:reward",
+ROLLOUT = RolloutRecord("exp1", "p-000017", 3, "eu-1", 12, 13, (20, 151645), (-0.25, -0.5), 1.0,
+                        "hilo.ops.digits:reward",
                         "stop", {"queued_s": 0.01, "generate_s": 0.4})
 
 
@@ -54,9 +55,12 @@ def test_a_bad_rollout_field_is_refused_by_name(field, value, error, words):
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"sampling": {"n": 0, "temperature": 1.0, "top_p": 1.0, "max_tokens": 8, "seed": 0}}, "field 'n' = 0 is outside [1, 1024]"),
-    ({"sampling": {"n": 2, "temperature": -0.5, "top_p": 1.0, "max_tokens": 8, "seed": 0}}, "field 'temperature' = -0.5 must be >= 0"),
-    ({"sampling": {"n": 2, "temperature": 1.0, "top_p": 0.0, "max_tokens": 8, "seed": 0}}, "field 'top_p' = 0.0 must be in (0, 1]"),
+    ({"sampling": {"n": 0, "temperature": 1.0, "top_p": 1.0, "max_tokens": 8, "seed": 0}},
+     "field 'n' = 0 is outside [1, 1024]"),
+    ({"sampling": {"n": 2, "temperature": -0.5, "top_p": 1.0, "max_tokens": 8, "seed": 0}},
+     "field 'temperature' = -0.5 must be >= 0"),
+    ({"sampling": {"n": 2, "temperature": 1.0, "top_p": 0.0, "max_tokens": 8, "seed": 0}},
+     "field 'top_p' = 0.0 must be in (0, 1]"),
     ({"token_ids": b""}, "field 'token_ids' is empty"),
     ({"min_version": -1}, "field 'min_version' = -1 is outside"),
 ])
@@ -103,7 +107,8 @@ def test_what_served_a_rollout_is_optional_on_the_wire():
     its bytes as before they existed, and decodes with None; a dtype no site exports is refused by name."""
     said = dataclasses.replace(ROLLOUT, export_dtype="bfloat16", engine="vllm 0.32.0")
     assert decode_rollout_record(said.to_bytes(), "r") == said
-    assert {"export_dtype", "engine"}.isdisjoint(body_of(ROLLOUT)) and decode_rollout_record(ROLLOUT.to_bytes(), "r").engine is None
+    assert {"export_dtype", "engine"}.isdisjoint(body_of(ROLLOUT)) and decode_rollout_record(ROLLOUT.to_bytes(),
+                                                                                             "r").engine is None
     body = body_of(said) | {"export_dtype": "int8"}
     with pytest.raises(MalformedMessage, match="field 'export_dtype' = 'int8', expected one of"):
         decode_rollout_record(frame(KIND_ROLLOUT, body), "RUN.rollouts offset 9")

@@ -61,7 +61,8 @@ def test_a_schema_1_frame_is_named(manifest, grads):
     site, msg = _next(manifest, grads)
     data = bytearray(msg.to_bytes())
     data[4:6] = (1).to_bytes(2, "little")
-    with pytest.raises(UnsupportedVersion, match=r"schema version 1 \(unsigned frames of hilo-sync 0.1\); this build reads 2"):
+    with pytest.raises(UnsupportedVersion,
+                       match=r"schema version 1 \(unsigned frames of hilo-sync 0.1\); this build reads 2"):
         site.apply_bytes(bytes(data), "old")
 
 
@@ -73,7 +74,8 @@ def test_key_files(tmp_path):
     os.chmod(private, 0o644)
     with pytest.raises(ConfigError, match=r"mode 0644 lets others read it; chmod 600") as e:
         Signer.load(private)
-    assert "PRIVATE KEY" not in str(e.value) and private.read_text() not in str(e.value)  # the secret never reaches errors
+    # the secret never reaches errors
+    assert "PRIVATE KEY" not in str(e.value) and private.read_text() not in str(e.value)
     with pytest.raises(ConfigError, match="not a PEM public key"):
         Verifier.load(private)
 

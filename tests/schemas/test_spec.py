@@ -48,8 +48,10 @@ def emitted(tmp_path_factory) -> list:
     tmp = tmp_path_factory.mktemp("spec")
     url, run = f"file://{tmp}/log", "spec"
     old, new = (generate(tmp / n) for n in ("old", "new"))
-    producer = HiLoProducer.open(small_model(), producer_config(run=run, log=url, mode="delta", codec="spar4", optimizer="muon",
-                                                                hparams={"lr": 0.02}, signing_key=str(old[0]), checkpoint_every=2))
+    producer = HiLoProducer.open(small_model(),
+                                 producer_config(run=run, log=url, mode="delta", codec="spar4", optimizer="muon",
+                                                                hparams={"lr": 0.02}, signing_key=str(old[0]),
+                                                 checkpoint_every=2))
     try:
         publish_random(producer, 2, scale=0.05)
         producer.rotate_key(str(new[0]))
@@ -73,7 +75,8 @@ def test_every_header_a_writer_emits_is_in_the_table_on_the_records_it_says(emit
         for name in names:
             assert name in table, f"{topic}: header {name} is not in SPEC.md's header table"
             on = table[name][0]
-            assert on == "every record" or f"{kind}s" in on, f"{topic}: {name} on a {kind} record; SPEC says it is on {on}"
+            assert on == "every record" or f"{kind}s" in on, (f"{topic}: {name} on a {kind} record; SPEC says it is on "
+                                                              f"{on}")
         seen |= names
     assert {H.LAG, H.GENESIS, H.UPDATES_OFFSET, H.DIGEST, H.LOG_BYTES} <= seen  # the run wrote what the table describes
 
@@ -91,13 +94,15 @@ def test_the_framing_and_the_embedded_logs_record_header_are_specs():
 def _manifest(blocks: int, rank: int, name: str, digest_version: int = 3) -> Manifest:
     mods = sorted(f"{name}.{i:03d}" for i in range(blocks))
     return Manifest("base/" + name, rank, 16.0, tuple(sorted({m.rsplit(".", 1)[0] for m in mods})),
-                    tuple(BlockSpec(m, k, (rank, 70000) if k == "A" else (300, rank)) for m in mods for k in "AB"), digest_version)
+                    tuple(BlockSpec(m, k, (rank, 70000) if k == "A" else (300, rank)) for m in mods for k in "AB"),
+                    digest_version)
 
 
 def _str(s: str) -> bytes:
     b = s.encode()
     n = len(b)
-    return (bytes([0xA0 | n]) if n <= 31 else b"\xd9" + struct.pack(">B", n) if n < 256 else b"\xda" + struct.pack(">H", n)) + b
+    return (bytes([0xA0 | n]) if n <= 31 else b"\xd9" + struct.pack(">B", n) if n < 256
+            else b"\xda" + struct.pack(">H", n)) + b
 
 
 def _int(i: int) -> bytes:
@@ -107,22 +112,27 @@ def _int(i: int) -> bytes:
 
 def _array(items: list) -> bytes:
     n = len(items)
-    return (bytes([0x90 | n]) if n <= 15 else b"\xdc" + struct.pack(">H", n) if n < 65536 else b"\xdd" + struct.pack(">I", n)) \
+    return (bytes([0x90 | n]) if n <= 15 else b"\xdc" + struct.pack(">H", n) if n < 65536
+            else b"\xdd" + struct.pack(">I", n)) \
         + b"".join(items)
 
 
 def spec_manifest_bytes(m: Manifest) -> bytes:
     """The manifest's bytes as SPEC.md ("Manifest") spells them out, without a msgpack library."""
-    pairs = [("base_model", _str(m.base_model)), ("rank", _int(m.rank)), ("alpha", b"\xcb" + struct.pack(">d", m.alpha)),
+    pairs = [("base_model", _str(m.base_model)), ("rank", _int(m.rank)),
+             ("alpha", b"\xcb" + struct.pack(">d", m.alpha)),
              ("target_modules", _array([_str(t) for t in m.target_modules])),
-             ("blocks", _array([bytes([0x84]) + _str("module") + _str(b.module) + _str("kind") + _str(b.kind) + _str("shape")
-                                + _array([_int(x) for x in b.shape]) + _str("dtype") + _str("float32") for b in m.blocks]))]
+             ("blocks",
+              _array([bytes([0x84]) + _str("module") + _str(b.module) + _str("kind") + _str(b.kind) + _str("shape")
+                                + _array([_int(x) for x in b.shape]) + _str("dtype") + _str("float32")
+                      for b in m.blocks]))]
     if m.digest_version != 1:
         pairs.append(("digest_version", _int(m.digest_version)))
     return bytes([0x80 | len(pairs)]) + b"".join(_str(k) + v for k, v in pairs)
 
 
-@pytest.mark.parametrize("m", [_manifest(1, 8, "m", 1), _manifest(9, 200, "model.layers.with.a.long.name.past.31.bytes"),
+@pytest.mark.parametrize("m",
+                         [_manifest(1, 8, "m", 1), _manifest(9, 200, "model.layers.with.a.long.name.past.31.bytes"),
                                _manifest(2, 70000, "x" * 300)], ids=["small-v1", "array16-u8", "str16-u32"])
 def test_manifest_id_is_xxh3_128_of_the_bytes_spec_spells_out(m):
     raw = spec_manifest_bytes(m)
@@ -134,7 +144,8 @@ def test_the_state_digest_stream_and_its_float64_scalars_are_little_endian():
     m = _manifest(1, 2, "d", digest_version=1)
     params = [torch.arange(b.numel, dtype=torch.float32).reshape(b.shape) / 7 for b in m.blocks]
     slots, scalars = {"exp_avg": [p * 3 for p in params]}, {"t": 5.0, "beta1_pow": 0.9 ** 5}
-    stream = struct.pack("<Q", 9) + m.manifest_id + b"adamw" + b"".join(p.numpy().astype("<f4").tobytes() for p in params)
+    stream = struct.pack("<Q",
+                         9) + m.manifest_id + b"adamw" + b"".join(p.numpy().astype("<f4").tobytes() for p in params)
     stream += b"exp_avg" + b"".join(p.numpy().astype("<f4").tobytes() for p in slots["exp_avg"])
     stream += b"beta1_pow" + struct.pack("<d", scalars["beta1_pow"]) + b"t" + struct.pack("<d", 5.0)
     assert state_digest(m, "adamw", 9, params, slots, scalars) == xxhash.xxh3_128_digest(stream)
