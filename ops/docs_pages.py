@@ -103,8 +103,8 @@ def scale_table(root: pathlib.Path) -> str:
     for (task, opt, sync, budget), c in big.items():
         if sync == "full":
             continue
-        full, small_full, small_cell = big[(task, opt, "full", None)], s[(task, opt, "full", None)], s[(task, opt, sync,
-                                                                                                        budget)]
+        full, small_full, small_cell = (big[(task, opt, "full", None)], s[(task, opt, "full", None)],
+                                        s[(task, opt, sync, budget)])
         gains = (_kl_gain(small_cell, small_full, small["untrained"]), _kl_gain(c, full, large["untrained"]))
         rows.append(f"| {task} | {opt} | {full['pass4_mean']:.3f} | {vs_full(c)} | {100 * gains[0]:.0f}% -> "
                     f"{100 * gains[1]:.0f}% |")
@@ -234,8 +234,8 @@ def headline_table(root: pathlib.Path) -> str:
              f"({ranks[2]['period_s'] / ranks[1]['period_s']:.2f}x): the other rank applies the broadcast message "
              f"after the step"),
     }
-    return "\n".join(["| what | measured |", "|---|---|"] + [f"| {what} | {measured} |" for what,
-                                                             measured in rows.items()])
+    return "\n".join(["| what | measured |", "|---|---|"]
+                     + [f"| {what} | {measured} |" for what, measured in rows.items()])
 
 
 def acls_table(root: pathlib.Path) -> str:

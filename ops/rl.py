@@ -190,8 +190,8 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     work = tempfile.mkdtemp(prefix="hilo-rl-")
     url = cfg.log or f"file://{work}/log"
     run = cfg.run or f"rl-{int(time.time())}-{os.getpid()}"
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json else (lambda *a: print(*a, file=out,
-                                                                                                flush=True))
+    say = ((lambda *a: print(*a, file=sys.stderr, flush=True)) if as_json
+           else (lambda *a: print(*a, file=out, flush=True)))
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.trainer_threads)
     model = with_lora(rl_base(cfg.base).model())

@@ -295,8 +295,8 @@ class Auditor:
 
     def _tolerance(self, r) -> float:
         """The per-token tolerance for `r`: the config's, else the one measured for its site's engine and dtype."""
-        return self.cfg.tolerance if self.cfg.tolerance is not None else honest_noise(r.engine,
-                                                                                      self._dtype(r)).tolerance
+        return self.cfg.tolerance if self.cfg.tolerance is not None \
+            else honest_noise(r.engine, self._dtype(r)).tolerance
 
     def _served(self, v: Verdict, r) -> None:
         """Note what the site says served `r`; a dtype other than the trainer's assumption is said once (and audited

@@ -123,8 +123,8 @@ class RolloutExchange:
             pid = rec.key.decode(errors="replace") if rec.key else ""
             if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
                 r = self._rollout(rec)
-                if r is not None and r.prompt_id in self.book.in_flight and self._offer(rec, r,
-                                                                                        trainer_version) is None:
+                if r is not None and r.prompt_id in self.book.in_flight \
+                        and self._offer(rec, r, trainer_version) is None:
                     replayed += 1
         self.next_offset = max(self.next_offset, end)
         self.restored = {"trained": len(trained), "retired": len(retired), "in_flight": len(self.book.in_flight),

@@ -79,8 +79,8 @@ def _no_checkpoint(log_backend, topic: str, run: str, max_version: int | None) -
     if begin == 0:  # nothing expired: the records are there, and none was read as one
         return LogError(f"{log_backend.url}: no {which} of run {run!r} was read from {topic}, which retains every "
                         f"offset it has had (0..{end - 1}): they hold none, or a read of them returned nothing in time")
-    held = f"offsets {begin}..{end - 1} are retained" if end > begin else (f"none of its offsets 0..{end - 1} is "
-                                                                           f"retained")
+    held = f"offsets {begin}..{end - 1} are retained" if end > begin \
+        else f"none of its offsets 0..{end - 1} is retained"
     return LogError(f"{log_backend.url}: every {which} on {topic} has expired ({held}): nothing here can rebuild the "
                     f"run's state until the trainer publishes a fresh checkpoint, at its next checkpoint_every version "
                     f"or when it restarts with its state dir")
@@ -182,8 +182,8 @@ class Follower:
             self._check_retained()  # records past where it asked: markers, aborted records, or expired ones
         self._read_wall = time.time()
         # a batch fetched ahead carries when its fetch ran: what a message's delivery is measured against
-        self._read_start, self._read_wall = getattr(batch, "started", self._read_start), getattr(batch, "fetched",
-                                                                                                 self._read_wall)
+        self._read_start, self._read_wall = (getattr(batch, "started", self._read_start),
+                                              getattr(batch, "fetched", self._read_wall))
         if batch:
             self.fetch_s += time.perf_counter() - t0
             crash_points.reach("follower.fetched")

@@ -90,11 +90,10 @@ class Report:
 
     def summary(self) -> str:
         """One line per site and a verdict, for a fault test's output."""
-        rows = [f"  {s}: {d['entries']} applies in {d['sessions']} sessions, up to v{d['last_version']}" for s,
-                d in self.sites.items()]
-        verdict = "OK: every history is a prefix of the trainer's" if self.ok else (f"{len(self.anomalies)} "
-                                                                                    f"ANOMALIES:\n    ") + \
-            "\n    ".join(self.anomalies[:20])
+        rows = [f"  {s}: {d['entries']} applies in {d['sessions']} sessions, up to v{d['last_version']}"
+                for s, d in self.sites.items()]
+        verdict = "OK: every history is a prefix of the trainer's" if self.ok else \
+            f"{len(self.anomalies)} ANOMALIES:\n    " + "\n    ".join(self.anomalies[:20])
         return f"history check over {self.trainer_versions} trainer versions:\n" + "\n".join(rows) + f"\n  {verdict}"
 
 

@@ -118,8 +118,8 @@ def unframe(data: bytes, what: str, limits: Limits = DEFAULT_LIMITS, max_decompr
         raise MalformedMessage(f"{what}: unknown header flags {flags:#04x} (this build knows {FLAG_SIGNED:#04x}, "
                                f"signed)")
     data, _ = split_trailer(data, what)  # verification, where wanted, happened before (PolicyReplica.parse)
-    cap = limits.max_decompressed_bytes if max_decompressed is None else min(max_decompressed,
-                                                                             limits.max_decompressed_bytes)
+    cap = limits.max_decompressed_bytes if max_decompressed is None \
+        else min(max_decompressed, limits.max_decompressed_bytes)
     if size > cap:
         raise LimitExceeded(f"{what}: declared decompressed size {size} > limit {cap}")
     try:

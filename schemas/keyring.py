@@ -47,8 +47,8 @@ class Keyring:
     @property
     def history(self) -> tuple:
         """Key ids (hex), oldest first: the trainer's signing keys, or (a site) the keys it trusted."""
-        return tuple(v.key_id.hex() for _,
-                     v in self._signers) if self._signers else tuple(v.key_id.hex() for v in self._trusted)
+        return tuple(v.key_id.hex() for _, v in self._signers) if self._signers \
+            else tuple(v.key_id.hex() for v in self._trusted)
 
     def rotate(self, new: Signer) -> Signer | None:
         """Sign with `new` from now on, and trust it; returns the signer it replaces (None for the first)."""

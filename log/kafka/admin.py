@@ -142,8 +142,8 @@ class Admin:
         what is wrong."""
         desc = self._describe(topic)
         if len(desc["partitions"]) != partitions:
-            why = "(Kafka orders records only within a partition)" if partitions == 1 else ("(hilo topics create "
-                                                                                            "--prompt-partitions)")
+            why = ("(Kafka orders records only within a partition)" if partitions == 1
+                   else "(hilo topics create --prompt-partitions)")
             raise LogError(f"{self.url}: topic {topic!r} has {len(desc['partitions'])} partitions; hilo-sync needs "
                            f"exactly {partitions} {why}")
         cfg = self.configs(ConfigResourceType.TOPIC, topic)
@@ -203,9 +203,8 @@ class Admin:
                 self._committer = self.connector.connect(
                     KafkaAdminClient, request_timeout_ms=min(self.timeout_ms, COMMIT_TIMEOUT_MS),
                     bootstrap_timeout_ms=self.connector.connect_timeout_ms, client_id="hilo-commit")
-            res = self._committer.alter_group_offsets(group,
-                                                      {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata,
-                                                                                                   -1)})
+            res = self._committer.alter_group_offsets(
+                group, {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata, -1)})
             err = next(iter(res.values()))
             if getattr(err, "errno", 0):
                 raise err()  # reported per partition, not raised: raise it so a coordinator still loading is retried

@@ -101,8 +101,8 @@ class KafkaPromptQueue(PromptQueue):
         for r, part in zip(lease.records, lease.sources):
             if id(r) in later:
                 first[part] = min(first.get(part, r.offset), r.offset)
-        kept = [(r, part) for r,
-                part in zip(lease.records, lease.sources) if part not in first or r.offset < first[part]]
+        kept = [(r, part) for r, part in zip(lease.records, lease.sources) if part not in first
+                or r.offset < first[part]]
         nxt = {}
         for r, part in kept:
             nxt[part] = max(nxt.get(part, 0), r.offset + 1)
@@ -151,8 +151,8 @@ class KafkaPromptQueue(PromptQueue):
             raise LeaseLost(f"{self.log.url}: run {self.run}: site {self.site} rejoins the group after an outage; "
                             f"these {len(records)} rollouts are discarded and their prompts read again")
         p = self.producer
-        offsets = {TopicPartition(self.prompts, part): OffsetAndMetadata(off, "", -1) for part,
-                   off in lease.partitions.items()}
+        offsets = {TopicPartition(self.prompts, part): OffsetAndMetadata(off, "", -1)
+                   for part, off in lease.partitions.items()}
         try:
             p.begin_transaction()
             futures = [p.send(self.rollouts, value=v, key=k, partition=0,

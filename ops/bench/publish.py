@@ -29,8 +29,8 @@ def main(as_json: bool, url: str, size: int, rounds: int, out: str | None) -> in
                 t0 = time.perf_counter()
                 log.append(updates_topic(run), record)
                 times[name].append(time.perf_counter() - t0)
-    res = {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()} | {"bytes": size,
-                                                                                 "versions_each": 8 * rounds}
+    res = {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()} \
+        | {"bytes": size, "versions_each": 8 * rounds}
     res["ratio"] = round(res["transaction_ms"] / res["plain_ms"], 2)
     if not save(res, results_dir("publish", out), "publish", as_json):
         print(f"per version ({size} bytes): plain {res['plain_ms']} ms, in a transaction {res['transaction_ms']} ms "

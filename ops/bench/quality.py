@@ -213,8 +213,8 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
     todo = {key: list(rates) for key, (_, rates) in cells.items()}
     best, unfinished = {}, {}
     while todo:
-        flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key,
-                lrs in todo.items() for lr in lrs for s in TUNE_SEEDS]
+        flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key, lrs in todo.items() for lr in lrs
+                for s in TUNE_SEEDS]
         got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute, student)
         for (key, lr, c), r in zip(flat, got):
             if r is None:
@@ -520,8 +520,8 @@ def main(cfg: SweepConfig, as_json: bool, out_dir: str | None) -> int:
                           f"nothing)")
     res = sweep(cfg, out)
     if not res["cells"]:  # only --saved-only gets here: nothing to plot or tabulate
-        raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}" + "".join(f"; {m}"
-                                                                                         for m in res["unfinished"]))
+        raise ConfigError(f"quality: no finished cell in {out / 'runs.jsonl'}"
+                          + "".join(f"; {m}" for m in res["unfinished"]))
     res["plots"] = plots(res, out)
     # the process that ran the last cells and wrote this (a resumed sweep ran earlier ones)
     res["measured_on"] = measured_on()

@@ -102,8 +102,8 @@ def launch(module: str, world: int, args: list) -> list:
     thread each); every rank's report (TMP/rank{R}.json)."""
     with tempfile.TemporaryDirectory(prefix="hilo-ranks-") as tmp:
         args = ["-m", module, "--rank-job", *args, "--log-dir", f"{tmp}/log", "--out", tmp]
-        env = {k: v for k,
-               v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} | {"OMP_NUM_THREADS": "1"}
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} | {"OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, *args] if world == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                            "--nproc_per_node", str(world), *args]
         subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=3600)

@@ -181,8 +181,8 @@ def _audit_columns(runs) -> dict:
     runs = [r for r in runs if "audited" in r]
     if not runs:
         return {}
-    audit_s, train_s = statistics.mean(r["audit_s_per_step"] for r in runs), statistics.mean(r["train_s_per_step"]
-                                                                                             for r in runs)
+    audit_s, train_s = (statistics.mean(r["audit_s_per_step"] for r in runs),
+                        statistics.mean(r["train_s_per_step"] for r in runs))
     return {"audit_share": runs[0]["audit_share"], "audited": sum(r["audited"] for r in runs),
             "audit_failed": sum(r["audit_failed"] for r in runs), "audit_s_per_step": audit_s,
             "audit_overhead": audit_s / train_s if train_s else None}
@@ -217,8 +217,8 @@ def run_bench(cfg: BenchConfig, out_dir: pathlib.Path) -> dict:
     """Every (S, seed) run not already saved under out_dir, then the summary."""
     store = RunStore(out_dir)
     # a run is keyed by what changes its result: not the server's URL, nor the grid (more seeds or S values reuse it)
-    key = {k: v for k,
-           v in dataclasses.asdict(cfg).items() if k not in ("vllm", "staleness", "seeds")} | {"v": RUN_VERSION}
+    key = {k: v for k, v in dataclasses.asdict(cfg).items()
+           if k not in ("vllm", "staleness", "seeds")} | {"v": RUN_VERSION}
     # seed-major: pairs finish together
     runs, todo = {}, [(s, seed) for seed in range(cfg.seeds) for s in cfg.staleness]
     for i, (s, seed) in enumerate(todo):

@@ -79,8 +79,8 @@ def adapter_costs(manifest, steps: int) -> dict:
     stream, init = GradientStream(manifest, seed=0), initial_params(manifest, 0)
     ref = PolicyReplica.genesis("wan", manifest, init, "adamw")
     ref_builder = UpdateBuilder(ref, make_encoder("dense", manifest))
-    out, times = {m: MethodCost() for m in ("full-adapter", "lossless-delta")}, {"full-adapter": [],
-                                                                                 "lossless-delta": []}
+    out, times = ({m: MethodCost() for m in ("full-adapter", "lossless-delta")},
+                  {"full-adapter": [], "lossless-delta": []})
     site_flat = bf16_flat(ref.state.params)
     for step in range(steps + 1):
         _say(f"bench wan: cpu full-adapter / lossless-delta step {step}/{steps}")
@@ -263,8 +263,8 @@ def targets(rows: list) -> dict:
         out[tag] = {"best_fixed": best["method"],
                     "speedup_full_over_spar4_1.6": round(here["full-adapter"]["step_s"] / here["spar4 1.6%"]["step_s"],
                                                          2),
-                    **{f"{m}_over_best_fixed": round(r["step_s"] / best["step_s"], 3) for m,
-                       r in here.items() if m.startswith("auto")}}
+                    **{f"{m}_over_best_fixed": round(r["step_s"] / best["step_s"], 3) for m, r in here.items()
+                       if m.startswith("auto")}}
     one = [r for r in rows if r["method"] == "spar4 1.6%" and r["sites"] == 1 and r["link_mbit"] == 100]
     if one:
         out["freshness_1_site_100mbit_spar4_1.6"] = {"unsigned_s": one[0]["freshness_s"],

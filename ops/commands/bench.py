@@ -153,8 +153,8 @@ def register(sub):
     q.add_argument("--budgets", type=fractions,
                    help="comma list of per-message budgets as fractions of the bf16 adapter; "
                    "every lossy sync runs at each (default: each sync's own, " +
-                   "; ".join(f"{s} {','.join(f'{100 * b:g}%%' for b in bs)}" for s,
-                             bs in PLAN.items() if s != "full") + ")")
+                   "; ".join(f"{s} {','.join(f'{100 * b:g}%%' for b in bs)}" for s, bs in PLAN.items()
+                             if s != "full") + ")")
     q.add_argument("--out", metavar="DIR", help="results folder; an existing one resumes its saved runs "
                    "(default: ~/.cache/hilo-sync/bench/quality-TIME)")
     q.add_argument("--saved-only", action="store_true",

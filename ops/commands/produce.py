@@ -18,8 +18,8 @@ def run(a):
     server = metrics_server(a, metrics.registry)  # bound before the trainer fences or publishes anything
     producer = HiLoProducer.open(build_model(seed=a.seed), cfg, metrics=metrics)
     if server:
-        server.ready = lambda: (False, "fenced by a newer trainer") if producer.fenced else (True,
-                                                                                             f"v{producer.version}")
+        server.ready = lambda: ((False, "fenced by a newer trainer") if producer.fenced
+                                else (True, f"v{producer.version}"))
     adapter = producer.manifest.adapter_bytes()
 
     def on_step(version, loss, compute_s, info):

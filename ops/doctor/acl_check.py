@@ -44,9 +44,8 @@ def acls(s) -> list:
         lacks = {}
         for a in missing:
             lacks.setdefault(_what(a), []).append(a.operation.name)
-        return [fail("acls", f"{who or 'this principal'} ({c.role}) lacks " + "; ".join(f"{what}: {', '.join(ops)}"
-                                                                                        for what, ops in lacks.items()),
-                     grant)]
+        return [fail("acls", f"{who or 'this principal'} ({c.role}) lacks "
+                     + "; ".join(f"{what}: {', '.join(ops)}" for what, ops in lacks.items()), grant)]
     if isinstance(held, str):
         return [warn("acls", f"{who or 'this principal'} ({c.role}) may do what it needs on the run's topics; "
                              f"{' and '.join(sorted({_kind(a) for a in listed}))}: cannot tell ({held})",

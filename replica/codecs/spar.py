@@ -62,8 +62,8 @@ class SparEncoder(Encoder):
         flat = torch.cat(worth)
         order = torch.argsort(flat, descending=True, stable=True)
         owner = [b for b, w in zip(torch.cat(owner)[order].tolist(), flat[order].tolist()) if w > 0]
-        prefixes = [FactorPrefixes(b, g, self._factors(g, svd), min(g.shape), self.bits) for b,
-                    (g, svd) in enumerate(zip(grads, svds))]
+        prefixes = [FactorPrefixes(b, g, self._factors(g, svd), min(g.shape), self.bits)
+                    for b, (g, svd) in enumerate(zip(grads, svds))]
 
         def build(nominal):
             ranks = self._ranks(owner, cost, nominal, [svd[0] for svd in svds])

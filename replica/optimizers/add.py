@@ -23,5 +23,5 @@ class Add(Optimizer):
     def step(self, params, grads, slots, scalars, h, out=None, math_version=MATH_VERSION):
         """Add the decoded change; results written where `out` says."""
         out = out or Buffers()
-        return [torch.add(p, d, out=out.param(i, p)) for i,
-                (p, d) in enumerate(zip(params, grads))], {}, self.coefficients(scalars, h)[1]
+        return [torch.add(p, d, out=out.param(i, p))
+                for i, (p, d) in enumerate(zip(params, grads))], {}, self.coefficients(scalars, h)[1]

@@ -311,8 +311,8 @@ class Replica:
         self.optimizer, self.version = ckpt["optimizer"], ckpt["version"]
         self.params = [tensor(b, "float32", s) for b, s in zip(ckpt["params"], shapes)]
         self.slot_names = list(ckpt["slots"])
-        self.slots = {n: [tensor(b, "float32", s) for b, s in zip(ts, shapes)] for n,
-                      ts in zip(ckpt["slots"], ckpt["slot_tensors"])}
+        self.slots = {n: [tensor(b, "float32", s) for b, s in zip(ts, shapes)]
+                      for n, ts in zip(ckpt["slots"], ckpt["slot_tensors"])}
         self.scalars = dict(ckpt["scalars"])
         self.digest = self.compute_digest()
         assert self.digest == ckpt["digest"], f"checkpoint v{self.version}: its digest is not that of its contents"

@@ -23,8 +23,8 @@ def _crafted_next(producer):
     0)."""
     r = producer.replica
     hp = {"lr": 0.5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
-    blocks = [{"i": i, "g": bytes(4 * b.numel) if i else b"\x00\x00\x80\x3f" * b.numel} for i,
-              b in enumerate(r.manifest.blocks)]
+    blocks = [{"i": i, "g": bytes(4 * b.numel) if i else b"\x00\x00\x80\x3f" * b.numel}
+              for i, b in enumerate(r.manifest.blocks)]
     msg = UpdateMessage(r.run, r.version + 1, r.digest, bytes(16), r.manifest.manifest_id, "dense", {}, "adamw", hp,
                         blocks)
     state = r.compute(msg, "crafted")

@@ -94,8 +94,8 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
         assert trainer.returncode == 0, err[-3000:]
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n,
-                   s in sites.items()}
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "")
+                   for n, s in sites.items()}
     res = json.loads(out)
     liar, honest = res["audit"]["sites"]["liar"], res["audit"]["sites"]["honest"]
     # at its 2nd failure (the probe, on by default, counts its failures after that too)
@@ -179,8 +179,8 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
         with reaped(again):
             out2, err2 = again.communicate(timeout=900)
         assert again.returncode == 0, err2[-3000:]
-        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "") for n,
-                   s in sites.items()}
+        digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "")
+                   for n, s in sites.items()}
     first, second = json.loads(out), json.loads(out2)
     liar, honest = first["audit"]["sites"]["liar"], first["audit"]["sites"]["honest"]
     print(f"span: liar refused {liar['refused']}, audited {liar['audited']} ({liar['spanning']} spanning), failed "

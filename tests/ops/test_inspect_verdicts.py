@@ -53,8 +53,8 @@ class Ctx:
                manifest_id=None, signer=None):
         """A framed next-version update (dense zeros unless told otherwise)."""
         r = self.r
-        blocks = blocks if blocks is not None else [{"i": i, "g": fill * b.numel} for i,
-                                                    b in enumerate(r.manifest.blocks)]
+        blocks = blocks if blocks is not None else [{"i": i, "g": fill * b.numel}
+                                                    for i, b in enumerate(r.manifest.blocks)]
         return UpdateMessage(run or self.run, self.v, r.digest, b"\x07" * 16, manifest_id or r.manifest.manifest_id,
                              codec,
                              {}, optimizer, hparams, blocks).to_bytes(signer)
@@ -169,8 +169,8 @@ def bad_log(request, tmp_path_factory):
         publish_random(producer, 2)
         log = open_log(url)
         ctx = Ctx(log, run, producer, Signer.load(private) if signed else None, other)
-        appended = {name: log.append(updates_topic(run), make(ctx))[0] for name,
-                    (s, _, make) in BAD.items() if s == signed}
+        appended = {name: log.append(updates_topic(run), make(ctx))[0] for name, (s, _, make) in BAD.items()
+                    if s == signed}
         producer.close()
         trust = str(public) if signed else None
         verdicts = _site_verdicts(url, run, trust, appended)

@@ -29,8 +29,8 @@ def _finish(trainer, sites) -> tuple:
     """(the trainer's JSON summary, {site: final digest}) once all have exited 0."""
     out, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
-    return json.loads(out), {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1) for n,
-                             s in sites.items()}
+    return json.loads(out), {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0]).group(1)
+                             for n, s in sites.items()}
 
 
 def test_an_rl_run_across_two_sites_ends_with_every_site_at_the_trainers_digest(vllm):
@@ -183,8 +183,8 @@ def test_a_sites_vllm_gone_mid_run_the_site_says_so_once_and_the_other_site_carr
     url, _ = vllm
     run, steps, gateway = new_run("rlvllm"), 5, Gateway(url)
     logs = {n: open(tmp_path / f"{n}.log", "w") for n in ("a", "b")}
-    sites = {n: _site(KAFKA_URL, run, n, tmp_path, vllm_url, steps, stderr=logs[n]) for n,
-             vllm_url in (("a", gateway.url), ("b", url))}
+    sites = {n: _site(KAFKA_URL, run, n, tmp_path, vllm_url, steps, stderr=logs[n])
+             for n, vllm_url in (("a", gateway.url), ("b", url))}
     trainer = hilo("rl", "--vllm", url, "--log", KAFKA_URL, "--run", run, "--sites", "0", "--prompt-partitions", "2",
                    "--steps",
                    str(steps), "--batch-prompts", "2", "--samples", "2", "--staleness", "1", "--json")

@@ -136,8 +136,8 @@ def another_trainer(config):
             "ProducerConfig; from hilo.producer.producer import HiLoProducer; from hilo.replica.codecs import Budget; "
             "HiLoProducer.open(build_model(seed=0, rank=8, hidden=64, layers=2), ProducerConfig(run=sys.argv[2], "
             "log=sys.argv[1], budget=Budget(0.25), checkpoint_every=3)).close()")
-    env = {k: v for k,
-           v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     subprocess.run([sys.executable, "-c", code, config.log, config.run], env=env, check=True, timeout=240)
 
 

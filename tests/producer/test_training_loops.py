@@ -187,8 +187,8 @@ def test_transformers_trainer_one_version_per_optimizer_step_and_resume(tmp_path
     trainer2 = _trainer(model2, opt2, sched2, tmp_path, max_steps=6)
     saved = torch.load(tmp_path / "out" / "checkpoint-4" / "optimizer.pt", weights_only=True)  # what Trainer saved
     opt2.load_state_dict(saved)  # (Trainer does this too when it resumes; loading twice at the head changes nothing)
-    assert all(torch.equal(a, b) for a,
-               b in zip(opt2.producer.builder.encoder.residual, opt.producer.builder.encoder.residual))
+    assert all(torch.equal(a, b)
+               for a, b in zip(opt2.producer.builder.encoder.residual, opt.producer.builder.encoder.residual))
     trainer2.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
     assert trainer2.state.global_step == 6 and opt2.version == 6
     assert [m.version for m in published(url, run)] == [1, 2, 3, 4, 5, 6]

@@ -103,8 +103,8 @@ def test_kernel_site_and_reference_site_in_two_processes(tmp_path, manifest):
     # the kernel process on one numba thread, the reference on two torch threads
     runs = (("kernel", "1"), ("reference", "2"))
     procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), mode], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, NUMBA_NUM_THREADS=threads, OMP_NUM_THREADS=threads)) for mode,
-             threads in runs]
+                              env=dict(os.environ, NUMBA_NUM_THREADS=threads, OMP_NUM_THREADS=threads))
+             for mode, threads in runs]
     results = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     for r in results:
@@ -147,8 +147,8 @@ def test_a_state_the_kernel_cannot_take_is_refused_before_anything_is_written(ma
     assert r.version == 2
     r.state.slots["exp_avg"][b] = t
     assert r.state.digest() == held
-    assert all(torch.equal(x, y) for x,
-               y in zip(spare, [t for t in r._spare.params] + [t for ts in r._spare.slots.values() for t in ts]))
+    assert all(torch.equal(x, y)
+               for x, y in zip(spare, [t for t in r._spare.params] + [t for ts in r._spare.slots.values() for t in ts]))
     assert r.apply_bytes(data[2], "v3")  # the same replica, its buffer put right, goes on
 
 

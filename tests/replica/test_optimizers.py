@@ -72,8 +72,8 @@ def _rel(a, b):
 
 @pytest.fixture
 def problem(manifest, grads):
-    params = [torch.randn(b.shape, generator=torch.Generator().manual_seed(i)) * 0.05 for i,
-              b in enumerate(manifest.blocks)]
+    params = [torch.randn(b.shape, generator=torch.Generator().manual_seed(i)) * 0.05
+              for i, b in enumerate(manifest.blocks)]
     return params, [grads.next() for _ in range(STEPS)]
 
 

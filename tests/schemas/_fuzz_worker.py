@@ -56,8 +56,8 @@ base, rejected, accepted = rss(), 0, 0
 store = SnapshotStore(f"{work}/snap")
 store.save(replica, Position(1))
 good_files = {p.name: p.read_bytes() for p in (store.path).iterdir()}
-msg_records = [Record(i, k, v, h) for i,
-               (k, v, h) in enumerate(split(ckpt, "fuzz", "checkpoint", 1, len(ckpt) // 5 + 1))]
+msg_records = [Record(i, k, v, h)
+               for i, (k, v, h) in enumerate(split(ckpt, "fuzz", "checkpoint", 1, len(ckpt) // 5 + 1))]
 for i in range(n):
     what = f"fuzz#{i}"
     try:
