@@ -221,8 +221,7 @@ class Generator:
         for i, (ids, logprobs, finish) in enumerate(samples):
             reward = float(self.reward(p.token_ids, ids))
             r = RolloutRecord(self.run, p.prompt_id, i, self.site, version, end, ids, logprobs, reward,
-                              self.reward_name,
-                              finish if finish in ("stop", "length") else "abort",
+                              self.reward_name, finish if finish in ("stop", "length") else "abort",
                               {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}, self.serving.dtype, engine)
             out.append((p.prompt_id.encode(), r.to_bytes(self.signer),
                         H.rollout_headers(self.run, p.prompt_id, self.site, version)))

@@ -26,8 +26,7 @@ class LagView:
     def applied(self, version: int, log_bytes: int) -> "LagView":
         """After applying `version`, whose messages through it total `log_bytes`."""
         return replace(self, applied_version=version, applied_bytes=log_bytes,
-                       head_version=max(self.head_version, version),
-                       head_bytes=max(self.head_bytes, log_bytes))
+                       head_version=max(self.head_version, version), head_bytes=max(self.head_bytes, log_bytes))
 
     def with_head(self, version: int, log_bytes: int) -> "LagView":
         """After reading the head again."""

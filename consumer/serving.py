@@ -109,8 +109,7 @@ class Serving:
             self.metrics.set("self_check_worst_difference", self.checker.worst)
             self.metrics.observe("stage_seconds", self.checker.seconds, stage="self_check")
             logger.info("site %s: self-check of v%d passed: worst log-probability difference %.3g (tolerance %g)",
-                        self.site,
-                        version, self.checker.worst, self.checker.tolerance)
+                        self.site, version, self.checker.worst, self.checker.tolerance)
         self.state.on_loaded()
         self.timing["load_s"] = load_s  # the self-check's time is its own stage
         self.metrics.observe("stage_seconds", self.timing["load_s"], stage="vllm_reload")

@@ -129,8 +129,7 @@ class Site:
             self.history.notes(self.snapshots.drain())
         self.commit()
         logger.debug("site %s: applied v%d digest %s (offset %d)", self.cfg.site, event.version,
-                     event.digest.hex()[:12],
-                     event.last_offset)
+                     event.digest.hex()[:12], event.last_offset)
 
     def publish_newest(self, strict: bool = False) -> None:
         """Export the newest version (once), run the hook, load it into vLLM; a load commits the position."""
@@ -161,8 +160,7 @@ class Site:
         crash_points.reach("site.committing")
         if self.committer is None:
             self.committer = GroupCommitter(self.log, site_group(self.cfg.run, self.cfg.site),
-                                            updates_topic(self.cfg.run),
-                                            self.cfg.site)
+                                            updates_topic(self.cfg.run), self.cfg.site)
         self.committer.submit(f.next_offset, report.to_json())
 
     def run(self, progress: bool | None = None) -> int:

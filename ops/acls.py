@@ -81,8 +81,7 @@ def show(log, run: str) -> list:
     resources."""
     rows = []
     for kind, name in ((Res.TOPIC, updates_topic(run)), (Res.TOPIC, checkpoints_topic(run)),
-                       (Res.GROUP, site_group(run, "x")),
-                       (Res.TRANSACTIONAL_ID, f"hilo.{run}")):
+                       (Res.GROUP, site_group(run, "x")), (Res.TRANSACTIONAL_ID, f"hilo.{run}")):
         flt = ACLFilter(principal=None, host="*", operation=Op.ANY, permission_type=ACLPermissionType.ANY,
                         resource_pattern=ResourcePatternFilter(kind, name, Pattern.MATCH))
         acls, err = _kafka(log).describe_acls(flt)

@@ -89,8 +89,7 @@ class RLConfig:
 
     def __post_init__(self):
         for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2),
-                         ("staleness", 0),
-                         ("trainer_threads", 1)):
+                         ("staleness", 0), ("trainer_threads", 1)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if self.vllm is None and self.sites == 0:

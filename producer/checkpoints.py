@@ -50,8 +50,7 @@ class Checkpoints:
         why = self.retention.due()
         if why:
             logger.info("run %s: checkpoint with v%d, before the newest one or the updates after it can expire: %s",
-                        self.run,
-                        version, why)
+                        self.run, version, why)
         return why is not None
 
     def of(self, proposal, genesis: bytes):
@@ -117,8 +116,7 @@ class Checkpoints:
             try:
                 if self.log.trim(self.topic, before):
                     logger.info("run %s: checkpoints before offset %d deleted (keeping the newest %d)", self.run,
-                                before,
-                                self.keep)
+                                before, self.keep)
                 self.starts = self.starts[-self.keep:]
             except LogError as e:  # the checkpoint itself is published; the trim is retried after the next one
                 logger.warning("run %s: deleting old checkpoints failed (%s); retried after the next checkpoint",

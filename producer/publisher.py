@@ -103,8 +103,7 @@ class Publisher:
             self.metrics.inc("publish_retries", cause=type(e.args[0]).__name__)
             self.outage.failed(e.args[0])  # said once, then every minute, while it lasts
             logger.debug("run %s: publishing v%d failed (%s) and the log does not hold it; try %d", self.run,
-                         msg.version,
-                         e.args[0], n + 1)
+                         msg.version, e.args[0], n + 1)
         try:  # each try with a fresh producer (the writer drops a failed one)
             published = retry.call(attempt, retriable=lambda e: isinstance(e, _NotOnLog), attempts=None,
                                    within_s=self.deadline_s, first_s=0.25, longest_s=4.0, on_retry=again)

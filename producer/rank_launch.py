@@ -59,8 +59,7 @@ def join_launch(config) -> None:
         logger.warning("run %s: this is rank %d of a %s-rank launch and torch.distributed was not initialized; hilo "
                        "initialized it (%s) so that this rank alone publishes and every rank holds its policy. Unless "
                        "the model is wrapped in DistributedDataParallel, each step is this rank's gradients alone",
-                       config.run,
-                       dist.get_rank(), world, backend)
+                       config.run, dist.get_rank(), world, backend)
 
 
 def refuse_sharded(model: torch.nn.Module, weights, job: bool) -> None:

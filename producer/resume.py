@@ -137,8 +137,7 @@ class TrainerStart:
                     "run %s: STARTING A NEW HISTORY (history %s) over an expired one, as asked (new_history)", run,
                                replica.genesis.hex()[:12])
             logger.info("run %s: genesis (%d params, digest %s), published as the first checkpoint", run,
-                        self.manifest.numel,
-                        replica.digest.hex()[:12])
+                        self.manifest.numel, replica.digest.hex()[:12])
             return Resumed(replica, Position(log.end_offset(self.updates), 0), None, checkpoint=True)
         start = decided.start
         replica, position = start.replica, start.position

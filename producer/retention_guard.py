@@ -103,8 +103,7 @@ class RetentionGuard:
         self.limits = new
         for topic, change in changes:
             logger.warning("run %s: %s %s (the retention guard follows it; read again every %.1fs)", self.run, topic,
-                           change,
-                           self.interval_s)
+                           change, self.interval_s)
         self._say_unkeepable()
 
     def due(self, now: float | None = None) -> str | None:
@@ -171,6 +170,5 @@ class RetentionGuard:
         if self._unkeepable() and self.said_unkeepable != limit:
             logger.warning("run %s: %s retention.bytes %d is below one checkpoint (%d bytes): the topic cannot keep a "
                            "whole checkpoint, so no new site can join; raise it above %d or unset it", self.run,
-                           self.checkpoints,
-                           limit, self.checkpoint_bytes, self.checkpoint_bytes)
+                           self.checkpoints, limit, self.checkpoint_bytes, self.checkpoint_bytes)
             self.said_unkeepable = limit

@@ -255,8 +255,7 @@ class RolloutExchange:
         if now - self._warned.get(reason, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned[reason] = now
             logger.warning("run %s: rollout refused (%s): %s (%d so far; said once a minute per reason)", self.run,
-                           reason,
-                           detail, self.book.dropped[reason])
+                           reason, detail, self.book.dropped[reason])
         return None
 
     def weights(self, group, trainer_logprobs: list) -> list:

@@ -68,8 +68,7 @@ def open_alone(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=
     try:
         log.create_topics(config.run)
         checkpoints = Checkpoints.open(log, config.run, config.checkpoint_every, config.keep_checkpoints,
-                                       config.chunk_bytes,
-                                       keyring, metrics)
+                                       config.chunk_bytes, keyring, metrics)
         store, started, token = _start(log, config, manifest, weights.values(), keyring, checkpoints)
         ledger = TrainerLedger(Position(started.position.next_offset, started.position.log_bytes),
                                HistoryWriter(config.history) if config.history else None, store)
@@ -84,7 +83,6 @@ def open_alone(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=
     ledger.started(started.replica)
     if started.snapshot_version is not None:
         trainer_state.restore(store, started.snapshot_version, producer.replica, producer.builder.encoder,
-                              producer.sync,
-                              config.run)
+                              producer.sync, config.run)
     producer.write_back()
     return producer

@@ -30,8 +30,7 @@ def restore(store, snapshot_version: int, replica, encoder, sync, run: str) -> b
         logger.warning("run %s: resuming at v%d without the trainer state of that version (%s); error feedback "
                        "restarts from zero%s", run, replica.version,
                        f"the snapshot has no {', '.join(lacking)}" if lacking
-                       else f"the snapshot is of v{snapshot_version}",
-                       sync.lost_on_restart)
+                       else f"the snapshot is of v{snapshot_version}", sync.lost_on_restart)
         return False
     where = f"{store.dir}/snapshot"
     # on the CPU whatever device saved it (a GPU trainer's residual): the encoder moves it to its gradients' device

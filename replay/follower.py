@@ -164,8 +164,7 @@ class Follower:
                          accept=accepts(replica, self.topic))
         if located != next_offset:
             logger.info("%s: v%d is at offset %d here (the stored position, offset %d, is another cluster's)",
-                        self.topic,
-                        replica.version + 1, located, next_offset)
+                        self.topic, replica.version + 1, located, next_offset)
         self.next_offset = self.read_offset = located
 
     @property

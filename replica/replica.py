@@ -78,8 +78,7 @@ class PolicyReplica:
     def from_checkpoint(ckpt: Checkpoint, what: str = "checkpoint") -> "PolicyReplica":
         """Load a checkpoint after verifying its digest (hashed once: the check is the replica's digest)."""
         return PolicyReplica(ReplicaState.from_checkpoint(ckpt, what), ckpt.run, digest=ckpt.digest,
-                             genesis=ckpt.genesis,
-                             nonce=ckpt.nonce)
+                             genesis=ckpt.genesis, nonce=ckpt.nonce)
 
     def checkpoint(self) -> Checkpoint:
         """The full state as a checkpoint record."""
@@ -212,8 +211,7 @@ class PolicyReplica:
                                   f"{msg.digest.hex()} (computed twice: {again})")
         logger.error("%s: version %d produced digest %s the first time and the promised %s the second: this host "
                      "computed one step two ways (a memory or CPU fault, or a race); the verified result is kept", what,
-                     msg.version,
-                     first.hex(), digest.hex())
+                     msg.version, first.hex(), digest.hex())
         return state, digest
 
     def apply_bytes(self, data: bytes, what: str = "message") -> bool:

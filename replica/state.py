@@ -33,8 +33,7 @@ class ReplicaState:
         return Checkpoint(run, self.version, digest or self.digest(), self.manifest, self.optimizer,
                           [to_bytes(t, "float32") for t in self.params], list(self.slots),
                           [[to_bytes(t, "float32") for t in ts] for ts in self.slots.values()], dict(self.scalars),
-                          genesis,
-                          nonce if self.version == 0 else b"")
+                          genesis, nonce if self.version == 0 else b"")
 
     @staticmethod
     def from_checkpoint(ckpt: Checkpoint, what: str) -> "ReplicaState":

@@ -84,8 +84,7 @@ TABLE = (
           "loop's stall: the state copied for a background snapshot), snapshot (writing it, on the writer thread; on "
           "exit, in the loop; counted once it is whole on disk, before it is put in place, so every snapshot the "
           "state dir holds is counted), export, vllm_reload, self_check (the probe scored by vLLM and by the replica).",
-          ("stage",),
-          STAGE_BUCKETS),
+          ("stage",), STAGE_BUCKETS),
     _site("snapshots_deferred", "counter", "Snapshots that came due while the previous one was still being written: "
           "taken at the first version after it finished."),
     _site("snapshot_failures", "counter", "Background snapshot writes that failed (the previous snapshot stays whole; "

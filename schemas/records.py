@@ -130,8 +130,7 @@ class Manifest:
         digest_version = _known(d, "digest_version", what, DIGEST_VERSION, "state digest version")
         try:
             return Manifest(F.get_str(d, "base_model", what, limits.max_name_bytes), rank,
-                            F.get_float(d, "alpha", what),
-                            tuple(tm), tuple(blocks), digest_version)
+                            F.get_float(d, "alpha", what), tuple(tm), tuple(blocks), digest_version)
         except MalformedMessage as e:  # Manifest's own invariant (sorted, unique blocks), named by the record here
             raise MalformedMessage(f"{what}: {str(e).removeprefix('manifest: ')}") from None
 
@@ -268,8 +267,7 @@ class KeyRotation:
     def from_body(body: dict, what: str, limits: Limits = DEFAULT_LIMITS) -> "KeyRotation":
         """Validate the three fields."""
         return KeyRotation(F.get_str(body, "run", what, limits.max_name_bytes),
-                           F.get_int(body, "from_version", what, 1),
-                           F.get_bytes(body, "public_key", what, 32))
+                           F.get_int(body, "from_version", what, 1), F.get_bytes(body, "public_key", what, 32))
 
 
 MAX_SLOTS = 8  # optimizer state tensors per block a checkpoint may hold (Checkpoint.from_body's limit)

@@ -104,8 +104,7 @@ class PromptRecord:
         since = F.get_int(body, "rollouts_from", what) if "rollouts_from" in body else 0
         return PromptRecord(F.get_str(body, "run", what, limits.max_name_bytes), pid, tuple(int(t) for t in tokens),
                             Sampling.from_dict(F.req(body, "sampling", what), what, limits),
-                            F.get_int(body, "min_version", what),
-                            since)
+                            F.get_int(body, "min_version", what), since)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,6 @@ def test_a_group_the_source_does_not_show_fails_the_test(tmp_path):
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)], cwd=tmp_path,
-                       env=env,
-                       capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and ("test_x.py::test_x: marked for xdist group 'hidden', its source says "
                                   "None") in p.stdout, p.stdout

@@ -262,8 +262,7 @@ def run(cfg: RunConfig, student_base, teacher, probe: list | None = None) -> dic
     _set(params, rollout.state.params)
     model.eval()
     scores = evaluate(model, teacher, cfg.eval_split, cfg.group, cfg.eval_samples,
-                      torch.Generator().manual_seed(99 + cfg.seed),
-                      cfg.eval_problems)
+                      torch.Generator().manual_seed(99 + cfg.seed), cfg.eval_problems)
     moved = [torch.sub(p, s) for p, s in zip(rollout.state.params, start)]
     reference = [torch.sub(p, s) for p, s in zip(master.params, start)] if sync.mode == "delta" else shadow_move
     return {

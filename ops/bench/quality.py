@@ -343,8 +343,7 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
                 lrs = {(t, o, sync_): _rate_from(cfg.lrs_from, t, o, sync_, budget) for t in tasks for o in optimizers}
             else:
                 grids = {(t, o, sync): (RunConfig(t, o, sync, DEFAULT_LR[o], steps=steps, eval_split="val",
-                                                  eval_samples=evals, budget=b,
-                                                  eval_problems=problems),
+                                                  eval_samples=evals, budget=b, eval_problems=problems),
                                         LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
                 lrs, rows, unfinished = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}",

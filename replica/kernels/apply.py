@@ -168,8 +168,7 @@ def step(opt, module, manifest: Manifest, state, hparams: dict, out: Buffers, wh
     hashes = np.zeros((len(layout(manifest)[0]), 3), np.uint64) if manifest.digest_version >= 3 else None
     with _one_at_a_time:
         flags = _run(module, sc, manifest, new_s, out, (src, g_addr, lr, u, s, v, addr_in, addr_out), math_version,
-                     hashes,
-                     1 + len(names))
+                     hashes, 1 + len(names))
     bits = np.zeros(nb, np.int64)
     np.bitwise_or.at(bits, layout(manifest)[0][:, 0], flags)
     return new_p, new_s, scalars, bits, _per_tensor(manifest, hashes, 1 + len(names))
@@ -231,8 +230,7 @@ def self_check(codec: str, manifest: Manifest, params: dict, blocks: list, corre
     items, cols = layout(manifest)[:2]
     with _one_at_a_time:
         fused.run(residual.CODE, residual.coefficients(None), items, cols, src, np.zeros(nb, np.int64), lr, u, s, v,
-                  addr_in,
-                  addr_out, np.zeros(len(items), np.int64), 0, np.zeros((len(items), 3), np.uint64))
+                  addr_in, addr_out, np.zeros(len(items), np.int64), 0, np.zeros((len(items), 3), np.uint64))
     return decoded, left
 
 

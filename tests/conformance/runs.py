@@ -43,8 +43,7 @@ def produce(name: str, out: pathlib.Path, log_url: str | None = None, run: str |
     url, run = log_url or f"file://{out / 'log'}", run or name
     keys = [generate(out / "keys" / k) for k in ("old", "new")] if signed else []
     cfg = producer_config(run=run, log=url, budget=Budget(1.0), codec=codec, optimizer=optimizer, hparams=hparams,
-                          mode=mode,
-                          checkpoint_every=2, signing_key=str(keys[0][0]) if keys else None)
+                          mode=mode, checkpoint_every=2, signing_key=str(keys[0][0]) if keys else None)
     producer = HiLoProducer.open(small_model(**MODEL), cfg)
     try:
         done = 0

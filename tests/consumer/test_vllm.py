@@ -293,8 +293,7 @@ def test_a_server_without_runtime_lora_updating_is_refused_at_start(vllm, tmp_pa
     _, base = vllm
     env = dict(os.environ, HILO_VLLM_PORT="8012", HILO_VLLM_DIR=str(tmp_path / "vllm-run"))
     subprocess.run([str(ROOT / "ops/vllm/start.sh"), base, "--max-lora-rank", "16", "--no-lora-updating"], env=env,
-                   check=True,
-                   timeout=600)
+                   check=True, timeout=600)
     try:
         url, run = f"file://{tmp_path}/log", new_run("noupdate")
         producer = HiLoProducer.open(tiny_model(), producer_config(run=run, log=url))

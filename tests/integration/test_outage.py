@@ -81,8 +81,7 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     out = {name: open(tmp_path / f"{name}.out", "w+") for name in ("trainer", "a", "b")}
     err = {name: open(tmp_path / f"{name}.err", "w+") for name in out}
     trainer = hilo("produce", "--log", url, "--run", run, "--steps", str(STEPS), "--history",
-                   str(tmp_path / "trainer.jsonl"),
-                   stdout=out["trainer"], stderr=err["trainer"])
+                   str(tmp_path / "trainer.jsonl"), stdout=out["trainer"], stderr=err["trainer"])
     sites, bases = {}, {}
     for name in ("a", "b"):
         port = free_port()

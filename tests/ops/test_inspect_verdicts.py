@@ -56,8 +56,7 @@ class Ctx:
         blocks = blocks if blocks is not None else [{"i": i, "g": fill * b.numel}
                                                     for i, b in enumerate(r.manifest.blocks)]
         return UpdateMessage(run or self.run, self.v, r.digest, b"\x07" * 16, manifest_id or r.manifest.manifest_id,
-                             codec,
-                             {}, optimizer, hparams, blocks).to_bytes(signer)
+                             codec, {}, optimizer, hparams, blocks).to_bytes(signer)
 
     def records(self, data, kind="update"):
         """`data` as the chunk records of the next version."""
@@ -296,8 +295,7 @@ def test_inspect_refuses_an_honest_2_gib_zstd_bomb_within_a_sites_memory_bound(t
     assert error and f"declared decompressed size {BOMB} > limit" in error and site_grew < BOUND_MIB
     at = open_log(f"file://{tmp_path}/log").end_offset(updates_topic("r")) - len(bomb)
     out = subprocess.run([sys.executable, "-c", INSPECT, f"file://{tmp_path}/log", str(at)], capture_output=True,
-                         text=True,
-                         timeout=300)
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     assert (r["rc"], r["inspect"]["verdict"], r["inspect"]["reason"], r["inspect"]["detail"]) == (0, "skipped", "limit",

@@ -93,8 +93,7 @@ def test_the_installed_wheel_runs_on_each_end_of_the_claimed_pythons(end, dists,
     # every module imports (a 3.11-only name anywhere fails here on 3.10)
     imported = _run(bin_ / "python", "-c", "import importlib, sys\n"
                     "for name in sys.argv[1:]: importlib.import_module(name)\nprint(len(sys.argv) - 1)",
-                    *sorted(_modules()),
-                    cwd=tmp_path).stdout
+                    *sorted(_modules()), cwd=tmp_path).stdout
     assert int(imported) == len(_modules())
     # every command's --help answers (one process: each parse exits 0 after printing)
     helped = _run(bin_ / "python", "-c", "import contextlib, io\nfrom hilo.ops.cli import parser\n"

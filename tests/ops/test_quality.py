@@ -246,8 +246,7 @@ def test_post_mode_sites_add_the_trainers_compressed_step_and_stay_identical():
 def test_tuning_runs_every_rate_on_three_seeds_and_records_the_rule(tmp_path, capsys):
     from hilo.ops.bench.quality import LR_GRID, TUNE_SEEDS, SweepConfig, choose_rate, main
     cfg = SweepConfig(steps=2, seeds=1, tasks=("distill",), optimizers=("adamw",), syncs=("full",), workers=2,
-                      eval_problems=64,
-                      student="smoke")
+                      eval_problems=64, student="smoke")
     assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
     rows = res["tuning"]

@@ -24,8 +24,7 @@ def test_one_rotation_mid_run_moves_every_signer_and_verifier(tmp_path):
     site = None
     try:
         exchange = RolloutExchange.open(producer.log, run, RolloutPolicy(batch_prompts=1, max_staleness=4),
-                                        keyring=producer.keyring,
-                                        prompt_partitions=1)
+                                        keyring=producer.keyring, prompt_partitions=1)
         publish_random(producer, 2)
         site = open_site(url, run, tmp_path, "live", trust=str(old[1]), export_adapters=False)
         site.follower.catch_up_all()

@@ -14,8 +14,7 @@ from tests.producer.test_producer import FlakyLog, _grads, _reference, _site_dig
 def _open(url, tmp_path, log=None):
     """A pipelined trainer on `url` (publish_deadline_s = 1), recording its history, with its own snapshot."""
     cfg = producer_config(run="r", log=url, publish_deadline_s=1, pipeline=True,
-                          history=str(tmp_path / "trainer.jsonl"),
-                          state_dir=str(tmp_path / "t"))
+                          history=str(tmp_path / "trainer.jsonl"), state_dir=str(tmp_path / "t"))
     return HiLoProducer.open(small_model(), cfg, log_backend=log)
 
 

@@ -56,8 +56,7 @@ def test_adamw_sites_on_every_mkl_code_path_reach_the_trainers_digests(tmp_path,
         (d / f"{v:06d}.msg").write_bytes(msg)
     worker = pathlib.Path(__file__).with_name("_apply_worker.py")
     procs = [subprocess.Popen([sys.executable, str(worker), str(tmp_path), "reference"], stdout=subprocess.PIPE,
-                              text=True,
-                              env=dict(os.environ, MKL_ENABLE_INSTRUCTIONS=isa)) for isa in MKL_PATHS]
+                              text=True, env=dict(os.environ, MKL_ENABLE_INSTRUCTIONS=isa)) for isa in MKL_PATHS]
     results = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0] * len(MKL_PATHS)
     for isa, r in zip(MKL_PATHS, results):
