@@ -220,7 +220,7 @@ class Verdicts:
                 and abs(z) <= self.cfg.sampling_z_limit / 2 and nz <= self.cfg.noise_z_limit / 2:
             self._release(v,
                           f"it passed its probe: {v.probation} audited rollouts in a row, sampling z = {z:+.1f} over "
-                             f"{tokens} tokens, statistical verdict z = {nz:+.1f}")
+                          f"{tokens} tokens, statistical verdict z = {nz:+.1f}")
         return "quarantined"
 
     def _restart_probe(self, v: Verdict) -> None:

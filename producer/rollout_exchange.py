@@ -196,8 +196,8 @@ class RolloutExchange:
         for pid, n, oldest in self.book.age_out(trainer_version):  # complete or not, these can no longer be trained
             self._refused("stale",
                           f"prompt {pid}: its group ({n} samples so far) aged out before it was trained: a sample of "
-                                   f"v{oldest} is {trainer_version - oldest} versions behind trainer "
-                                   f"v{trainer_version} (S = {self.book.policy.max_staleness})", counted=True, n=n)
+                          f"v{oldest} is {trainer_version - oldest} versions behind trainer "
+                          f"v{trainer_version} (S = {self.book.policy.max_staleness})", counted=True, n=n)
         groups = self.book.complete_groups(trainer_version, most)
         if self.metrics is not None:
             self.metrics.set("prompts_in_flight", len(self.book.in_flight))
@@ -214,7 +214,7 @@ class RolloutExchange:
         if reason is not None:
             self._refused(reason,
                           f"{self.rollouts} offset {rec.offset}: prompt {r.prompt_id} sample {r.sample} from site "
-                                  f"{r.site} ({_stamps(r)}, trainer at v{trainer_version})", counted=True)
+                          f"{r.site} ({_stamps(r)}, trainer at v{trainer_version})", counted=True)
         while self.auditor is not None and self.auditor.newly_quarantined:
             site = self.auditor.newly_quarantined.pop(0)
             before = self.book.dropped["quarantined"]

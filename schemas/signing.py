@@ -126,7 +126,7 @@ class Verifier:
             self._key.verify(sig, hashlib.sha256(signed).digest())
         except InvalidSignature:
             raise BadSignature(f"{what}: the signature by key {kid.hex()} does not verify: the record was changed "
-                                 f"after signing") from None
+                               f"after signing") from None
 
 
 def generate(out_dir) -> tuple:

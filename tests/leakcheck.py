@@ -52,7 +52,7 @@ def _origin(skip: int = 2) -> str:
     picked = tests[-1:] + picked  # and the test line that led there
     return " <- ".join(
         f"{pathlib.Path(f.filename).relative_to(ROOT) if f.filename.startswith(str(ROOT)) else f.filename}:"
-                       f"{f.lineno} ({f.name})" for f in reversed(picked))
+        f"{f.lineno} ({f.name})" for f in reversed(picked))
 
 
 def _install() -> None:

@@ -38,7 +38,7 @@ CHECKS = (
           "them)"),
     Check("vllm", ("vllm",), (), vllm_checks.version,
           "the server answers and is vLLM; WARN on a release the plugin does "
-                                                      "not patch"),
+          "not patch"),
     Check("vllm-lora", ("vllm",), ("vllm",), vllm_checks.lora,
           "runtime LoRA loading is on (asked without loading anything)"),
     Check("vllm-plugin", ("vllm",), ("vllm-lora",), vllm_checks.plugin,
@@ -53,7 +53,7 @@ CHECKS = (
           "the instruction sets the kernels are compiled for (avx512f, avx2, fma, sse4_2)"),
     Check("disk", (), (), machine_checks.disk,
           "free space in `--state-dir` and a file:// `--log`'s directory, where given "
-                                               "(WARN under `--min-free-gb`)"),
+          "(WARN under `--min-free-gb`)"),
 )
 NAMES = tuple(c.name for c in CHECKS)
 

@@ -35,7 +35,7 @@ def acls(s) -> list:
     if held is None and not missing:  # no authorizer: nothing is refused
         return [ok("acls",
                    "the cluster runs no authorizer: every principal may do everything (across sites it needs one: "
-                           "docs/operations.md, \"Deploying across sites\")")]
+                   "docs/operations.md, \"Deploying across sites\")")]
     if not missing and SUPER <= admin.authorized(None):
         return [ok("acls", f"{who or 'this principal'} may do everything on the cluster (a super user)")]
     if isinstance(held, list):

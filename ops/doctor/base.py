@@ -59,22 +59,22 @@ class DoctorConfig:
 
     log: str | None = opt(None,
                           "the log to check: kafka://HOST:PORT[,HOST:PORT] (the broker answers with --kafka-config's "
-                                "settings) or file://DIR")
+                          "settings) or file://DIR")
     run: str | None = opt(None,
                           "the run whose topics, their settings and this principal's ACLs are checked (needs --log)")
     kafka_config: str | None = opt(None,
                                    "Kafka client .properties (security.protocol, sasl.*, ssl.*): parsed, then used "
-                                         "to reach --log")
+                                   "to reach --log")
     role: str = opt("site", "whose ACLs the principal of --kafka-config must hold: a site's or the trainer's")
     vllm: str | None = opt(None,
                            "base URL of the vLLM server a site loads into: its version, runtime LoRA loading, the "
-                                 "hilo-sync plugin, the base model it serves")
+                           "hilo-sync plugin, the base model it serves")
     base: str | None = opt(None,
                            "the base model the vLLM server must serve: its directory or name (compared by the last "
-                                 "path component); without it the served base is only reported")
+                           "path component); without it the served base is only reported")
     state_dir: str | None = opt(None,
                                 "a site's state dir: free space there, and its newest exported adapter is what the "
-                                      "plugin check loads into vLLM")
+                                "plugin check loads into vLLM")
     min_free_gb: float = opt(5.0, "WARN when the state dir or the file log's directory has less free space (GB)")
     connect_timeout_s: float = opt(10.0, "how long the first connection to the broker may take")
 

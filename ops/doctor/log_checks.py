@@ -45,7 +45,7 @@ def reach(s) -> list:
                                     "security.protocol is the listener's")]
     return [ok("log",
                f"{c.log} answers as {client_config(c.kafka_config)}: {len(cluster['brokers'])} broker(s), controller "
-                      f"{cluster['controller_id']}, cluster id {cluster['cluster_id']}")]
+               f"{cluster['controller_id']}, cluster id {cluster['cluster_id']}")]
 
 
 def topics(s) -> list:
@@ -59,7 +59,7 @@ def topics(s) -> list:
             if partitions is not None and has != partitions:
                 out.append(fail("topics",
                                 f"{topic}: {has} partitions; hilo-sync needs exactly {partitions} (Kafka orders "
-                                          f"records only within a partition)",
+                                f"records only within a partition)",
                                 f"partitions cannot be removed: delete the topic (kafka-topics.sh --delete --topic "
                                 f"{topic}; its records go with it) and run `hilo topics create --log {c.log} --run "
                                 f"{c.run}`"))
@@ -69,7 +69,7 @@ def topics(s) -> list:
             if required:
                 out.append(fail("topics", f"{topic} does not exist",
                                 f"hilo topics create --log {c.log} --run {c.run} (the "
-                                                                     f"trainer also creates it when it starts)"))
+                                f"trainer also creates it when it starts)"))
             continue
         except HiloError as e:  # compacted, too small for a chunk, not described: the message says which and what to do
             out.append(fail("topics", str(e)))
@@ -89,12 +89,12 @@ def settings(log, topic: str, partitions: int):
     if isr > rf:
         return fail("topics",
                     f"{found}: more in-sync replicas required than copies exist, so the broker refuses every write "
-                              f"(NOT_ENOUGH_REPLICAS)", f"{alter} min.insync.replicas={max(1, rf - 1)}")
+                    f"(NOT_ENOUGH_REPLICAS)", f"{alter} min.insync.replicas={max(1, rf - 1)}")
     issues = []
     if rf == 1:
         issues.append(("one copy: losing its broker loses the run's history",
                        "on a cluster of 3 brokers `hilo topics create` "
-                                                                               "replicates 3 times"))
+                       "replicates 3 times"))
     elif isr == rf:
         issues.append(("one broker down stops the trainer's writes", f"{alter} min.insync.replicas={rf - 1}"))
     elif isr == 1:

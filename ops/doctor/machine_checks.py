@@ -99,7 +99,7 @@ def disk(s) -> list:
         if not os.access(there, os.W_OK):
             out.append(fail("disk", f"{what} {d}: {there} is not writable by this user",
                             f"chown or chmod {there}, or choose "
-                                                                                         f"another directory"))
+                            f"another directory"))
             continue
         free = shutil.disk_usage(there).free / 1e9
         found = f"{what} {d}: {free:.1f} GB free"

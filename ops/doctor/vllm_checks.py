@@ -22,7 +22,7 @@ def version(s) -> list:
     if not (v == SUPPORTED or v.startswith(SUPPORTED + ".")):
         return [warn("vllm",
                      f"vLLM {v} at {server.url}: the hilo-sync plugin patches vLLM {SUPPORTED} and is inactive on "
-                             f"other releases (serving stays correct; vLLM re-reads the adapter on every request)",
+                     f"other releases (serving stays correct; vLLM re-reads the adapter on every request)",
                      f"run vLLM {SUPPORTED} (ops/vllm/install.sh)")]
     return [ok("vllm", f"vLLM {v} at {server.url}")]
 
@@ -33,7 +33,7 @@ def lora(s) -> list:
     if not server.runtime_lora():
         return [fail("vllm-lora",
                      f"vLLM at {server.url} has no runtime LoRA loading (POST /v1/load_lora_adapter is not "
-                                  f"served): a site cannot load its versions",
+                     f"served): a site cannot load its versions",
                      f"re{NO_RUNTIME_LORA} (ops/vllm/start.sh does)")]
     return [ok("vllm-lora", "runtime LoRA loading is on (POST /v1/load_lora_adapter answers)")]
 
@@ -71,8 +71,8 @@ def base(s) -> list:
     if want is not None and _name(served) != _name(want):
         return [fail("vllm-base",
                      f"vLLM at {server.url} serves {served}, not the base {want}: the run's adapters would "
-                                  f"load onto other weights", "start vLLM on the run's base model (ops/vllm/start.sh "
-                                                              "BASE_MODEL_DIR), or fix --base")]
+                     f"load onto other weights", "start vLLM on the run's base model (ops/vllm/start.sh "
+                                                 "BASE_MODEL_DIR), or fix --base")]
     return [ok("vllm-base", f"serves {served}" + (" (as --base says)" if want is not None else ""))]
 
 

@@ -285,7 +285,7 @@ def test_kafka_refuses_a_chunk_size_the_topic_cannot_take(logs):
                                      "configs": {"max.message.bytes": str(1 << 20)}}})
     with pytest.raises(LogError,
                        match=rf"topic '{run}.updates' takes records of at most 1048576 bytes \(max.message.bytes\), "
-                                       r"chunk_bytes 2097152 needs 2162688; lower chunk_bytes"):
+                             r"chunk_bytes 2097152 needs 2162688; lower chunk_bytes"):
         HiLoProducer.open(small_model(), producer_config(run=run, log=KAFKA_URL, chunk_bytes=2 << 20))
     log.close()
 

@@ -230,7 +230,7 @@ def test_a_failed_background_write_leaves_the_old_snapshot_and_stops_the_site_on
         assert len(errors) == 1  # said once, when it failed (what failed: the SnapshotFailed below names it)
         with pytest.raises(SnapshotFailed,
                            match=rf"snapshot of v4 to .*/s/snapshot: Crash: {point}; the previous snapshot "
-                                                 r"is whole \(a restart replays from it\)$"):
+                                 r"is whole \(a restart replays from it\)$"):
             apply_until(site, 5)  # the next version raises it: Site.run stops on it (a HiloError: stop_reason, /readyz)
         assert issubclass(SnapshotFailed, HiloError) and site.snapshots.failures == 1
         apply_until(site, 6)  # raised once

@@ -66,7 +66,7 @@ def test_all_records_expired_refuses_a_silent_second_history_and_sites_refuse_th
     publish_random(fresh, 2)
     with pytest.raises(LogError,
                        match=r"site s: its snapshot v5 is of history [0-9a-f]{12}, the log's checkpoints are of "
-                                       r"history [0-9a-f]{12} \(another history: the run was started again"):
+                             r"history [0-9a-f]{12} \(another history: the run was started again"):
         site(run, tmp_path, until_version=2)  # was: rolled back from v5 to v2 with a warning
     fresh.close()
 

@@ -200,7 +200,7 @@ def test_until_version_refuses_in_one_line_what_it_cannot_end_at(tmp_path):
     assert not (tmp_path / "fresh").exists()
     with pytest.raises(Expired,
                        match=r"v5 of run .* cannot be rebuilt .*the updates after checkpoint v4 .* have expired.*"
-                                      r"the oldest version this log can still give is v8"):
+                             r"the oldest version this log can still give is v8"):
         open_site(KAFKA_URL, run, tmp_path, "fresh", until_version=5, export_adapters=False)
     assert not (tmp_path / "fresh").exists()
     assert open_site(KAFKA_URL, run, tmp_path, "past", until_version=9, export_adapters=False).run(progress=False) == 9

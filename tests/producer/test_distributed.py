@@ -252,17 +252,17 @@ def test_accelerate_launch_runs_the_trl_grpo_trainer_snippet_unchanged(tmp_path)
 @pytest.mark.parametrize("scenario,line", [
     ("codec",
      r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's is "
-              r"'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)"),
+     r"'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)"),
     ("layout",
      r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
-               r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
+     r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
     ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
     ("fsdp2_one",
      r"ConfigError: torch.distributed job: rank 1's LoRA sharding is FSDP2, the publishing rank 0's is none; "
-                  r"every rank must"),
+     r"every rank must"),
     ("publish_rank",
      r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing rank 0's "
-                     r"is 0; every rank must"),
+     r"is 0; every rank must"),
 ], ids=["codec", "layout", "publish_rank_outside", "fsdp2_on_one_rank", "publish_rank_differs"])
 def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
     rc, out, (r0, r1) = torchrun(scenario, f"file://{tmp_path}/log", "bad", tmp_path, 2)
@@ -335,7 +335,7 @@ def test_a_multi_rank_launch_that_cannot_be_joined_is_refused_before_the_log_is_
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError,
                        match=r"WORLD_SIZE=2 \(a multi-rank launch\) without RANK, MASTER_ADDR, MASTER_PORT, and "
-                                          r"torch.distributed is not initialized"):
+                             r"torch.distributed is not initialized"):
         HiLoOptimizer(small_model(), ProducerConfig(run="r", log=f"file://{tmp_path}/log"))
     assert not (tmp_path / "log").exists()
 
