@@ -201,7 +201,10 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
     assert kept["passed"] == liar["passed"] == 0 and kept["failed"] >= liar["failed"], (kept, liar)
     assert kept["failed"] - liar["failed"] <= (kept["audited"] - liar["audited"]) + (kept["refused"] - liar["refused"])
     assert any("site liar stays quarantined" in line for line in err2.splitlines()), err2[-3000:]
-    assert second["dropped"].get("quarantined", 0) > 0 and second["version"] == steps, second["dropped"]
+    # whatever the liar sends the restarted trainer is dropped (it may send nothing: the honest site can take every
+    # prompt of two versions), and nothing it sent passed (kept["passed"] == 0 above)
+    assert set(second["dropped"]) <= {"quarantined", "bad-stamp", "audit-failed"} and second["version"] == steps, second
+
     assert all(m is not None and m.group(1) == second["trainer_digest"] for m in digests.values()), digests
 
 
