@@ -168,9 +168,8 @@ def test_transformers_trainer_one_version_per_optimizer_step_and_resume(tmp_path
     opt = HiLoOptimizer(model, ProducerConfig(run=run, log=url, budget=Budget(0.25)), lr=1e-3)
     sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=1, num_training_steps=6)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
-                             gradient_accumulation_steps=3,
-                             max_steps=4, max_grad_norm=0.5, use_cpu=True, report_to=[], disable_tqdm=True,
-                             save_steps=2)
+                             gradient_accumulation_steps=3, max_steps=4, max_grad_norm=0.5, use_cpu=True,
+                             report_to=[], disable_tqdm=True, save_steps=2)
     trainer = Trainer(model=model, args=args, train_dataset=AdditionData(128), optimizers=(opt, sched))
     trainer.train()
     # README: end
@@ -237,12 +236,10 @@ def test_trl_grpo_trainer_with_a_peft_config(tmp_path):
     dataset = addition_prompts()
     # README: TRL GRPOTrainer
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=4,
-                      max_steps=steps, learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=0,
-                      disable_tqdm=True)
+                      max_completion_length=4, max_steps=steps, learning_rate=1e-3, use_cpu=True, report_to=[],
+                      save_strategy="no", seed=0, disable_tqdm=True)
     trainer = GRPOTrainer(model=build_base(seed=0, hidden=64, layers=2), reward_funcs=digits_right, args=args,
-                          train_dataset=dataset,
-                          processing_class=build_tokenizer(),
+                          train_dataset=dataset, processing_class=build_tokenizer(),
                           peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
     opt = HiLoOptimizer(trainer.model, ProducerConfig(run=run, log=url, budget=Budget(0.25)), lr=args.learning_rate)
     trainer.optimizer = opt  # the trainer wraps the model with PEFT first; its scheduler is built on this optimizer
