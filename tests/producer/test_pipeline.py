@@ -49,14 +49,20 @@ def test_a_pipelined_run_is_the_in_line_run_and_a_site_reaches_its_digest(tmp_pa
     _each_version_once(url, 4)
 
 
-def test_a_publish_that_fails_while_the_next_step_computes_is_raised_there_and_a_restart_has_every_version_once(
-    tmp_path):
+def _at_v2(tmp_path) -> tuple:
+    """(url, its FlakyLog, a pipelined producer on it that published v1 and v2, settled)."""
     url = f"file://{tmp_path}/log"
     log = FlakyLog(open_log(url))
     producer = _open(url, tmp_path, log)
     for v in (1, 2):
         _step(producer, _grads(v))
     producer.flush()
+    return url, log, producer
+
+
+def test_a_publish_that_fails_while_the_next_step_computes_is_raised_there_and_a_restart_has_every_version_once(
+    tmp_path):
+    url, log, producer = _at_v2(tmp_path)
     digest, residual = producer.replica.digest, [e.clone() for e in producer.builder.encoder.residual]
     log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated: broker refused"))
     assert _step(producer, _grads(3)) == 3  # applied locally; its publish fails on its thread
@@ -81,12 +87,7 @@ def test_a_publish_that_fails_while_the_next_step_computes_is_raised_there_and_a
 def test_a_pipelined_publish_in_doubt_is_settled_from_the_log_by_the_step_after(tmp_path):
     """v3 is stored but its ack is lost and the log goes away: the next step raises in doubt, at v2; the one after
     resyncs, finds v3 on the log (with its error feedback) and publishes v4. Nothing is published twice."""
-    url = f"file://{tmp_path}/log"
-    log = FlakyLog(open_log(url))
-    producer = _open(url, tmp_path, log)
-    for v in (1, 2):
-        _step(producer, _grads(v))
-    producer.flush()
+    url, log, producer = _at_v2(tmp_path)
     log.stored_then_down = True
     assert _step(producer, _grads(3)) == 3
     with pytest.raises(NotPublished, match="whether the log holds it is not known yet") as e:
