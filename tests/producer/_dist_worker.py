@@ -162,6 +162,10 @@ def plain_loop(opt, ddp, saved, steps):
         if scenario == "outage" and step == 1 and rank == 0:
             subprocess.run([str(pathlib.Path(__file__).resolve().parents[2] / "ops/kafka/stop.sh")], check=True,
                            timeout=300)
+        if scenario in ("fenced", "outage") and step == 1:
+            # Every rank waits here for rank 0's scaffolding (a trainer started, a broker stopped: tens of seconds on
+            # a loaded machine), so rank_timeout_s times the step, not the scaffolding (CI saw rank 1 time out).
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=600))
         if scenario == "nan" and step == 1 and rank == 0:
             opt.producer.params[3].grad[0, 0] = float("nan")
         try:
