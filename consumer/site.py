@@ -2,19 +2,18 @@
 
     hilo consume --log kafka://trainer:9092 --run exp1 --site eu-1 --state-dir /var/lib/hilo/eu-1
 
-Its parts: where it starts (site_start.py), what it serves (serving.py), where the head stands (head_watch.py),
-its committed position (group_commit.py), the prompts it answers (generator.py). The snapshot (state + next offset)
-is replaced atomically every K versions and on exit, so a crash at any instant restarts from a whole snapshot and
-replays the rest; replay is deterministic, so it reaches the same digests.
+Its parts: opening it (site_open.py), where it starts (site_start.py), what it serves (serving.py), where the head
+stands (head_watch.py), its committed position (group_commit.py), the prompts it answers (generator.py). The snapshot
+(state + next offset) is replaced atomically every K versions and on exit, so a crash at any instant restarts from a
+whole snapshot and replays the rest; replay is deterministic, so it reaches the same digests.
 """
 import logging
-import pathlib
 import sys
 import time
 
 from tqdm import tqdm
 
-from hilo.log import open_log, site_group, updates_topic
+from hilo.log import site_group, updates_topic
 from hilo.log.outage import Outage
 from hilo.replay.bad_records import Skipped
 from hilo.replay.follower import Applied, Follower
@@ -34,6 +33,7 @@ from .head_watch import HeadWatch
 from .lag_view import LagView
 from .serving import Serving
 from .site_metrics import LinkMeter, observe_applied
+from .site_open import open_site
 from .site_start import SiteStart
 from .snapshots import Snapshots
 
@@ -73,28 +73,11 @@ class Site:
 
     @classmethod
     def open(cls, cfg: SiteConfig, log_backend=None, clock=time.time, metrics: Metrics | None = None) -> "Site":
-        """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM.
-        `metrics`: the registry to record into (one a metrics endpoint already serves); default: a new one."""
-        log = log_backend or open_log(cfg.target)
-        keyring = Keyring.load(trust=cfg.trust)
-        made = not pathlib.Path(cfg.state_dir).exists()  # a start refused leaves no state dir it made (nothing in it)
-        site = cls(cfg, log, SnapshotStore(cfg.state_dir), None, keyring, clock, metrics,
-                   HistoryWriter(cfg.history) if cfg.history else None)
-        try:
-            site.owns_log = log_backend is None
-            site._adopt(site.start.follower())
-            site.serving.discard_newer(site.follower.replica.version)
-            site.refresh_head(force=True)
-            if site.serving.server and site.serving.start(site.follower.replica, cfg.vllm):
-                site.commit()
-        except BaseException:
-            site.close()
-            if made and not any(pathlib.Path(cfg.state_dir).iterdir()):
-                pathlib.Path(cfg.state_dir).rmdir()
-            raise
-        return site
+        """Open the log, wait for the run's first checkpoint, bootstrap, and load the bootstrapped version into vLLM
+        (site_open.py). `metrics`: the registry to record into; default: a new one."""
+        return open_site(cls, cfg, log_backend, clock, metrics)
 
-    def _adopt(self, follower: Follower) -> None:
+    def adopt(self, follower: Follower) -> None:
         """Follow on with `follower` (from a bootstrap): the view, a fresh head, the history's start line."""
         self.follower, r = follower, follower.replica
         self.view = self.view.applied(r.version, follower.log_bytes)
@@ -211,7 +194,7 @@ class Site:
         logger.warning("site %s: %s; bootstrapping again from the newest checkpoint", self.cfg.site, error)
         held = (f.replica, f.position(saved_at=self.clock()))
         f.close()
-        self._adopt(self.start.follower(held))
+        self.adopt(self.start.follower(held))
         self.metrics.inc("rebootstraps")
         self.snapshot()  # a crash from here restarts from the checkpoint's state, not from the expired position
         self.publish_newest()

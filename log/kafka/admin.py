@@ -1,10 +1,10 @@
-"""Topics, their configs, consumer-group offsets and DeleteRecords, through kafka-python's admin client."""
+"""Topics, their configs and DeleteRecords, through kafka-python's admin client (consumer-group offsets: their own
+part, group_offsets.py, which shares this client)."""
 import time
 
 from kafka import TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
-from kafka.structs import OffsetAndMetadata
 
 from hilo.log import retry
 from hilo.log.base import check_run, checkpoints_topic, prompts_topic, rollouts_topic, updates_topic
@@ -13,9 +13,6 @@ from hilo.schemas.errors import ConfigError, LogError, NoSuchTopic
 from .errors import failure, from_code, is_retriable
 
 RETRIABLE_TRIES = 20
-COMMIT_TIMEOUT_MS = 5_000  # one commit request: a frozen coordinator holds a commit this long at most
-# one commit, retries included; past it the caller backs off and tries again (group_commit.py)
-COMMIT_WITHIN_S = 10.0
 
 
 def retrying(what: str, fn, *args, **kwargs):
@@ -28,7 +25,7 @@ def retrying(what: str, fn, *args, **kwargs):
 
 
 class Admin:
-    """The admin side of one KafkaLog.
+    """The admin side of one KafkaLog: its topics and the cluster.
 
     connector: connection.Connector. timeout_ms: per request. record_bytes / chunk_bytes: the largest record this
     client writes (as the broker counts it) and its value.
@@ -39,7 +36,6 @@ class Admin:
         self.chunk_bytes, self.record_bytes = chunk_bytes, record_bytes
         self.url = connector.url
         self._client = None
-        self._committer = None  # the commits' own client, replaced after a failed commit
 
     @property
     def client(self) -> KafkaAdminClient:
@@ -192,48 +188,8 @@ class Admin:
         topics = retrying("list topics", self.client.list_topics)
         return sorted(t[: -len(".updates")] for t in topics if t.endswith(".updates"))
 
-    # -- groups ---------------------------------------------------------------------------------
-    def commit(self, group, topic, offset, metadata) -> None:
-        """Commit a group offset through the admin API (the group has no live members), on a client of its own whose
-        requests are bounded by COMMIT_TIMEOUT_MS and the whole commit by COMMIT_WITHIN_S. A failed commit replaces that
-        client: kafka-python caches a group's coordinator and never forgets it, so after the coordinator moved (or froze
-        and came back) the old client asked the old node again and again (NotCoordinatorError for minutes)."""
-        def attempt():
-            if self._committer is None:
-                self._committer = self.connector.connect(
-                    KafkaAdminClient, request_timeout_ms=min(self.timeout_ms, COMMIT_TIMEOUT_MS),
-                    bootstrap_timeout_ms=self.connector.connect_timeout_ms, client_id="hilo-commit")
-            res = self._committer.alter_group_offsets(
-                group, {TopicPartition(topic, 0): OffsetAndMetadata(offset, metadata, -1)})
-            err = next(iter(res.values()))
-            if getattr(err, "errno", 0):
-                raise err()  # reported per partition, not raised: raise it so a coordinator still loading is retried
-        self.connector.check()
-        try:
-            retry.call(attempt, retriable=is_retriable, attempts=RETRIABLE_TRIES, within_s=COMMIT_WITHIN_S)
-        except KafkaError as e:
-            self._drop_committer()  # the next commit connects afresh and finds the group's coordinator again
-            raise failure(f"{self.url}: committing group {group!r} at {topic}@{offset}", e) from None
-
-    def _drop_committer(self) -> None:
-        client, self._committer = self._committer, None
-        if client is not None:
-            client.close()
-
-    def committed(self, group, topic):
-        """(offset, metadata) or None."""
-        res = retrying(f"fetch offsets of {group}", self.client.list_group_offsets, {group: None})
-        om = res.get(group, {}).get(TopicPartition(topic, 0))
-        return None if om is None or om.offset < 0 else (om.offset, om.metadata)
-
-    def groups(self, prefix) -> list:
-        """Consumer groups whose id starts with `prefix`."""
-        return sorted(g["group_id"] for g in retrying("list groups", self.client.list_groups)
-                      if g["group_id"].startswith(prefix))
-
     def close(self) -> None:
-        """Close the admin clients."""
-        self._drop_committer()
+        """Close the admin client."""
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -12,6 +12,7 @@ from hilo.schemas.chunks import DEFAULT_CHUNK_BYTES
 
 from .admin import Admin
 from .connection import Connector
+from .group_offsets import GroupOffsets
 from .reader import ReaderSupervisor
 from .writer import Writer
 
@@ -36,6 +37,7 @@ class KafkaLog(Log):
         self.url, self.chunk_bytes = self.connector.url, chunk_bytes
         record_bytes = chunk_bytes + RECORD_OVERHEAD  # one record as the broker counts it
         self.admin_side = Admin(self.connector, request_timeout_ms, chunk_bytes, record_bytes)
+        self.group_offsets = GroupOffsets(self.admin_side)
         self.writer = Writer(self.connector, request_timeout_ms, record_bytes)
         self.reader = ReaderSupervisor(lambda: self.connector.connect(
             KafkaConsumer, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -49,7 +51,7 @@ class KafkaLog(Log):
         """The kafka-python admin client (for operator tools and tests that set a topic up by hand)."""
         return self.admin_side.client
 
-    # -- topics and groups: the admin side --------------------------------------------------------
+    # -- topics and groups: the admin side and the group offsets ----------------------------------
     def create_topics(self, run, retention_ms=-1):
         """Create RUN.updates / RUN.checkpoints with one partition and delete retention; validate existing ones."""
         return self.admin_side.create_topics(run, retention_ms)
@@ -72,11 +74,11 @@ class KafkaLog(Log):
 
     def commit(self, group, topic, offset, metadata):
         """Commit a group offset through the admin API (the group has no live members)."""
-        self.admin_side.commit(group, topic, offset, metadata)
+        self.group_offsets.commit(group, topic, offset, metadata)
 
     def committed(self, group, topic):
         """(offset, metadata) or None."""
-        return self.admin_side.committed(group, topic)
+        return self.group_offsets.committed(group, topic)
 
     def runs(self):
         """Topics named RUN.updates on the cluster."""
@@ -84,7 +86,7 @@ class KafkaLog(Log):
 
     def groups(self, prefix):
         """Consumer groups whose id starts with `prefix`."""
-        return self.admin_side.groups(prefix)
+        return self.group_offsets.groups(prefix)
 
     # -- records: the writer and the reader -------------------------------------------------------
     def append(self, topic, records, partition=0):
@@ -127,4 +129,5 @@ class KafkaLog(Log):
         """Close clients."""
         self.writer.close()
         self.reader.close()
+        self.group_offsets.close()
         self.admin_side.close()

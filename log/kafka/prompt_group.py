@@ -6,29 +6,23 @@ batch (its rollouts and the group's offsets) in one transaction (consume-transfo
 - Transactional id `hilo.RUN.generate.SITE`: a restarted site fences its own zombie (whose open transaction is
   aborted). The offsets go with the consumer's group metadata (generation and member id, KIP-447), so a site
   whose partitions were moved to another site cannot commit: its transaction fails and is aborted, and it
-  rewinds to the group's committed offsets.
+  rewinds to the group's committed offsets (its membership: joining, rewinding, rejoining, prompt_member.py).
 - Reads are read_committed: a prompt the trainer's aborted transaction wrote is never answered.
 """
-import logging
-import time
-
-from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka import KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
 
 from hilo.schemas import crash_points
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.prompt_queue import Lease, PromptQueue, generate_group
 from hilo.schemas.chunks import Record
-from hilo.schemas.errors import FencedError, LeaseLost, LogError
+from hilo.schemas.errors import FencedError, LeaseLost
 
 from .deadline import call_within
 from .errors import failure, is_fenced, unwrap
+# the group's timings are the member's; importable from here as before
+from .prompt_member import MAX_POLL_INTERVAL_MS, SESSION_TIMEOUT_MS, STUCK_S, PromptGroupMember  # noqa: F401
 from .writer import ABORT_TIMEOUT_S, ATTEMPT_TIMEOUT_S
-
-logger = logging.getLogger(__name__)
-SESSION_TIMEOUT_MS = 10_000   # a site silent this long (dead, SIGSTOPped) loses its partitions to the others
-MAX_POLL_INTERVAL_MS = 300_000  # the longest one batch's generation may take before the group moves its prompts
-STUCK_S = 30.0  # no prompt for this long while the backlog does not move: the member is stuck (see _watch)
 
 
 class KafkaPromptQueue(PromptQueue):
@@ -39,21 +33,13 @@ class KafkaPromptQueue(PromptQueue):
         self.prompts, self.rollouts = prompts_topic(run), rollouts_topic(run)
         log.check_topic(self.rollouts)
         self.group = generate_group(run)
-        self.consumer = None
-        self._join()
+        self.member = PromptGroupMember(log, self.group, self.prompts, site)  # joins, rewinds and rejoins the group
         self._producer = None
-        self.idle_since, self.idle_backlog = time.monotonic(), None  # the stuck-member watchdog (take)
 
-    def _join(self):
-        """A fresh member of the group (a new consumer), subscribed to RUN.prompts."""
-        log, site = self.log, self.site
-        self.consumer = log.connector.connect(
-            KafkaConsumer, group_id=self.group, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", session_timeout_ms=SESSION_TIMEOUT_MS,
-            heartbeat_interval_ms=SESSION_TIMEOUT_MS // 4,
-            max_poll_interval_ms=MAX_POLL_INTERVAL_MS, client_id=f"hilo-generate-{site}",
-            max_partition_fetch_bytes=4 << 20)
-        self.consumer.subscribe([self.prompts])
+    @property
+    def consumer(self):
+        """The group member's consumer: None from leaving the group (an outage) until the next take joins again."""
+        return self.member.consumer
 
     @property
     def producer(self) -> KafkaProducer:
@@ -77,14 +63,12 @@ class KafkaPromptQueue(PromptQueue):
         self.producer  # noqa: B018  (fence a zombie of this site before reading anything)
         try:
             if self.consumer is None:  # a rejoin that met an outage: join now
-                self._join()
+                self.member.join()
             got = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_prompts)
         except KafkaError as e:  # a broker restart: kafka-python raises a connection error from the coordinator lookup
             raise failure(f"{self.log.url}: site {self.site}: reading run {self.run}'s prompts", e) from None
-        if not any(got.values()) and not self.consumer.paused():  # a paused partition waits for a version, not stuck
-            self._watch()
-        else:
-            self.idle_since, self.idle_backlog = time.monotonic(), None
+        # idle: nothing came and no partition is paused (a paused one waits for a version, not stuck)
+        self.member.watch(idle=not any(got.values()) and not self.consumer.paused())
         records, nxt, sources = [], {}, []
         for tp, recs in got.items():
             for r in recs:
@@ -119,30 +103,6 @@ class KafkaPromptQueue(PromptQueue):
         if paused:
             self.consumer.resume(*paused)
 
-    def _watch(self):
-        """A member that gets nothing for STUCK_S while the group's backlog (prompts past its committed offsets) stays
-        where it was is stuck: nobody answers. Seen here: kafka-python's member was removed by the coordinator (its
-        heartbeats stopped) and never looked the coordinator up again, so it waited forever. A fresh consumer
-        rejoins."""
-        if time.monotonic() - self.idle_since < STUCK_S:
-            return
-        backlog = self._backlog()
-        if backlog and backlog == self.idle_backlog:
-            self._rejoin(f"nothing from the prompt group for {time.monotonic() - self.idle_since:.0f} s while "
-                         f"{sum(backlog.values())} prompts wait unanswered")
-        self.idle_since, self.idle_backlog = time.monotonic(), backlog
-
-    def _backlog(self) -> dict:
-        """{partition: prompts past the group's committed offset}, from the admin API and the log (not the group
-        member)."""
-        try:
-            offsets = self.log.admin.list_group_offsets({self.group: None}).get(self.group, {})
-            committed = {tp.partition: max(0, m.offset) for tp, m in offsets.items() if tp.topic == self.prompts}
-            return {p: n for p in range(self.log.partitions(self.prompts))
-                    if (n := self.log.end_offset(self.prompts, p) - committed.get(p, 0)) > 0}
-        except (KafkaError, LogError):
-            return {}
-
     def settle(self, lease, records):
         """Rollouts and the group's offsets in one transaction; LeaseLost (and a rewind) if the group moved on."""
         if not lease.records:
@@ -168,7 +128,7 @@ class KafkaPromptQueue(PromptQueue):
             return [f.get(timeout=ATTEMPT_TIMEOUT_S).offset for f in futures]
         except KafkaError as e:
             self._abort()
-            self._rewind()
+            self.member.rewind()
             if is_fenced(e):
                 self._drop()
                 raise FencedError(f"{self.log.url}: run {self.run}: site {self.site} was fenced by a newer process of "
@@ -183,7 +143,7 @@ class KafkaPromptQueue(PromptQueue):
     def release(self, lease):
         """Rewind to the group's committed offsets: the lease's prompts are read again."""
         if lease.records:
-            self._rewind()
+            self.member.rewind()
 
     def _abort(self):
         if self._producer is None:
@@ -201,40 +161,10 @@ class KafkaPromptQueue(PromptQueue):
                 pass
         self._producer = None
 
-    def _rewind(self):
-        """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again). Where
-        the offsets cannot be read (an outage), a fresh member: it starts from the group's committed offsets."""
-        if self.consumer is None:  # not a member now: the next take joins and reads from the committed offsets
-            return
-        try:
-            for tp in self.consumer.assignment():
-                # bounded: kafka-python's committed() without a timeout waited for the coordinator forever, and a site
-                # whose settle failed in a broker restart stopped there, silent, long after the broker was back
-                committed = self.consumer.committed(tp, timeout_ms=int(ATTEMPT_TIMEOUT_S * 1000))
-                if committed is None:
-                    self.consumer.seek_to_beginning(tp)  # the group never committed here: its first prompt
-                else:
-                    self.consumer.seek(tp, committed)
-        except KafkaError as e:
-            self._rejoin(f"the group's offsets cannot be read ({type(unwrap(e)).__name__})")
-
-    def _rejoin(self, why: str):
-        """Leave the group (bounded); the next take joins it again with a fresh consumer, which reads from the committed
-        offsets. Joining there, not here, means a join that meets an outage is waited out like any read, and the site
-        never keeps a closed consumer (whose next poll raised IllegalStateError and ended the site: test_outage's
-        hilo rl run, a rewind during a broker restart)."""
-        logger.warning("site %s: %s; rejoining the group with a fresh consumer", self.site, why)
-        consumer, self.consumer = self.consumer, None
-        try:
-            consumer.close(autocommit=False, timeout_ms=5000)
-        except Exception:  # noqa: BLE001  (closing a wedged client; nothing to report)
-            pass
-
     def close(self):
         """Leave the group (its partitions go to the other sites at once) and close the producer."""
         try:
-            if self.consumer is not None:
-                self.consumer.close(autocommit=False)
+            self.member.close()
         finally:
             if self._producer is not None:
                 self._producer.close(timeout=5)
