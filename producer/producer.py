@@ -8,7 +8,8 @@
 The trainer is a replica: its LoRA params are whatever the decoded messages make them, so every site
 that applies the same messages holds the same policy, bit for bit. Its parts: opening it (trainer_open.py), where it
 starts (resume.py),
-putting a version on the log (publisher.py), its checkpoints (checkpoints.py), what it proposes (update_builder.py).
+putting a version on the log (publisher.py), its checkpoints (checkpoints.py), what it proposes (update_builder.py),
+committing only what the log acknowledged, in line or pipelined (committer.py, inflight.py).
 """
 import functools
 import logging
@@ -20,16 +21,15 @@ from hilo.log import checkpoints_topic, updates_topic
 from hilo.log.outage import Outage
 from hilo.replica.codecs import AutoBudget, Budget, make_encoder
 from hilo.replica.replica import PolicyReplica
-from hilo.schemas import crash_points
-from hilo.schemas.errors import ConfigError, NotPublished
+from hilo.schemas.errors import ConfigError
 from hilo.schemas.metrics import Metrics
 from hilo.schemas.keyring import Keyring
 from hilo.schemas.signing import Signer
 
 from .trainer_state import TrainerLedger
 from .checkpoints import Checkpoints
+from .committer import Committer
 from .config import ProducerConfig
-from .inflight import InFlight
 from .link_budget import LinkBudget
 from .lora_params import lora_gradients
 from .publisher import Publisher
@@ -38,7 +38,6 @@ from .resume import Resumed
 from .sync_mode import SYNC_MODES
 from .trainer import Trainer
 from .trainer_open import open_alone
-from .trainer_metrics import count_skips, observe_published
 from .update_builder import UpdateBuilder
 
 logger = logging.getLogger(__name__)
@@ -70,11 +69,9 @@ class HiLoProducer:
         self.builder = UpdateBuilder(replica, make_encoder(config.codec, self.manifest,
                                                           Budget(config.budget.start) if auto else config.budget))
         self.sync = SYNC_MODES[config.mode](config.optimizer, replica.state.params)
-        self.in_doubt = None  # a Proposal published with an unknown outcome; settled by the next resync
-        self.pending = None   # the trainer-only state of the proposal in flight (or in doubt): delta mode's master
-        # ProducerConfig.pipeline: the version whose publish runs on its thread (producer/inflight.py)
-        self.inflight = None
-        self.last_step = {}
+        # publishes each proposal and commits what the log acknowledges; holds what is in flight or in doubt
+        self.commits = Committer(config, self.publisher, self.builder, self.sync, keyring, ledger, checkpoints, metrics,
+                                 self.manifest, self.write_back, self.save_snapshot)
 
     @classmethod
     def open(cls, model: torch.nn.Module, config: ProducerConfig, log_backend=None, metrics: Metrics | None = None,
@@ -111,6 +108,16 @@ class HiLoProducer:
         way)."""
         return self.replica.version
 
+    @property
+    def in_doubt(self):
+        """The proposal whose publish ended with its outcome unknown (None: none); the next step() resyncs first."""
+        return self.commits.in_doubt
+
+    @property
+    def last_step(self) -> dict:
+        """The last committed step's account: version, bytes, chunks, seconds (pipeline: wait_s, publish_s too)."""
+        return self.commits.last_step
+
     def save_snapshot(self):
         """The trainer's own snapshot: replica, position, and the trainer-only state (never published), atomically."""
         self.settle()  # a snapshot holds committed versions only
@@ -119,22 +126,7 @@ class HiLoProducer:
     def resync(self) -> None:
         """Settle a publish whose outcome was unknown: read the log from the last committed offset, adopt what it
         holds."""
-        self.settle()
-        pending, run = self.in_doubt, self.config.run
-        follower, ours = self.publisher.replay(self.replica, self.ledger.position, pending, self.config.on_bad_record,
-                                               self.keyring)
-        self.ledger.caught_up(follower, self.replica, ours)
-        count_skips(self.metrics, follower.skips)
-        if ours:
-            self.builder.encoder.commit(pending.encoding)  # the log has our message: keep its error feedback
-            self.sync.commit(self.pending)
-            logger.warning("run %s: v%d, whose publish was in doubt, is on the log; continuing from it", run,
-                           pending.version)
-        elif pending is not None:
-            logger.warning("run %s: v%d, whose publish was in doubt, is not on the log; it will be proposed again", run,
-                           pending.version)
-        self.in_doubt = self.pending = None
-        self.write_back()
+        self.commits.resync()
 
     def rotate_key(self, new_key_path: str) -> None:
         """Move the run to a new signing key: a 'next key' record signed by the current key (sites that trust it
@@ -169,7 +161,7 @@ class HiLoProducer:
             meta = dict(meta or {}) | {f"budget_{k}": v for k, v in why.items()}
         grads = lora_gradients(self.weights.grads(), self.manifest, self.config.run, self.config.adapter)
         proposal, pending = self.sync.propose(self.builder, grads, self.config.hparams | hparams, meta)
-        version = self._publish(proposal, pending, t0)
+        version = self.commits.publish(proposal, pending, t0)
         if self.link_budget is not None:
             self.link_budget.observe(self.builder.encoder.budget.fraction,
                                      proposal.timing["encode"] + proposal.timing["apply"])
@@ -191,7 +183,7 @@ class HiLoProducer:
             t0 = time.perf_counter()
             if self.in_doubt is not None:
                 self.resync()
-            self._publish(self.sync.flush_proposal(self.builder), None, t0)
+            self.commits.publish(self.sync.flush_proposal(self.builder), None, t0)
             sent += 1
         if sent or start > tol:
             log = logger.warning if self.lag() > tol else logger.info
@@ -199,69 +191,10 @@ class HiLoProducer:
                 self.config.run, sent, self.version, start, self.lag(), tol)
         return sent
 
-    def _publish(self, proposal, pending, t0: float) -> int:
-        """Publish `proposal` (with its checkpoint when due), then commit it and `pending` (the sync mode's state).
-        Pipeline: first settle the version in flight, then adopt `proposal` and start its publish on a thread."""
-        self.settle()  # the version before first: its failure is raised here, before anything newer is published
-        self.pending, msg = pending, proposal.message
-        crash_points.reach("trainer.encoded")
-        checkpoint = self.checkpoints.of(proposal, self.replica.genesis)  # None: this version carries none
-        send = functools.partial(self.publisher.publish, msg, self.keyring.signer, self.ledger.log_bytes, checkpoint,
-                                 self.version)
-        if self.config.pipeline:
-            self.inflight = InFlight(proposal, self.builder.adopt(proposal), checkpoint is not None, t0, send)
-            self.write_back()
-            crash_points.reach("trainer.ahead")
-            self.inflight.critical_s = time.perf_counter() - t0
-            return msg.version
-        try:
-            published = send()
-        except NotPublished as e:
-            if e.in_doubt:
-                self.in_doubt = proposal
-            raise
-        self.builder.commit(proposal)
-        self._committed(proposal, published, checkpoint is not None, time.perf_counter() - t0)
-        self.write_back()  # after the commit: delta mode writes back the master, which the commit moves
-        return msg.version
-
     def settle(self) -> None:
         """Pipeline: wait for the version in flight (if any) and commit what its acknowledgement decides; if it is not
         on the log, return the trainer to the last version that is, and raise its error."""
-        inflight, self.inflight = self.inflight, None
-        if inflight is None:
-            return
-        crash_points.reach("trainer.awaiting")
-        t = time.perf_counter()
-        try:
-            published = inflight.outcome()
-        except BaseException as e:
-            self.builder.revert(inflight.undo)
-            self.write_back()
-            if isinstance(e, NotPublished) and e.in_doubt:
-                self.in_doubt = inflight.proposal  # as in line: the next step resyncs before anything else
-            else:
-                self.pending = None
-            raise
-        self._committed(inflight.proposal, published, inflight.wanted_checkpoint, inflight.critical_s,
-                        {"wait_s": time.perf_counter() - t, "publish_s": inflight.publish_s})
-
-    def _committed(self, proposal, published, wanted_checkpoint: bool, total_s: float,
-                   extra: dict | None = None) -> None:
-        """What the log's acknowledgement of `proposal` decides: the sync state, position, history, metrics,
-        snapshot."""
-        msg = proposal.message
-        observe_published(self.metrics, proposal, published.nbytes, self.manifest.adapter_bytes(), published.sign_s,
-                          published.transaction_s)
-        self.sync.commit(self.pending)
-        self.pending = None
-        # pipeline: at it until the next adopt
-        self.ledger.committed(self.replica, published.offsets[-1], published.nbytes)
-        if self.checkpoints.settled(published, msg.version, wanted=wanted_checkpoint):
-            self.save_snapshot()
-        self.last_step = {"version": msg.version, "bytes": published.nbytes, "chunks": len(published.offsets),
-                          "encode_s": proposal.timing["encode"], "apply_s": proposal.timing["apply"],
-                          "total_s": total_s, "lag": msg.meta.get("lag", 0.0)} | (extra or {})
+        self.commits.settle()
 
     def close(self, flush: bool = True):
         """Flush (delta mode, unless `flush=False`), save the trainer's snapshot (a clean stop leaves one at the head)

@@ -22,14 +22,14 @@ import torch
 
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.log.outage import Outage
-from hilo.log.tail import records
 from hilo.schemas import headers as H
 from hilo.schemas.errors import ConfigError, HiloError, LogUnavailable, NonFinite
 from hilo.schemas.framing import split_trailer
-from hilo.schemas.rollouts import PromptRecord, RolloutRecord, decode_rollout_record
+from hilo.schemas.rollouts import RolloutRecord, decode_rollout_record
 from hilo.schemas.keyring import Keyring
 from hilo.schemas.signing import SignatureError, Unsigned, Verifier
 
+from . import exchange_restore
 from .importance import truncated_weights
 from .rollout_book import RolloutBook
 
@@ -98,40 +98,8 @@ class RolloutExchange:
         """After a restart at `trainer_version`: every prompt issued before (all partitions of RUN.prompts) is trained,
         retired (per the ledger, up to that version) or in flight again, and the rollouts already returned for those
         in flight are offered again (RUN.rollouts from its start; those of settled prompts are passed over
-        silently). Returns what was rebuilt."""
-        trained, retired = self.ledger.settled(trainer_version) if self.ledger else (set(), set())
-        self.book.done |= trained
-        self.book.retired |= retired
-        self._retired_recorded |= retired
-        issued, back = 0, []
-        for part in range(self.partitions):
-            for k, rec in enumerate(records(self.log, self.prompts, part, start=0)):
-                issued += 1
-                try:
-                    p = decode_rollout_record(rec.value, f"{self.prompts}[{part}] offset {rec.offset}")
-                except HiloError:
-                    continue
-                if isinstance(p, PromptRecord) and p.run == self.run and p.prompt_id not in trained | retired:
-                    # issued in turn over the partitions: its place in issue order
-                    back.append((k * self.partitions + part, p))
-        for _, p in sorted(back, key=lambda e: e[0]):  # oldest issued first, as the running trainer held them
-            self.book.restore(p)
-        self.issued = issued
-        replayed, end = 0, self.log.end_offset(self.rollouts)
-        for rec in records(self.log, self.rollouts, start=self.next_offset):
-            end = max(end, rec.offset + 1)  # a read may run past the end asked for: never offer a record twice
-            pid = rec.key.decode(errors="replace") if rec.key else ""
-            if pid in self.book.in_flight:  # the key is the prompt id; the record itself is checked by poll's rules
-                r = self._rollout(rec)
-                if r is not None and r.prompt_id in self.book.in_flight \
-                        and self._offer(rec, r, trainer_version) is None:
-                    replayed += 1
-        self.next_offset = max(self.next_offset, end)
-        self.restored = {"trained": len(trained), "retired": len(retired), "in_flight": len(self.book.in_flight),
-                         "rollouts": replayed}
-        logger.info("run %s: return path restored at v%d: %d prompts trained on, %d retired, %d in flight again with "
-                    "%d rollouts", self.run, trainer_version, *self.restored.values())
-        return self.restored
+        silently). Returns what was rebuilt (producer/exchange_restore.py reads it back)."""
+        return exchange_restore.restore(self, trainer_version)
 
     def record_step(self, version: int, groups) -> None:
         """Before publishing `version`: write down the groups its step trains on (and the prompts retired since), and

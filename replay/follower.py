@@ -21,10 +21,11 @@ from hilo.schemas.signing import SignatureError, Verifier
 
 from hilo.schemas import crash_points
 from hilo.log.base import checkpoints_topic, updates_topic
-from hilo.log.tail import last_message, locate
+from hilo.log.tail import last_message
 
 from .bad_records import OnBadRecord, Skipped, reason_of
-from .checks import accepts, adopt_rotation, message_what, unframe_update, update_reassembler, warn_if_signed
+from .checks import adopt_rotation, message_what, unframe_update, update_reassembler, warn_if_signed
+from .follow_from import next_version_offset, trusted_keyring
 
 logger = logging.getLogger(__name__)
 
@@ -125,10 +126,7 @@ class Follower:
         shares it, and trusts the newest key rotation `position` records (this reader verified it before a restart),
         else the keyring's root (schemas/keyring.py); then every rotation the follower applies moves the keyring."""
         self.log, self.run, self.replica = log_backend, run, replica
-        self.keyring = trust if isinstance(trust, Keyring) else Keyring(trusted=trust)
-        root = self.keyring.root
-        self.keyring.trust(Verifier.from_raw(bytes.fromhex(position.keys[-1][1])) if root is not None and position.keys
-                           else root)
+        self.keyring = trusted_keyring(trust, position)
         replica.keyring = self.keyring
         # where update records are read (a log.prefetch.Prefetcher reads the next version while this one applies);
         # offsets, heads and everything else come from log_backend
@@ -153,19 +151,8 @@ class Follower:
         # Key rotations seen (from version, raw public key): the replica's trusted key follows them, and a
         # snapshot keeps them (position "keys"), so a restart trusts what this site already verified.
         self.rotations = list(position.keys)
-        if not self.log.retained(self.topic, next_offset):
-            raise Expired(f"{self.topic}: v{replica.version + 1} at offset {next_offset} is no longer retained "
-                          f"(log begins at {self.log.begin_offset(self.topic)}); bootstrap from a newer checkpoint (a "
-                          f"restarted site does; if none covers it, the trainer's next checkpoint will)")
-        next_offset = max(next_offset, self.log.begin_offset(self.topic))
-        # An offset is a place on one cluster; the version is the place on every cluster of the run (a mirror holds
-        # the same versions at other offsets): find where the next version is here.
-        located = locate(self.log, self.topic, run, replica.version + 1, next_offset,
-                         accept=accepts(replica, self.topic))
-        if located != next_offset:
-            logger.info("%s: v%d is at offset %d here (the stored position, offset %d, is another cluster's)",
-                        self.topic, replica.version + 1, located, next_offset)
-        self.next_offset = self.read_offset = located
+        # the stored offset is another cluster's when this log is a mirror: the next version is looked up here
+        self.next_offset = self.read_offset = next_version_offset(self.log, self.topic, run, replica, position)
 
     @property
     def foreign(self) -> int:

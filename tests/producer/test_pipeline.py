@@ -39,10 +39,11 @@ def test_a_pipelined_run_is_the_in_line_run_and_a_site_reaches_its_digest(tmp_pa
     producer = _open(url, tmp_path)
     for v in (1, 2, 3, 4):
         assert _step(producer, _grads(v)) == v
-        assert producer.inflight is not None and producer.inflight.proposal.version == v  # returned with v in flight
+        inflight = producer.commits.pipeline.inflight  # the version whose publish runs on its thread
+        assert inflight is not None and inflight.proposal.version == v  # returned with v in flight
         assert producer.version == v and _model_holds_the_replica(producer)
     assert producer.last_step["version"] == 3 and producer.last_step["chunks"] == 1  # the last one settled
-    assert producer.flush() == 0 and producer.inflight is None and producer.last_step["version"] == 4
+    assert producer.flush() == 0 and producer.commits.pipeline.inflight is None and producer.last_step["version"] == 4
     producer.close()
     assert producer.replica.digest == _reference(tmp_path, [_grads(v) for v in (1, 2, 3, 4)])
     assert _site_digest(url, "r", tmp_path, 4) == producer.replica.digest
