@@ -303,6 +303,7 @@ REGIONS = {
     "ranks": _bench("ranks", "table", f"{RESULTS}/ranks.json"),
     "trainer": _bench("trainer", "table", f"{RESULTS}/trainer.json"),
     "trainer-qwen3": _bench("trainer", "table", f"{RESULTS}/trainer-qwen3-1.7b.json"),
+    "trainer-wan": _bench("trainer", "table", f"{RESULTS}/trainer-wan/trainer.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
     "measured-on": Region(measured_on_table),  # reads every file the other regions read
 }
@@ -353,7 +354,7 @@ BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary"
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve",
               "faults",
               "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "trainer",
-              "trainer-qwen3", "scrape",
+              "trainer-qwen3", "trainer-wan", "scrape",
               "startup", "measured-on")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer

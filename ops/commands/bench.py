@@ -99,8 +99,11 @@ def ranks(a):
 def trainer(a):
     """A step's cost with hilo-sync against plain AdamW: encode, apply, publish wait, step, on 1 and 2 ranks."""
     from hilo.ops.bench.trainer import main
-    return main(["--shape", a.shape, "--steps", str(a.steps), "--kafka", a.kafka] + (["--out", a.out] if a.out else [])
-                + (["--json"] if a.json else []))
+    return main(["--shape", a.shape, "--steps", str(a.steps), "--kafka", a.kafka, "--compute-s", str(a.compute_s),
+                 "--wan-port", str(a.wan_port)]
+                + (["--rtt-ms", ",".join(map(str, a.rtt_ms))] if a.rtt_ms else [])
+                + (["--rows", ",".join(a.rows)] if a.rows else [])
+                + (["--out", a.out] if a.out else []) + (["--json"] if a.json else []))
 
 
 def probe(a):
@@ -118,6 +121,7 @@ def fanout(a):
 
 def register(sub):
     """The bench command group; codec, optimizer, shape and sync names come from their registries."""
+    from hilo.ops.bench.delayed_broker import DEFAULT_PORT as WAN_PORT
     from hilo.ops.bench.onpolicy import SYNCS
     from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
     from hilo.ops.bench.rl import BenchConfig
@@ -259,12 +263,24 @@ def register(sub):
     rk.set_defaults(fn=ranks)
     tr = bsub.add_parser("trainer",
                          help="what a training step costs with hilo-sync against plain torch AdamW, in one table: "
-                         "encode, apply, publish wait on the critical path, step; file log and Kafka, in line and "
-                         "pipelined; 1 and 2 ranks")
+                         "encode, apply, publish wait on the critical path, step; file log, Kafka and Kafka behind an "
+                         "emulated RTT, in line and pipelined; 1 and 2 ranks")
     tr.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     tr.add_argument("--steps", type=at_least(1), default=5,
                     help="timed steps per job, after a warm-up (default: %(default)s)")
     tr.add_argument("--kafka", default="kafka://127.0.0.1:9092", help="the loopback broker (default: %(default)s)")
+    tr.add_argument("--rtt-ms", type=lambda t: [int(x) for x in t.split(",")],
+                    help="comma list: also Kafka behind each emulated round trip, 1 rank in line and pipelined (a "
+                    "broker of its own behind toxiproxy, ops/wan/toxiproxy.sh; no root needed)")
+    tr.add_argument("--compute-s", type=float, default=0.0,
+                    help="modelled forward + backward: every rank sleeps this long before each step(); a pipelined "
+                    "publish hides the RTT only behind compute that exists (default: %(default)s)")
+    tr.add_argument("--rows", type=lambda t: t.split(","),
+                    help="comma list of jobs to run (adamw-1, file-1, file-1-pipelined, kafka-1, kafka-1-pipelined, "
+                    "adamw-2, file-2, kafka-2, wan-1, wan-1-pipelined; a prefix picks all it begins: kafka-1, wan; "
+                    "default: all)")
+    tr.add_argument("--wan-port", type=at_least(1), default=WAN_PORT,
+                    help="the delayed broker's port; it takes the next three too (default: %(default)s)")
     tr.add_argument("--json", action="store_true", help="print the JSON")
     tr.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")
     tr.set_defaults(fn=trainer)

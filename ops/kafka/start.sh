@@ -8,6 +8,11 @@
 #       ACLs enforced (nothing allowed without one; grant a run's with `hilo acls grant`). Client files for
 #       --kafka-config: $HILO_CACHE/kafka-secure/security/clients/{admin,trainer,site}.properties.
 #       Controllers talk mutual TLS (the broker certificate is their principal).
+#   HILO_KAFKA_ADVERTISED_PORT=A ops/kafka/start.sh   # (one plaintext node) clients reached through a proxy on :A
+#       The node also listens on PORT+2 (listener CLIENT) and tells its clients to reach it at $HILO_KAFKA_HOST:A, where
+#       a proxy forwarding to PORT+2 listens (ops/wan/toxiproxy.sh: a delayed link): a client bootstrapping from :A
+#       then makes every connection through the proxy. The node's own traffic (to itself: transaction markers) stays
+#       on PORT, as a broker's does on a real WAN.
 # Idempotent: a node that is already running is left alone. Logs: $HILO_CACHE/kafka-run/node-N/server.log
 set -euo pipefail
 NODES=1
@@ -15,11 +20,15 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
     --secure) export HILO_KAFKA_SECURE=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "start.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 source "$(dirname "$0")/env.sh"
+ADVERTISED_PORT=${HILO_KAFKA_ADVERTISED_PORT:-}
+if [ -n "$ADVERTISED_PORT" ] && { [ "$NODES" != 1 ] || [ "${HILO_KAFKA_SECURE:-0}" = 1 ]; }; then
+  echo "start.sh: HILO_KAFKA_ADVERTISED_PORT is for one plaintext node" >&2; exit 2
+fi
 "$KAFKA_SCRIPTS/fetch.sh"
 CP="$KAFKA_LIBS/*"
 voters=""
@@ -61,6 +70,13 @@ ssl.truststore.password=$store_pw
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 allow.everyone.if.no.acl.found=false
 super.users=User:admin;User:CN=hilo-broker
+PROPS
+  elif [ -n "$ADVERTISED_PORT" ]; then
+    cat > "$dir/server.properties" <<PROPS
+listeners=PLAINTEXT://$KAFKA_HOST:$port,CONTROLLER://$KAFKA_HOST:$cport,CLIENT://$KAFKA_HOST:$((port + 2))
+advertised.listeners=PLAINTEXT://$KAFKA_HOST:$port,CLIENT://$KAFKA_HOST:$ADVERTISED_PORT
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,CLIENT:PLAINTEXT
 PROPS
   else
     cat > "$dir/server.properties" <<PROPS
