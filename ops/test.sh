@@ -17,6 +17,8 @@ lowest=$("$HILO_VENV/bin/python" -c 'import re, tomllib; print(re.search(r"3\.\d
 "$HILO_VENV/bin/vermin" -q --no-tips --violations --eval-annotations -t="$lowest-" schemas replica log replay producer consumer ops
 # A venv for the lowest and the highest Python the package claims (cached): tests/ops/test_install.py installs the wheel there.
 ops/pythons.sh >/dev/null
+# toxiproxy (Go, cached in $HILO_CACHE/bin): the delayed link of `hilo bench trainer --rtt-ms` and its test.
+ops/wan/toxiproxy.sh install >/dev/null
 started=0 vllm_started=0 bf16_started=0
 BF16=(env HILO_VLLM_PORT=${HILO_VLLM_BF16_PORT:-8015} HILO_VLLM_DIR=${HILO_CACHE:-$HOME/.cache/hilo-sync}/vllm-run-bf16)
 trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; [ $bf16_started = 1 ] && "${BF16[@]}" ops/vllm/stop.sh; true' EXIT
