@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
-from hilo.ops.bench.delayed_broker import DEFAULT_PORT, DelayedBroker
+from hilo.ops.bench.delayed_broker import DelayedBroker
+from hilo.ops.bench.trainer_flags import add_arguments
 from hilo.ops.bench.ranks import LoraShell, launch
 from hilo.ops.bench.report import results_dir, save
-from hilo.replica.synthetic import QWEN3, GradientStream, qwen3_manifest
+from hilo.replica.synthetic import GradientStream, qwen3_manifest
 
 
 @dataclass(frozen=True)
@@ -184,24 +185,7 @@ def main(argv=None) -> int:
     """`hilo bench trainer`: every job of JOBS (those --rows names), then the WAN ones; the table."""
     ap = argparse.ArgumentParser(prog="hilo bench trainer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=5,
-                    help="timed steps per job, after one warm-up (default: %(default)s)")
-    ap.add_argument("--kafka", default=os.environ.get("HILO_KAFKA", "kafka://127.0.0.1:9092"),
-                    help="the loopback broker (default: $HILO_KAFKA or %(default)s)")
-    ap.add_argument("--rtt-ms", type=lambda t: [int(x) for x in t.split(",")], default=[],
-                    help="comma list: Kafka behind each emulated round trip, 1 rank in line and pipelined (a broker "
-                    "of its own behind toxiproxy, ops/wan/toxiproxy.sh; default: none)")
-    ap.add_argument("--compute-s", type=float, default=0.0,
-                    help="modelled forward + backward: every rank sleeps this long before each step(); a pipelined "
-                    "publish hides the RTT only behind compute that exists (default: %(default)s)")
-    ap.add_argument("--rows", type=lambda t: t.split(","),
-                    help="comma list of jobs to run (adamw-1, kafka-1-pipelined, ...; a prefix picks all it begins: "
-                    "kafka-1, wan; default: all)")
-    ap.add_argument("--wan-port", type=int, default=DEFAULT_PORT,
-                    help="the delayed broker's port; it takes the next three too (default: %(default)s)")
-    ap.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")
-    ap.add_argument("--json", action="store_true", help="print the JSON")
+    add_arguments(ap)
     # one rank of a job (this module, relaunched)
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kind", help=argparse.SUPPRESS)

@@ -121,7 +121,7 @@ def fanout(a):
 
 def register(sub):
     """The bench command group; codec, optimizer, shape and sync names come from their registries."""
-    from hilo.ops.bench.delayed_broker import DEFAULT_PORT as WAN_PORT
+    from hilo.ops.bench import trainer_flags
     from hilo.ops.bench.onpolicy import SYNCS
     from hilo.ops.bench.quality import PLAN, QUICK_SYNCS
     from hilo.ops.bench.rl import BenchConfig
@@ -265,24 +265,7 @@ def register(sub):
                          help="what a training step costs with hilo-sync against plain torch AdamW, in one table: "
                          "encode, apply, publish wait on the critical path, step; file log, Kafka and Kafka behind an "
                          "emulated RTT, in line and pipelined; 1 and 2 ranks")
-    tr.add_argument("--shape", choices=shapes, default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
-    tr.add_argument("--steps", type=at_least(1), default=5,
-                    help="timed steps per job, after a warm-up (default: %(default)s)")
-    tr.add_argument("--kafka", default="kafka://127.0.0.1:9092", help="the loopback broker (default: %(default)s)")
-    tr.add_argument("--rtt-ms", type=lambda t: [int(x) for x in t.split(",")],
-                    help="comma list: also Kafka behind each emulated round trip, 1 rank in line and pipelined (a "
-                    "broker of its own behind toxiproxy, ops/wan/toxiproxy.sh; no root needed)")
-    tr.add_argument("--compute-s", type=float, default=0.0,
-                    help="modelled forward + backward: every rank sleeps this long before each step(); a pipelined "
-                    "publish hides the RTT only behind compute that exists (default: %(default)s)")
-    tr.add_argument("--rows", type=lambda t: t.split(","),
-                    help="comma list of jobs to run (adamw-1, file-1, file-1-pipelined, kafka-1, kafka-1-pipelined, "
-                    "adamw-2, file-2, kafka-2, wan-1, wan-1-pipelined; a prefix picks all it begins: kafka-1, wan; "
-                    "default: all)")
-    tr.add_argument("--wan-port", type=at_least(1), default=WAN_PORT,
-                    help="the delayed broker's port; it takes the next three too (default: %(default)s)")
-    tr.add_argument("--json", action="store_true", help="print the JSON")
-    tr.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")
+    trainer_flags.add_arguments(tr)
     tr.set_defaults(fn=trainer)
     pr = bsub.add_parser("probe",
                          help="per block and version: is a compressed method's step the uncompressed shadow's? "
