@@ -16,9 +16,9 @@ from tests.scenarios import zombie
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def test_consumer_sigkilled_at_5_random_moments_reaches_trainer_digest(tmp_path):
-    # 5 kills, each a fresh process (most of the test's time); `hilo bench faults` kills many more times
-    rng, kills = random.Random(20), 5
+def test_consumer_sigkilled_at_3_random_moments_reaches_trainer_digest(tmp_path):
+    # 3 kills, each a fresh process (most of the test's time); `hilo bench faults` kills many more times
+    rng, kills = random.Random(20), 3
     run = new_run("kill")
     producer = HiLoProducer.open(small_model(hidden=256, layers=4, rank=32),
                             producer_config(run=run, log=KAFKA_URL, codec="dense", checkpoint_every=1000,

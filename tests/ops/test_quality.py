@@ -38,8 +38,9 @@ def test_lossless_delta_counts_changed_bf16_elements():
 def test_quick_quality_run(tmp_path, capsys):
     from hilo.ops.pretrain import SMOKE_STUDENT
     from hilo.ops.bench.quality import SweepConfig, main
-    # `--quick`'s plan (both tasks, every quick sync) at 2 optimizers and 4 steps: the suite's share of its time
-    cfg = SweepConfig(quick=True, optimizers=("adamw", "muon"), steps=4, student="smoke")
+    # `--quick`'s plan (both tasks, every quick sync) at one optimizer and 4 steps: the suite's share of its time (a
+    # second optimizer doubled the suite's longest test; the optimizers' arithmetic has tests of its own)
+    cfg = SweepConfig(quick=True, optimizers=("adamw",), steps=4, student="smoke")
     assert main(cfg, as_json=True, out_dir=str(tmp_path)) == 0
     res = json.loads(capsys.readouterr().out)
     cells = res["cells"]
