@@ -33,8 +33,9 @@ def test_the_wan_row_runs_behind_the_delayed_broker_and_stops_it(tmp_path):
         assert [(r["trainer"], r["rtt_ms"], r["pipeline"]) for r in res["rows"]] == [
             (f"hilo, Kafka {RTT_MS} ms RTT, pipelined", RTT_MS, True)]
         rtt = res["rtt"][str(RTT_MS)]
-        assert RTT_MS / 1000 <= rtt["metadata_request_s"] < RTT_MS / 1000 + 0.1, rtt
-        assert rtt["direct_metadata_request_s"] < RTT_MS / 1000 / 2, rtt
+        # the proxy adds the round trip to every request: a floor that load cannot lower (no upper bound: a loaded
+        # machine may stretch any request, proxied or straight)
+        assert rtt["metadata_request_s"] >= RTT_MS / 1000 > rtt["direct_metadata_request_s"], rtt
         assert "hilo, Kafka loopback, 1 rank(s)" in res["not_run"]
         assert not any(_listening(p) for p in range(PORT, PORT + 4))
         assert not any(any(pathlib.Path(broker.env[d]).rglob("pid")) for d in ("HILO_KAFKA_DIR", "HILO_TOXIPROXY_DIR"))
