@@ -142,7 +142,10 @@ def test_unreachable_broker_is_one_line_within_a_bounded_time():
     for cmd in (["lag"], ["inspect", "--version", "1"]):
         rc, _, err, took = hilo(*cmd, "--log", f"kafka://127.0.0.1:{port}", "--run", "r")
         assert rc == 1 and f"kafka://127.0.0.1:{port}: cannot connect within 10s" in one_line(err)
-        assert took < 45, f"took {took:.0f}s"  # was: a raw KafkaTimeoutError after 30 s, then more
+        # bounded, not fast: the command's own start (torch's import) takes tens of seconds on a loaded machine (56 s
+        # in a full suite), so the bound only tells "gives up" from "waits on" (was: a raw KafkaTimeoutError after
+        # 30 s, then more)
+        assert took < 150, f"took {took:.0f}s"
 
 
 @pytest.mark.parametrize("obstacle", ["file", "file-parent"])
