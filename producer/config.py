@@ -75,7 +75,9 @@ class ProducerConfig:
                          "publish off the critical path: step() returns once the version is applied locally and its "
                          "publish is under way on a background thread; the next step() (or flush(), close()) waits for "
                          "it before it publishes, and raises its failure, the trainer back at the last version the log "
-                         "holds (producer/inflight.py). Gradient mode, one rank")
+                         "holds (producer/inflight.py). Gradient mode; in a torch.distributed job every rank adopts "
+                         "the version at once and hears its outcome at the next step(), flush() or close() (call them "
+                         "on every rank)")
     publish_rank: int = opt(0, "in a torch.distributed job (torchrun, accelerate launch): the one rank that opens the "
                             "log and publishes. Every rank constructs the same optimizer; the others apply each "
                             "message it publishes and hold the same bits (producer/rank_trainer.py)")

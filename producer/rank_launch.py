@@ -129,10 +129,6 @@ def open_trainer(open_here, model, config, log_backend=None, metrics=None, check
         if config.publish_rank >= ranks.world:
             raise ConfigError(f"ProducerConfig.publish_rank = {config.publish_rank}: this job's ranks are "
                               f"0..{ranks.world - 1}")
-        if config.pipeline:
-            raise ConfigError("ProducerConfig.pipeline: a torch.distributed job publishes in line (each rank applies "
-                              "the version once the publishing rank has committed it); pipelining across ranks is not "
-                              "built yet")
         if config.mode != "gradient":
             raise ConfigError(f"ProducerConfig.mode = {config.mode!r}: a torch.distributed job runs mode 'gradient' "
                               f"only (delta mode's master copy, which the model trains on, is not replicated across "

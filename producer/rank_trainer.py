@@ -10,6 +10,12 @@ when a resync adopted an in-doubt version). The others adopt their computed stat
 into their model, and raise the publishing rank's error, if any, word for word. A step not published moves no rank;
 the apply of the other ranks is off the job's critical path.
 
+Pipelined (ProducerConfig.pipeline): the publishing rank adopts v and starts its publish on a thread, and the outcome
+frame says so at once; every rank adopts v too and trains the next step on it. The next collective (step, flush,
+close) settles v first on the publishing rank: if v is not on the log, that rank returns to v-1 and its frame carries
+v-1's whole state and the error, which every rank adopts and raises. So every rank still agrees after every call,
+and the apply and the publish are both off the job's critical path.
+
 The encoder's error feedback is trainer-only state: it lives on the publishing rank (its snapshot, its state_dict),
 as the log writer does. Sending it each step would cost an fp32 adapter per step per rank.
 """
@@ -46,14 +52,14 @@ class RankProducer:
         self.follow_s = 0.0  # a non-publishing rank's last step: the broadcast message's decode, apply and write-back
         if inner is not None:
             inner.builder.on_encoded = self._propose
-        self._proposed = None  # the publishing rank: the version whose message it sent before the apply
+        self._proposed = None  # the publishing rank: the message it sent before the apply (its digest set after)
 
     def _propose(self, msg) -> None:
         """The publishing rank: send `msg` to the other ranks as soon as it is encoded (they compute its step
         meanwhile)."""
         self.ranks.share(pack({"proposed": msg.to_bytes()}),
                          f"step (sending v{msg.version}'s message before its apply)")
-        self._proposed = msg.version
+        self._proposed = msg
 
     @property
     def publishes(self) -> bool:
@@ -101,8 +107,17 @@ class RankProducer:
             self.weights.zero_grad()
         return self.version
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether the publishing rank publishes on a thread (ProducerConfig.pipeline): flush and close are then
+        collectives, since they settle the version in flight and every rank must hear its outcome."""
+        return self.config.pipeline
+
     def flush(self, lag: float | None = None, max_messages: int | None = None) -> int:
-        """Gradient mode sends nothing (every rank's replica is the sites')."""
+        """Gradient mode sends nothing (every rank's replica is the sites'). Pipelined: settles the version in flight
+        (a collective); every rank raises its failure, back at the last version the log holds."""
+        if self.pipelined:
+            self._together("flush", lambda: self.inner.settle())
         return 0
 
     def lag(self) -> float:
@@ -118,13 +133,19 @@ class RankProducer:
         self._together("rotate_key", lambda: self.inner.rotate_key(new_key_path))
 
     def save_snapshot(self) -> None:
-        """The publishing rank's trainer snapshot (the others keep none)."""
+        """The publishing rank's trainer snapshot (the others keep none). Pipelined: a collective; the version in
+        flight is settled first (flush), since a snapshot holds committed versions only."""
+        if self.pipelined:
+            self.flush()
         if self.inner is not None:
             self.inner.save_snapshot()
 
     def close(self, flush: bool = True) -> None:
-        """The publishing rank saves its snapshot and releases the log; the others hold nothing to release."""
-        if self.inner is not None:
+        """The publishing rank saves its snapshot and releases the log; the others hold nothing to release.
+        Pipelined: a collective; the version in flight is settled first and its failure raised on every rank."""
+        if self.pipelined:
+            self._together("close", lambda: self.inner.close(flush))
+        elif self.inner is not None:
             self.inner.close(flush)
 
     def _together(self, what: str, fn) -> None:
@@ -158,14 +179,17 @@ class RankProducer:
         frame = {"version": r.version, "digest": r.digest, "fenced": inner.fenced, "last_step": dict(inner.last_step),
                  "error": None if error is None else error_of(error)}
         if (r.version, r.digest) != before:
-            msg = inner.publisher.last_message
-            if (msg is not None and msg.version == before[0] + 1 == r.version and msg.parent_digest == before[1]
-                    and msg.digest == r.digest):
-                if self._proposed == msg.version:
-                    frame["commit"] = True  # the others computed it from the proposed frame
-                else:
-                    frame["message"] = msg.to_bytes()
-            else:  # the replica moved some other way (a resync adopted a version): send the whole state
+            proposed, sent = self._proposed, inner.publisher.last_message
+
+            def one_step(msg) -> bool:
+                return (msg is not None and msg.version == before[0] + 1 == r.version
+                        and msg.parent_digest == before[1] and msg.digest == r.digest)
+            if one_step(proposed):
+                frame["commit"] = True  # the others computed it from the proposed frame (pipelined: adopt it)
+            elif one_step(sent):
+                frame["message"] = sent.to_bytes()
+            else:  # the replica moved some other way (a resync adopted a version; pipelined: a version in flight
+                # was not published and the rank went back): send the whole state
                 frame["checkpoint"] = r.checkpoint().to_bytes()
         return frame
 

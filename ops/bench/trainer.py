@@ -3,22 +3,22 @@
     hilo bench trainer [--shape qwen3-1.7b] [--steps 5] [--kafka kafka://127.0.0.1:9092] [--rtt-ms 50,150]
                        [--compute-s 0] [--rows adamw-1,kafka-1,wan] [--out DIR] [--json]
 
-Each row is a job of its own (ops/bench/ranks.py's way: the shape's LoRA adapter under PEFT's names, the same
-synthetic gradients set before every step, one CPU thread per rank, 2 ranks under torchrun with gloo and a barrier
-where DDP's all-reduce would be): plain AdamW over the LoRA params; HiLoProducer (spar4 at the default budget, AdamW)
-on an embedded file log and on Kafka over loopback, each in line and pipelined (ProducerConfig.pipeline, one rank);
-with --rtt-ms, on Kafka behind each emulated round trip, in line and pipelined (one rank): a broker of its own whose
-clients reach it through a latency proxy (ops/bench/delayed_broker.py, ops/wan/toxiproxy.sh; no root, no sch_netem),
-started and stopped by the bench; the JSON records what a metadata request costs through the proxy and straight.
---compute-s X models the forward and backward a real step computes before its optimizer step: each rank sleeps X s
-before every step(). The pipelined publish can hide the RTT only behind compute that exists: at the tiny shape a step
-is about 0.1 s, less than a transaction over 150 ms RTT, so with no compute the next step waits for the previous commit.
-Columns, medians on rank 0 after a warm-up step: encode and apply (the trainer's own, UpdateBuilder.propose's), the
-rest of the step (the publish wait on the critical path: in line the transaction, pipelined the wait for the previous
-version; with the write-back into the model), the step (the optimizer's step, compute excluded: barrier to barrier
-less X on 2 ranks, the slowest rank's), and its ratio to plain AdamW's step on as many ranks. --rows runs only the
-jobs named (adamw-1, file-1, file-1-pipelined, kafka-1, kafka-1-pipelined, adamw-2, file-2, kafka-2, wan-1,
-wan-1-pipelined; a name also picks the jobs it begins: `kafka-1` is both 1-rank Kafka jobs, `wan` all WAN ones).
+Each row is a job of its own (ops/bench/ranks.py's way: the shape's LoRA adapter under PEFT's names, the same synthetic
+gradients set before every step, one CPU thread per rank, 2 ranks under torchrun with gloo and a barrier where DDP's
+all-reduce would be): plain AdamW over the LoRA params; HiLoProducer (spar4 at the default budget, AdamW) on an embedded
+file log and on Kafka over loopback, each in line and pipelined (ProducerConfig.pipeline), on 1 and 2 ranks; with
+--rtt-ms, on Kafka behind each emulated round trip, in line and pipelined (one rank): a broker of its own whose clients
+reach it through a latency proxy (ops/bench/delayed_broker.py, ops/wan/toxiproxy.sh; no root, no sch_netem), started and
+stopped by the bench; the JSON records what a metadata request costs through the proxy and straight. --compute-s X
+models the forward and backward a real step computes before its optimizer step: each rank sleeps X s before every
+step(). The pipelined publish can hide the RTT only behind compute that exists: at the tiny shape a step is about 0.1 s,
+less than a transaction over 150 ms RTT, so with no compute the next step waits for the previous commit. Columns,
+medians on rank 0 after a warm-up step: encode and apply (the trainer's own, UpdateBuilder.propose's), the rest of the
+step (the publish wait on the critical path: in line the transaction, pipelined the wait for the previous version; with
+the write-back into the model), the step (the optimizer's step, compute excluded: barrier to barrier less X on 2 ranks,
+the slowest rank's), and its ratio to plain AdamW's step on as many ranks. --rows runs only the jobs named (adamw-1,
+file-1, file-1-pipelined, kafka-1, kafka-1-pipelined, adamw-2, file-2, file-2-pipelined, kafka-2, kafka-2-pipelined,
+wan-1, wan-1-pipelined; a name also picks the jobs it begins: `kafka-1` is both 1-rank Kafka jobs, `wan` all WAN ones).
 """
 import argparse
 import json
@@ -62,7 +62,7 @@ class Job:
 
 
 JOBS = (Job("adamw", 1), Job("file", 1), Job("file", 1, True), Job("kafka", 1), Job("kafka", 1, True),
-        Job("adamw", 2), Job("file", 2), Job("kafka", 2))
+        Job("adamw", 2), Job("file", 2), Job("file", 2, True), Job("kafka", 2), Job("kafka", 2, True))
 
 
 def wan_jobs(rtts: list) -> list:

@@ -27,8 +27,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "publish hides the RTT only behind compute that exists (default: %(default)s)")
     ap.add_argument("--rows", type=lambda t: t.split(","),
                     help="comma list of jobs to run (adamw-1, file-1, file-1-pipelined, kafka-1, kafka-1-pipelined, "
-                    "adamw-2, file-2, kafka-2, wan-1, wan-1-pipelined; a prefix picks all it begins: kafka-1, wan; "
-                    "default: all)")
+                    "adamw-2, file-2, file-2-pipelined, kafka-2, kafka-2-pipelined, wan-1, wan-1-pipelined; a prefix "
+                    "picks all it begins: kafka-1, wan; default: all)")
     ap.add_argument("--wan-port", type=at_least(1), default=DEFAULT_PORT,
                     help="the delayed broker's port; it takes the next three too (default: %(default)s)")
     ap.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/trainer-TIME)")

@@ -25,6 +25,8 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   trainer     transformers Trainer to global step STEPS (a restarted job resumes from its newest save)
   accelerate  Accelerate's loop (prepare, accumulation of 2, clipping) on a sharded DataLoader of 16 * STEPS rows,
               whose grad scaler skips the first step (a first scale of 2^127 overflows): no rank calls step() then
+SCENARIO_pipelined (train, fenced, outage, ...): the same with ProducerConfig.pipeline (every rank adopts a version
+while its publish runs; the next step settles it).
 HILO_TEST_CRASH=RANK:POINT:N arms HILO_CRASH_AT=POINT:N (schemas/crash_points.py) on that rank only.
 """
 import datetime
@@ -38,6 +40,7 @@ import sys
 import time
 
 scenario, url, run, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4]), int(sys.argv[5])
+kind = scenario.removesuffix("_pipelined")  # SCENARIO_pipelined: SCENARIO with ProducerConfig.pipeline
 rank = int(os.environ["RANK"])
 crash = os.environ.pop("HILO_TEST_CRASH", "")
 if crash and int(crash.split(":", 1)[0]) == rank:
@@ -155,23 +158,23 @@ def plain_loop(opt, ddp, saved, steps):
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=0.5)
         grads = b"".join(p.grad.contiguous().numpy().tobytes() for p in opt.producer.params if p.grad is not None)
         report["grads_sha256"].append(hashlib.sha256(grads).hexdigest())  # DDP: the same on every rank
-        if scenario == "die" and step == 1 and rank == 1:  # mid-step for the publishing rank, which is in step()
+        if kind == "die" and step == 1 and rank == 1:  # mid-step for the publishing rank, which is in step()
             os.kill(os.getpid(), signal.SIGKILL)
-        if scenario == "fenced" and step == 1 and rank == 0:
+        if kind == "fenced" and step == 1 and rank == 0:
             another_trainer(opt.producer.config)
-        if scenario == "outage" and step == 1 and rank == 0:
+        if kind == "outage" and step == 1 and rank == 0:
             subprocess.run([str(pathlib.Path(__file__).resolve().parents[2] / "ops/kafka/stop.sh")], check=True,
                            timeout=300)
-        if scenario in ("fenced", "outage") and step == 1:
+        if kind in ("fenced", "outage") and step == 1:
             # Every rank waits here for rank 0's scaffolding (a trainer started, a broker stopped: tens of seconds on
             # a loaded machine), so rank_timeout_s times the step, not the scaffolding (CI saw rank 1 time out).
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=600))
-        if scenario == "nan" and step == 1 and rank == 0:
+        if kind == "nan" and step == 1 and rank == 0:
             opt.producer.params[3].grad[0, 0] = float("nan")
         try:
             opt.step()
         except Exception as e:  # noqa: BLE001  (the test compares every rank's line)
-            if scenario != "nan":
+            if kind != "nan":
                 raise
             report["errors"].append(f"{type(e).__name__}: {e}")
             report["version_after_error"] = opt.version
@@ -208,7 +211,8 @@ def main():
     # The outage's broker is a fresh one of its own: its first transactions took over a minute under CI's load (a
     # rank timed out at v1, before any outage), so that scenario waits longer; the others assert on the 60 s.
     config = ProducerConfig(run=run, log=url, budget=Budget(0.25), checkpoint_every=3, publish_deadline_s=20,
-                            rank_timeout_s=240 if scenario == "outage" else 60, **cfg)
+                            rank_timeout_s=240 if kind == "outage" else 60,
+                            pipeline=scenario.endswith("_pipelined"), **cfg)
     saved = out / "opt.pt"
     if scenario == "accelerate":
         opt = accelerate_loop(model, config, steps)

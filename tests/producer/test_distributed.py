@@ -139,8 +139,9 @@ def test_a_ddp_job_publishes_through_one_rank_and_a_restart_continues_the_run(tm
         msgs = published(url, run)
         assert [m.version for m in msgs] == [1, 2, 3]  # one writer: no fencing, one message per version
         assert [m.hparams["lr"] for m in msgs] == [3e-3 / (1 + s) for s in range(3)]  # the publishing rank's schedule
-        # The job again: every rank loads rank 0's saved state_dict and continues the run at its head.
-        rc, out, (r0, r1) = torchrun("train", url, run, tmp_path, 2)
+        # The job again, pipelined (ProducerConfig.pipeline: every rank adopts v while its publish runs): every rank
+        # loads rank 0's saved state_dict and continues the run at its head.
+        rc, out, (r0, r1) = torchrun("train_pipelined", url, run, tmp_path, 2)
         assert rc == 0, out[-4000:]
         assert r0["start_version"] == r1["start_version"] == 3
         assert_ranks_hold_the_replica(r0, r1, 5)
@@ -284,11 +285,13 @@ def test_a_step_the_publishing_rank_refuses_moves_no_rank_and_raises_its_line_on
     assert [m.version for m in published(url, run)] == [1, 2]
 
 
-def test_a_fenced_publishing_rank_stops_every_rank_with_the_same_line(tmp_path):
+@pytest.mark.parametrize("scenario", ["fenced", "fenced_pipelined"])
+def test_a_fenced_publishing_rank_stops_every_rank_with_the_same_line(tmp_path, scenario):
     """Another trainer of the run (a lone process) opens it between two steps: the publishing rank's next publish is
-    fenced, and every rank stops with its FencedError line; nothing more of this job's is on the log."""
+    fenced, and every rank stops with its FencedError line; nothing more of this job's is on the log. Pipelined: the
+    fenced version was adopted by every rank; the next step raises the fence on every rank."""
     url, run = f"file://{tmp_path}/log", "fenced"
-    rc, out, (r0, r1) = torchrun("fenced", url, run, tmp_path, 3)
+    rc, out, (r0, r1) = torchrun(scenario, url, run, tmp_path, 3)
     assert rc != 0
     assert r0["stopped"] == r1["stopped"] and "\n" not in r0["stopped"], (r0["stopped"], r1["stopped"])
     assert r0["stopped"].startswith(f"FencedError: file://{tmp_path}/log: run fenced: this trainer"), r0["stopped"]
@@ -441,6 +444,74 @@ def test_the_other_rank_gets_the_message_before_the_apply_and_adopts_it_only_on_
     assert pub.step(lr=1e-3) == other.step() == 1  # the same gradients, published this time
     assert_same(pub, other)
     pub.close()
+
+
+def test_pipelined_ranks_adopt_each_version_at_once_and_the_log_holds_each_once(tmp_path):
+    """ProducerConfig.pipeline across ranks: step() returns with v adopted on every rank (its publish under way on the
+    publishing rank's thread); close() is a collective that settles the last one; the log holds every version once."""
+    pub, other = joined_pair(tmp_path, pipeline=True)
+    for seed in range(4):
+        grads(pub, seed)
+        assert pub.step(lr=1e-3) == other.step() == seed + 1
+        assert_same(pub, other)  # v adopted on both while its publish may still run
+    assert pub.inner.commits.pipeline.inflight is not None  # v4's publish was left in flight by step()
+    pub.close()
+    other.close()
+    assert pub.inner.commits.pipeline.inflight is None
+    assert [(m.version, m.digest) for m in published(f"file://{tmp_path}/log", "wire")] == [
+        (v, pub.replica.recent[v]) for v in range(1, 5)]
+    assert other.replica.recent == pub.replica.recent
+
+
+def test_a_pipelined_publish_that_fails_while_the_next_step_computes_is_raised_by_every_rank_and_moves_none_on(
+        tmp_path):
+    """v2's publish fails on its thread while the ranks train on v2: the next step() raises it on every rank, each back
+    at v1 bit for bit; nothing is published out of order, and the next step publishes v2 again (each version once)."""
+    from hilo.schemas.errors import LogError
+    pub, other = joined_pair(tmp_path, pipeline=True, publish_deadline_s=1)
+    grads(pub, 0)
+    assert pub.step(lr=1e-3) == other.step() == 1
+    at_v1 = (pub.replica.digest, [p.detach().clone() for p in pub.params])
+    log = pub.inner.log
+    append = log.append
+    log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated: broker refused"))
+    grads(pub, 1)
+    assert pub.step(lr=1e-3) == other.step() == 2  # adopted, its publish failing on the thread
+    assert_same(pub, other)
+    grads(pub, 2)
+    with pytest.raises(NotPublished, match="v2 was not published") as raised:
+        pub.step(lr=1e-3)  # settles v2 first: v3 is never proposed
+    with pytest.raises(NotPublished) as echoed:
+        other.step()
+    assert str(echoed.value) == str(raised.value)
+    assert other.version == pub.version == 1 and pub.replica.digest == at_v1[0]
+    assert all(torch.equal(a.detach(), b) for a, b in zip(pub.params, at_v1[1]))
+    assert_same(pub, other)
+    log.append = append
+    grads(pub, 1)
+    assert pub.step(lr=1e-3) == other.step() == 2
+    assert_same(pub, other)
+    pub.close()
+    other.close()
+    assert [m.version for m in published(f"file://{tmp_path}/log", "wire")] == [1, 2]
+
+
+def test_a_pipelined_failure_left_for_close_is_raised_by_every_rank(tmp_path):
+    """The last version's publish fails after its step() returned: close() (a collective when pipelined) raises it on
+    every rank, and every rank is back at the version before it."""
+    from hilo.schemas.errors import LogError
+    pub, other = joined_pair(tmp_path, pipeline=True, publish_deadline_s=1)
+    grads(pub, 0)
+    assert pub.step(lr=1e-3) == other.step() == 1
+    pub.inner.log.append = lambda topic, records, partition=0: (_ for _ in ()).throw(LogError("simulated"))
+    grads(pub, 1)
+    assert pub.step(lr=1e-3) == other.step() == 2
+    with pytest.raises(NotPublished, match="v2 was not published") as raised:
+        pub.close()
+    with pytest.raises(NotPublished) as echoed:
+        other.close()
+    assert str(echoed.value) == str(raised.value) and other.version == pub.version == 1
+    assert_same(pub, other)
 
 
 def test_another_ranks_error_is_raised_as_the_same_type_and_line():
