@@ -5,7 +5,7 @@ committed offsets when a lease is given back, and rejoining with a fresh consume
 import logging
 import time
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from hilo.schemas.errors import LogError
@@ -58,15 +58,38 @@ class PromptGroupMember:
         self.idle_since, self.idle_backlog = time.monotonic(), backlog
 
     def _backlog(self) -> dict:
-        """{partition: prompts past the group's committed offset}, from the admin API and the log (not the group
-        member)."""
+        """{partition: offsets past the group's committed offset}, for the partitions where a prompt is past it, from
+        the admin API and the log (not the group member)."""
         try:
             offsets = self.log.admin.list_group_offsets({self.group: None}).get(self.group, {})
             committed = {tp.partition: max(0, m.offset) for tp, m in offsets.items() if tp.topic == self.prompts}
-            return {p: n for p in range(self.log.partitions(self.prompts))
-                    if (n := self.log.end_offset(self.prompts, p) - committed.get(p, 0)) > 0}
+            behind = {p: n for p in range(self.log.partitions(self.prompts))
+                      if (n := self.log.end_offset(self.prompts, p) - committed.get(p, 0)) > 0}
+            return self._holding_prompts(behind, committed) if behind else {}
         except (KafkaError, LogError):
             return {}
+
+    def _holding_prompts(self, behind: dict, committed: dict) -> dict:
+        """The partitions of `behind` with a prompt past the committed offset. The trainer appends prompts in
+        transactions, and each one's commit marker takes an offset no reader gets: counted by offsets alone, an idle
+        site saw one prompt per partition "wait unanswered" after every batch and rejoined the group every STUCK_S.
+        So the range is read (read_committed, with a consumer of its own, outside the group)."""
+        consumer = self.log.connector.connect(KafkaConsumer, enable_auto_commit=False, auto_offset_reset="earliest",
+                                              isolation_level="read_committed", client_id=f"hilo-backlog-{self.site}")
+        try:
+            tps = {TopicPartition(self.prompts, p): committed.get(p, 0) + n for p, n in behind.items()}  # tp: end
+            consumer.assign(list(tps))
+            for tp in tps:
+                consumer.seek(tp, committed.get(tp.partition, 0))
+            found, deadline = set(), time.monotonic() + ATTEMPT_TIMEOUT_S
+            while time.monotonic() < deadline:
+                found |= {tp.partition for tp, records in consumer.poll(timeout_ms=500).items() if records}
+                if all(tp.partition in found or consumer.position(tp, timeout_ms=5000) >= end
+                       for tp, end in tps.items()):
+                    break  # each partition: a prompt found, or read to its end (markers only)
+            return {p: n for p, n in behind.items() if p in found}
+        finally:
+            consumer.close(autocommit=False)
 
     def rewind(self):
         """Seek every assigned partition back to the group's committed offset (the unsettled prompts come again). Where

@@ -150,3 +150,38 @@ def test_a_deferred_prompt_waits_the_rest_is_answered_and_every_prompt_is_answer
         q.close()
     assert _answers(log, run) == {f"p{i}": 1 for i in range(n)}
     log.close()
+
+
+@pytest.mark.kafka
+def test_an_idle_member_counts_no_transaction_marker_as_a_waiting_prompt():
+    """The trainer appends prompts in transactions, whose commit markers take offsets: once every prompt is settled
+    the stuck-member watch finds no backlog (it used to count one prompt per partition, the last marker, and rejoin
+    the group every 30 s while idle); a prompt appended after that is found."""
+    from tests.conftest import KAFKA_URL
+    run = new_run("backlog")
+    trainer = open_log(KAFKA_URL)
+    trainer.create_topics(run)
+    trainer.create_rollout_topics(run, 2)
+    trainer.become_writer(run, 0)  # transactional appends, as the trainer's
+    for i in range(4):
+        trainer.append(prompts_topic(run), [(f"p{i}".encode(), b"prompt", {H.RUN: run, H.PROMPT: f"p{i}"})], i % 2)
+    site = open_log(KAFKA_URL)
+    queue = site.prompt_queue(run, "a", 60.0)
+    try:
+        settled = []
+
+        def drain():
+            lease = queue.take(4, timeout_s=0.5)
+            if lease.records:
+                queue.settle(lease, _rollouts(lease, "a"))
+                settled.extend(r.key for r in lease.records)
+            return len(settled) == 4
+        wait_until(drain, 120, "every prompt settled", every_s=0)
+        assert [site.end_offset(prompts_topic(run), p) for p in (0, 1)] == [4, 4]  # 2 prompts, 2 markers each
+        assert queue.member._backlog() == {}
+        trainer.append(prompts_topic(run), [(b"p4", b"prompt", {H.RUN: run, H.PROMPT: "p4"})], 1)
+        assert queue.member._backlog() == {1: 3}  # offsets past the committed 3: a marker, the prompt, its marker
+    finally:
+        queue.close()
+        site.close()
+        trainer.close()
