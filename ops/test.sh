@@ -19,27 +19,32 @@ lowest=$("$HILO_VENV/bin/python" -c 'import re, tomllib; print(re.search(r"3\.\d
 ops/pythons.sh >/dev/null
 # toxiproxy (Go, cached in $HILO_CACHE/bin): the delayed link of `hilo bench trainer --rtt-ms` and its test.
 ops/wan/toxiproxy.sh install >/dev/null
-started=0 vllm_started=0 bf16_started=0
-BF16=(env HILO_VLLM_PORT=${HILO_VLLM_BF16_PORT:-8015} HILO_VLLM_DIR=${HILO_CACHE:-$HOME/.cache/hilo-sync}/vllm-run-bf16)
-trap '[ $started = 1 ] && ops/kafka/stop.sh; [ $vllm_started = 1 ] && ops/vllm/stop.sh; [ $bf16_started = 1 ] && "${BF16[@]}" ops/vllm/stop.sh; true' EXIT
+started=0
+served=()  # PORT:DIR of each vLLM server this script started (stopped on exit)
+stop_served() { for s in "${served[@]}"; do HILO_VLLM_PORT=${s%%:*} HILO_VLLM_DIR=${s#*:} ops/vllm/stop.sh || true; done; }
+trap '[ $started = 1 ] && ops/kafka/stop.sh; stop_served; true' EXIT
 if ! ops/kafka/wait.sh --timeout 1 >/dev/null 2>&1; then
   ops/kafka/start.sh
   started=1
 fi
-# vLLM (its own cached venv): the server serves the tiny Qwen3 base the tests train adapters for.
+# vLLM (its own cached venv): servers of the tiny Qwen3 base the tests train adapters for.
 source ops/vllm/env.sh
 HILO_VLLM_BASE=${HILO_VLLM_BASE:-$HILO_CACHE/vllm-base/tiny-qwen3-s0-h256-l4}
 [ -f "$HILO_VLLM_BASE/config.json" ] || "$HILO_VENV/bin/python" -m hilo.ops.tiny_trainer "$HILO_VLLM_BASE" >/dev/null
-if ! ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
-  ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16
-  vllm_started=1
-fi
-# A second server of the same base in bf16, as GPU sites serve it, on 8015 (8012 is the refused-server test's): the audit's bf16 tests.
-if ! "${BF16[@]}" ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1; then
-  "${BF16[@]}" ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16 --dtype bfloat16
-  bf16_started=1
-fi
-export HILO_VLLM_BF16=http://$VLLM_HOST:${HILO_VLLM_BF16_PORT:-8015}
+serve() {  # serve PORT DIR [start.sh flags]: a server of the base on PORT (its pid and log in DIR), unless one answers
+  local port=$1 dir=$2; shift 2
+  HILO_VLLM_PORT=$port HILO_VLLM_DIR=$dir ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1 && return 0
+  served+=("$port:$dir")
+  HILO_VLLM_PORT=$port HILO_VLLM_DIR=$dir ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16 "$@"
+}
+# fp32 on $VLLM_PORT (8011): the "vllm" test group's. fp32 on 8013: the "vllm-b" group's, so that two chains of
+# vLLM tests run side by side (each group's tests share its server's two LoRA slots). bf16 on 8015, as GPU sites
+# serve it: the audit's bf16 tests. (8012 is the refused-server test's own.)
+B_PORT=${HILO_VLLM_B_PORT:-8013} BF16_PORT=${HILO_VLLM_BF16_PORT:-8015}
+serve "$VLLM_PORT" "$VLLM_RUN_DIR"
+serve "$B_PORT" "$HILO_CACHE/vllm-run-b"
+serve "$BF16_PORT" "$HILO_CACHE/vllm-run-bf16" --dtype bfloat16
+export HILO_VLLM_B=http://$VLLM_HOST:$B_PORT HILO_VLLM_BF16=http://$VLLM_HOST:$BF16_PORT
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
 export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
 # Parallel workers (HILO_TEST_WORKERS, default 3; 0: one process) with --dist loadgroup: the tests of one xdist_group

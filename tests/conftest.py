@@ -80,14 +80,28 @@ def publish_random(producer, n, seed=0, scale=0.01):
     return sizes
 
 
-@pytest.fixture(scope="session")
-def vllm():
-    """(base URL, base model dir) of the server ops/test.sh started; fails (not skips) when there is none."""
-    url, base = os.environ.get("HILO_VLLM"), os.environ.get("HILO_VLLM_BASE")
-    assert url and base, "no vLLM server: run through ops/test.sh (it starts one), or deselect with -m 'not vllm'"
+def _vllm_server(variable: str) -> tuple:
+    """(base URL, base model dir) of the fp32 server whose URL is in `variable`; fails (not skips) when there is
+    none."""
+    url, base = os.environ.get(variable), os.environ.get("HILO_VLLM_BASE")
+    assert url and base, (f"no vLLM server: ${variable} is unset; run through ops/test.sh (it starts the servers), or "
+                          f"deselect with -m 'not vllm'")
     import requests
     requests.get(f"{url}/v1/models", timeout=10).raise_for_status()
     return url, base
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    """(base URL, base model dir) of the fp32 server of the "vllm" test group ($HILO_VLLM; ops/test.sh starts it)."""
+    return _vllm_server("HILO_VLLM")
+
+
+@pytest.fixture(scope="session")
+def vllm_b():
+    """The same for the "vllm-b" group ($HILO_VLLM_B, a second fp32 server of the same base): a module in that group
+    overrides `vllm` with it, so its tests run beside the "vllm" group's instead of after them."""
+    return _vllm_server("HILO_VLLM_B")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
     ("tests/integration/test_secure.py::test_a_refused_client_gets_one_line_naming_the_cause[wrong CA-x]", "secure"),
     ("tests/integration/test_outage.py::test_hilo_rl_and_generating_sites_ride_through_a_broker_restart", "vllm"),
     ("tests/consumer/test_vllm.py::test_a_server_that_is_not_vllm_is_refused_at_start", "vllm"),
+    ("tests/ops/test_audit.py::test_honest_sites_pass_every_audit_and_the_margin_is_reported", "vllm-b"),
     ("tests/integration/test_faults.py::test_every_named_crash_point_loses_nothing", None),
     ("tests/consumer/test_pipeline.py::test_large_messages_are_chunked_and_reassembled[kafka]", None),
 ])

@@ -22,8 +22,14 @@ from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random
 from tests.consumer.test_vllm import tiny_model
 from tests.helpers import reaped, wait_until
 
-# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
-pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+# one worker runs every test of group vllm-b, on the second fp32 server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm-b")]
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_b):
+    """This module's tests (group vllm-b) use the second fp32 server (tests/conftest.py)."""
+    return vllm_b
 N = 2  # samples per prompt
 
 

@@ -15,8 +15,14 @@ from hilo.producer.audit_noise import honest_noise
 from tests.conftest import new_run
 from tests.helpers import hilo, lying_site, reaped, wait_until
 
-# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+# one worker runs every test of group vllm-b, on the second fp32 server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm-b")]
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_b):
+    """This module's tests (group vllm-b) use the second fp32 server (tests/conftest.py)."""
+    return vllm_b
 # partial credit: the random tiny policy's samples differ, so every step moves it (with the 0/1 reward it stays put)
 REWARD = "hilo.ops.digit_task:partial_reward"
 TOLERANCE = honest_noise("vllm", "float32").tolerance  # the audit's default for these fp32 sites (audit_noise.py)
@@ -242,10 +248,11 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
 
 
 def _served(dtype):
-    """(URL, base) of a vLLM server of the tiny base serving `dtype`: the tests' own for float32, HILO_VLLM_BF16 for
-    bfloat16 (ops/test.sh starts it: ops/vllm/start.sh BASE --max-lora-rank 16 --dtype bfloat16 on port 8015)."""
+    """(URL, base) of a vLLM server of the tiny base serving `dtype`: this group's own for float32 (HILO_VLLM_B),
+    HILO_VLLM_BF16 for bfloat16 (ops/test.sh starts it: ops/vllm/start.sh BASE --max-lora-rank 16 --dtype bfloat16 on
+    port 8015)."""
     if dtype == "float32":
-        return os.environ.get("HILO_VLLM")
+        return os.environ.get("HILO_VLLM_B")
     url = os.environ.get("HILO_VLLM_BF16")
     if not url:
         pytest.fail("no bf16 vLLM server: HILO_VLLM_BF16 is unset (ops/test.sh starts one on port 8015)")

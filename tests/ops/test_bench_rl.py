@@ -6,8 +6,14 @@ import pytest
 
 from tests.helpers import hilo
 
-# one worker runs every test of the shared vLLM server (adapter names, its 2 LoRA slots, its CPU)
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+# one worker runs every test of group vllm-b, on the second fp32 server (adapter names, its 2 LoRA slots, its CPU)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm-b")]
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_b):
+    """This module's tests (group vllm-b) use the second fp32 server (tests/conftest.py)."""
+    return vllm_b
 
 
 def test_quick_bench_reports_every_figure_and_resumes(vllm, tmp_path):
