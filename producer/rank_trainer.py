@@ -11,10 +11,11 @@ into their model, and raise the publishing rank's error, if any, word for word. 
 the apply of the other ranks is off the job's critical path.
 
 Pipelined (ProducerConfig.pipeline): the publishing rank adopts v and starts its publish on a thread, and the outcome
-frame says so at once; every rank adopts v too and trains the next step on it. The next collective (step, flush,
-close) settles v first on the publishing rank: if v is not on the log, that rank returns to v-1 and its frame carries
-v-1's whole state and the error, which every rank adopts and raises. So every rank still agrees after every call,
-and the apply and the publish are both off the job's critical path.
+frame says so at once; every rank adopts v too and trains the next step on it. The next collective (step, flush, close)
+settles v on the publishing rank before it publishes anything newer (a step proposes v+1 first, as one rank does): if v
+is not on the log, that rank returns to v-1 and its frame carries v-1's whole state and the error, which every rank
+adopts and raises. So every rank still agrees after every call, and the apply and the publish are both off the job's
+critical path.
 
 The encoder's error feedback is trainer-only state: it lives on the publishing rank (its snapshot, its state_dict),
 as the log writer does. Sending it each step would cost an fp32 adapter per step per rank.
