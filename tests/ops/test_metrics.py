@@ -299,7 +299,7 @@ def test_every_scrape_has_lag_equal_to_head_minus_applied_while_catching_up_and_
     url, run = f"file://{tmp_path}/log", new_run("lagview")
     model = small_model(hidden=256, layers=4, rank=16)
     producer = HiLoProducer.open(model, producer_config(run=run, log=url, checkpoint_every=1000))  # ~10 ms a version
-    n = 30 if held else 100  # held: each export takes its hook's 0.2 s and an adapter write; 30 still span many scrapes
+    n = 30 if held else 40  # held: each export takes its hook's 0.2 s and an adapter write; 30 still span many scrapes
     publish_random(producer, n)
     hold = {"export_adapters": True, "on_version": "sleep 0.2"} if held else {"export_adapters": False}
     site = open_site(url, run, tmp_path, on_bad_record="stop", **hold)  # bootstrapped at v0

@@ -18,7 +18,7 @@ from hilo.schemas.signing import generate
 from tests.conftest import KAFKA_URL, new_run
 from tests.helpers import hilo, wait_until
 
-STEPS = 30
+STEPS = 12  # bad records go in at v3 and v5; the trainer publishes past them
 ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
 
 
