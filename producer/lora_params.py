@@ -50,6 +50,10 @@ def lora_gradients(grads: list, manifest: Manifest, run: str, adapter: str) -> l
     like = next(g for g in grads if g is not None)
     grads = [g if g is not None else torch.zeros(b.shape, dtype=like.dtype, device=like.device)
              for g, b in zip(grads, manifest.blocks, strict=True)]
+    # One summing pass first: a block's sum is finite unless it holds NaN/Inf (or overflows, which the exact check then
+    # clears); that check runs only to name the block. 0.02 s against 0.19 s per block at Qwen3-1.7B r64 on one thread.
+    if all(bool(torch.isfinite(g.sum())) for g in grads):
+        return grads
     for b, g in zip(manifest.blocks, grads):
         if not bool(torch.isfinite(g).all()):
             raise TrainerError(f"run {run}: the gradient of '{b.key}' has NaN/Inf values; nothing was published "

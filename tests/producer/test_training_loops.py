@@ -332,3 +332,17 @@ def test_step_without_gradients_and_with_nan_are_refused(tmp_path):
     with pytest.raises(TrainerError, match=r"the gradient of '.*lora_[AB]' has NaN/Inf values; nothing was published"):
         opt.step()
     assert opt.version == 0
+
+
+def test_the_gradient_check_names_a_nan_block_and_lets_a_finite_one_whose_sum_overflows_through():
+    """lora_gradients sums each block first (one pass) and runs the exact check only when a sum is not finite: NaN or
+    Inf anywhere is refused with the block's name; finite values whose sum overflows fp32 are not."""
+    from hilo.producer.lora_params import lora_gradients, lora_weights
+    manifest, weights = lora_weights(small_model())
+    grads = [torch.full(b.shape, 0.5) for b in manifest.blocks]
+    assert lora_gradients(grads, manifest, "r", "a") is not None
+    grads[3][0, 0] = float("nan")
+    with pytest.raises(TrainerError, match=f"the gradient of '{re.escape(manifest.blocks[3].key)}' has NaN/Inf"):
+        lora_gradients(grads, manifest, "r", "a")
+    grads[3].fill_(3e38)  # every value finite, the sum not
+    assert len(lora_gradients(grads, manifest, "r", "a")) == len(manifest.blocks)
