@@ -27,7 +27,7 @@ from hilo.replica.replica import PolicyReplica
 from hilo.schemas.errors import DivergenceError, TrainerError
 from hilo.schemas.records import decode_record
 
-from .rank_transport import Ranks, error_of, pack, raise_as, unpack
+from .rank_transport import Ranks, outcome_frame, pack, raise_as, unpack
 
 
 def remember(replica: PolicyReplica, recent: list) -> None:
@@ -166,33 +166,13 @@ class RankProducer:
             fn()
         except BaseException as e:  # noqa: BLE001  (the other ranks raise it too, after the frame)
             error = e
-        frame = self._frame(before, error)
+        frame = outcome_frame(inner, before, error, self._proposed)
         try:
             self.ranks.share(pack(frame), f"{what} (sending v{frame['version']} to the ranks)")
         except TrainerError as lost:
             raise lost from error
         if error is not None:
             raise error
-
-    def _frame(self, before: tuple, error) -> dict:
-        """What the other ranks need: the outcome, and the message (or a checkpoint) that moved the replica."""
-        inner, r = self.inner, self.inner.replica
-        frame = {"version": r.version, "digest": r.digest, "fenced": inner.fenced, "last_step": dict(inner.last_step),
-                 "error": None if error is None else error_of(error)}
-        if (r.version, r.digest) != before:
-            proposed, sent = self._proposed, inner.publisher.last_message
-
-            def one_step(msg) -> bool:
-                return (msg is not None and msg.version == before[0] + 1 == r.version
-                        and msg.parent_digest == before[1] and msg.digest == r.digest)
-            if one_step(proposed):
-                frame["commit"] = True  # the others computed it from the proposed frame (pipelined: adopt it)
-            elif one_step(sent):
-                frame["message"] = sent.to_bytes()
-            else:  # the replica moved some other way (a resync adopted a version; pipelined: a version in flight
-                # was not published and the rank went back): send the whole state
-                frame["checkpoint"] = r.checkpoint().to_bytes()
-        return frame
 
     def _compute(self, data: bytes, what: str):
         """A non-publishing rank: (message, the state it leads to) from the proposed frame's message, or the error

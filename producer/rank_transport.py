@@ -77,6 +77,30 @@ class Ranks:
         return data if self.publishes else buf.numpy().tobytes()
 
 
+def outcome_frame(inner, before: tuple, error, proposed) -> dict:
+    """The publishing rank's outcome frame, what the other ranks need after a call: the outcome (version, digest,
+    error) and how its replica moved from `before` (version, digest): by the message `proposed` to every rank before
+    the apply ("commit": adopt what you computed), by another one-step message, or some other way (a checkpoint).
+    `inner`: the publishing rank's HiLoProducer, after the call."""
+    r = inner.replica
+    frame = {"version": r.version, "digest": r.digest, "fenced": inner.fenced, "last_step": dict(inner.last_step),
+             "error": None if error is None else error_of(error)}
+    if (r.version, r.digest) != before:
+        sent = inner.publisher.last_message
+
+        def one_step(msg) -> bool:
+            return (msg is not None and msg.version == before[0] + 1 == r.version
+                    and msg.parent_digest == before[1] and msg.digest == r.digest)
+        if one_step(proposed):
+            frame["commit"] = True  # the others computed it from the proposed frame (pipelined: adopt it)
+        elif one_step(sent):
+            frame["message"] = sent.to_bytes()
+        else:  # the replica moved some other way (a resync adopted a version; pipelined: a version in flight was not
+            # published and the rank went back): send the whole state
+            frame["checkpoint"] = r.checkpoint().to_bytes()
+    return frame
+
+
 def pack(frame: dict) -> bytes:
     """A frame's bytes."""
     return msgpack.packb(frame, use_bin_type=True)

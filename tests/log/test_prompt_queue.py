@@ -6,7 +6,7 @@ from hilo.log import open_log
 from hilo.log.base import prompts_topic, rollouts_topic
 from hilo.schemas import headers as H
 from hilo.schemas.errors import LeaseLost
-from tests.conftest import new_run
+from tests.conftest import KAFKA_URL, new_run
 from tests.helpers import wait_until
 
 
@@ -157,7 +157,6 @@ def test_an_idle_member_counts_no_transaction_marker_as_a_waiting_prompt():
     """The trainer appends prompts in transactions, whose commit markers take offsets: once every prompt is settled
     the stuck-member watch finds no backlog (it used to count one prompt per partition, the last marker, and rejoin
     the group every 30 s while idle); a prompt appended after that is found."""
-    from tests.conftest import KAFKA_URL
     run = new_run("backlog")
     trainer = open_log(KAFKA_URL)
     trainer.create_topics(run)
