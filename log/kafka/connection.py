@@ -13,6 +13,10 @@ from hilo.schemas.errors import LogError, LogUnavailable
 
 from . import causes
 
+# kafka-python's default (30 s) is reached after about ten failed reconnects: a client that waited out a 45-s broker
+# restart slept up to 30 s more after the broker was back, and the trainer or a site with it (Java's default is 1 s)
+RECONNECT_BACKOFF_MAX_MS = 1_000
+
 
 class Reach(enum.Enum):
     """What this client knows of the cluster."""
@@ -54,7 +58,8 @@ class Connector:
         with causes.watch() as lines:
             try:
                 connected = client(bootstrap_servers=self.bootstrap,
-                                   **({"bootstrap_timeout_ms": self.connect_timeout_ms} | self.security
+                                   **({"bootstrap_timeout_ms": self.connect_timeout_ms,
+                                      "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS} | self.security
                                                                         | kwargs | {"kafka_client": network_client}))
             except KafkaError as e:
                 # kafka-python starts the client's I/O thread before it bootstraps and leaves it running when that
