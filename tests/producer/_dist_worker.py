@@ -16,6 +16,8 @@ keeps), the error lines it caught, and the one it stopped with. Scenarios:
   publish_rank  rank 1 names itself the publishing rank: refused likewise (the same line on both ranks)
   fsdp2       the model sharded by FSDP2's fully_shard (each rank holds half of every LoRA param): STEPS steps
   fsdp2_one   only rank 1 shards its model: refused on both ranks before anything is published
+  refusals    codec, layout, publish, fsdp2_one and publish_rank in turn in one job, each on URL/SCENARIO: the
+              line each raised on this rank, in report["refused"]
   fenced      before the second step, rank 0 starts another trainer of the run (a process of its own) that fences
               this job's publishing rank: every rank stops with the same FencedError line
   outage      before the second step, rank 0 stops the job's Kafka broker (ops/kafka/stop.sh, its HILO_KAFKA_PORT and
@@ -56,6 +58,7 @@ from hilo.producer.optimizer import HiLoOptimizer  # noqa: E402
 from hilo.replica.codecs import Budget  # noqa: E402
 
 report = {"rank": rank, "errors": []}
+REFUSALS = ("codec", "layout", "publish", "fsdp2_one", "publish_rank")  # ranks that disagree: refused at opening
 pids = []  # every rank's pid, once the job is joined (wait_for_the_others)
 
 
@@ -194,10 +197,8 @@ def fsdp_loop(opt, model, steps):
         opt.zero_grad()
 
 
-def main():
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    pids.extend([None] * dist.get_world_size())
-    dist.all_gather_object(pids, os.getpid())
+def model_and_config(scenario: str, url: str) -> tuple:
+    """This rank's tiny model (other LoRA weights on every rank but 0) and its ProducerConfig for `scenario`."""
     other = rank != 0
     model = build_model(seed=0, rank=4 if scenario == "layout" and other else 8, hidden=64, layers=2)
     if other:
@@ -213,20 +214,57 @@ def main():
     config = ProducerConfig(run=run, log=url, budget=Budget(0.25), checkpoint_every=3, publish_deadline_s=20,
                             rank_timeout_s=240 if kind == "outage" else 60,
                             pipeline=scenario.endswith("_pipelined"), **cfg)
+    return model, config
+
+
+def open_optimizer(scenario: str, model, config):
+    """The HiLoOptimizer of a scenario that ends at opening (a refusal), as its job would open it."""
+    if scenario == "fsdp2_one":  # the LoRA params become DTensor shards on rank 1 only
+        from torch.distributed.fsdp import fully_shard
+        if rank != 0:
+            fully_shard(model)
+        return HiLoOptimizer(model, config, lr=3e-3)
+    if scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
+        opt = HiLoOptimizer(model, config, lr=3e-3)
+        DistributedDataParallel(model)
+        return opt
+    return HiLoOptimizer(DistributedDataParallel(model), config, lr=3e-3)
+
+
+def refusals():
+    """Each refusal scenario in turn, in one job (one launch, not one each), each on a log of its own (URL/SCENARIO):
+    report["refused"][SCENARIO] is the line this rank raised (None: nothing was refused)."""
+    report["refused"] = {}
+    for s in REFUSALS:
+        try:
+            open_optimizer(s, *model_and_config(s, f"{url}/{s}")).producer.close()
+            report["refused"][s] = None
+        except Exception as e:  # noqa: BLE001  (the test compares every rank's line)
+            report["refused"][s] = f"{type(e).__name__}: {e}"
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    pids.extend([None] * dist.get_world_size())
+    dist.all_gather_object(pids, os.getpid())
+    if scenario == "refusals":
+        refusals()
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    model, config = model_and_config(scenario, url)
     saved = out / "opt.pt"
     if scenario == "accelerate":
         opt = accelerate_loop(model, config, steps)
     elif scenario == "trainer":
         opt = trainer_loop(model, config, steps)
-    elif scenario in ("fsdp2", "fsdp2_one"):  # the LoRA params become DTensor shards
+    elif scenario == "fsdp2":  # the LoRA params become DTensor shards
         from torch.distributed.fsdp import fully_shard
-        if scenario == "fsdp2" or other:
-            fully_shard(model)
+        fully_shard(model)
         opt = HiLoOptimizer(model, config, lr=3e-3)
         fsdp_loop(opt, model, steps)
-    elif scenario == "layout":  # DDP itself refuses params that differ in shape: the optimizer comes first here
-        opt = HiLoOptimizer(model, config, lr=3e-3)
-        DistributedDataParallel(model)
+    elif scenario in REFUSALS:
+        opt = open_optimizer(scenario, model, config)
     else:
         ddp = DistributedDataParallel(model)
         opt = HiLoOptimizer(ddp, config, lr=3e-3)

@@ -250,27 +250,31 @@ def test_accelerate_launch_runs_the_trl_grpo_trainer_snippet_unchanged(tmp_path)
         assert follower.digest() == r0["digest"]
 
 
-@pytest.mark.parametrize("scenario,line", [
-    ("codec",
-     r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's is "
-     r"'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)"),
-    ("layout",
-     r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the publishing "
-     r"rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must"),
-    ("publish", r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1"),
-    ("fsdp2_one",
-     r"ConfigError: torch.distributed job: rank 1's LoRA sharding is FSDP2, the publishing rank 0's is none; "
-     r"every rank must"),
-    ("publish_rank",
-     r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing rank 0's "
-     r"is 0; every rank must"),
-], ids=["codec", "layout", "publish_rank_outside", "fsdp2_on_one_rank", "publish_rank_differs"])
-def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path, scenario, line):
-    rc, out, (r0, r1) = torchrun(scenario, f"file://{tmp_path}/log", "bad", tmp_path, 2)
-    assert rc != 0
-    assert r0["stopped"] == r1["stopped"] and "\n" not in r0["stopped"]  # the same one line on both ranks
-    assert re.fullmatch(line + ".*", r0["stopped"]), r0["stopped"]
-    assert not (tmp_path / "log").exists()  # the log was never even opened
+REFUSED = {  # a scenario of _dist_worker.py's `refusals` job: the line every rank must raise
+    "codec": r"ConfigError: torch.distributed job: rank 1's ProducerConfig.codec is 'dense', the publishing rank 0's "
+             r"is 'spar4'; every rank must open the run with the same config and LoRA layout \(nothing was published\)",
+    "layout": r"ConfigError: torch.distributed job: rank 1's LoRA layout is \(.*LoRA rank 4, 28 blocks, .*\), the "
+              r"publishing rank 0's is \(.*LoRA rank 8, 28 blocks, .*\); every rank must",
+    "publish": r"ConfigError: rank 0 of 2: ProducerConfig.publish_rank = 2: this job's ranks are 0..1",
+    "fsdp2_one": r"ConfigError: torch.distributed job: rank 1's LoRA sharding is FSDP2, the publishing rank 0's is "
+                 r"none; every rank must",
+    "publish_rank": r"ConfigError: torch.distributed job: rank 1's ProducerConfig.publish_rank is 1, the publishing "
+                    r"rank 0's is 0; every rank must",
+}
+
+
+def test_ranks_that_disagree_are_refused_on_every_rank_before_anything_is_published(tmp_path):
+    """Another codec, another LoRA layout, a publishing rank outside the job, FSDP2 on one rank only, and ranks that
+    name different publishing ranks: each refused with the same one line on every rank, its log never opened. One
+    job tries them in turn (each a fresh model and config; the process group outlives a refusal)."""
+    rc, out, (r0, r1) = torchrun("refusals", f"file://{tmp_path}/log", "bad", tmp_path, 2)
+    assert rc == 0, out[-4000:]
+    assert list(r0["refused"]) == list(REFUSED), r0
+    for scenario, line in REFUSED.items():
+        got = r0["refused"][scenario]
+        assert got == r1["refused"][scenario] and got and "\n" not in got, (scenario, got, r1["refused"][scenario])
+        assert re.fullmatch(line + ".*", got), (scenario, got)
+    assert not (tmp_path / "log").exists()  # no log was even opened
 
 
 def test_a_step_the_publishing_rank_refuses_moves_no_rank_and_raises_its_line_on_every_rank(tmp_path):
