@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Stop every local Kafka node started by start.sh (SIGTERM, then SIGKILL after 30 s).
 #   ops/kafka/stop.sh [--secure] [--wipe]   # --secure: the secured broker; --wipe also deletes the data (topics) of every node
+# --wipe SIGKILLs at once: a clean shutdown only saves data that is deleted next (a cluster whose quorum went first,
+# or a node still SIGSTOPped, waited out the 30 s).
 set -uo pipefail
 wipe=0
 for arg in "$@"; do
@@ -17,7 +19,10 @@ pids=()
 for pidf in "$KAFKA_HOME_DIR"/node-*/pid; do
   [ -f "$pidf" ] || continue
   pid=$(cat "$pidf")
-  if kill -0 "$pid" 2>/dev/null; then kill "$pid"; pids+=("$pid"); fi
+  if kill -0 "$pid" 2>/dev/null; then
+    if [ $wipe = 1 ]; then kill -9 "$pid"; else kill "$pid"; fi
+    pids+=("$pid")
+  fi
   rm -f "$pidf"
 done
 for pid in "${pids[@]}"; do
