@@ -7,6 +7,12 @@ import pytest
 # No telemetry from the Hugging Face libraries (TRL's trainer asks for it): its sender is a thread that outlives the
 # test that started it, and it would dial huggingface.co from a test run. Set before anything imports huggingface_hub.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# One OpenMP thread in every test process and every process a test starts (they inherit it; set before torch loads):
+# the suite runs its workers, their subprocesses, the brokers and vLLM on a few cores, where torch's second thread
+# spins or waits at a barrier for a peer that is descheduled. 150 training steps of the tiny model took 1.4 s alone
+# either way, but 19.5 s with 2 threads beside one other busy process (1.4 s with 1). A test that needs a thread
+# count sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hilo.replica.synthetic import GradientStream, initial_params, qwen3_manifest
 from hilo.replica.codecs import CODECS as CODEC_REGISTRY
