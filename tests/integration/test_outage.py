@@ -133,14 +133,16 @@ def test_a_broker_restart_mid_run_stops_neither_the_trainer_nor_the_sites(broker
     assert firsts == list(range(1, STEPS + 1)), firsts  # every acknowledged version once, in order
 
 
-def test_a_broker_outage_during_a_multi_rank_step_stops_every_rank_with_the_same_outcome(broker, tmp_path):
+@pytest.mark.parametrize("scenario", ["outage", "outage_pipelined"])
+def test_a_broker_outage_during_a_multi_rank_step_stops_every_rank_with_the_same_outcome(broker, tmp_path, scenario):
     """A 2-rank torchrun job on this broker; before its second step the broker stops. The publishing rank's publish
-    fails past publish_deadline_s, and both ranks stop with the same NotPublished line and the same `in_doubt`; after
-    the restart the job resumes the run: every version once, in order, both ranks at the replica."""
+    fails past publish_deadline_s, and both ranks stop with the same NotPublished line and the same `in_doubt`
+    (pipelined: every rank adopted v2 while it was published, and the next step raises its failure on every rank,
+    back at v1); after the restart the job resumes the run: every version once, in order, both ranks at the replica."""
     from tests.producer.test_distributed import assert_ranks_hold_the_replica, torchrun
     url, env = broker
     run = new_run("ranks-outage")
-    rc, out, (r0, r1) = torchrun("outage", url, run, tmp_path, 3, HILO_KAFKA_PORT=env["HILO_KAFKA_PORT"],
+    rc, out, (r0, r1) = torchrun(scenario, url, run, tmp_path, 3, HILO_KAFKA_PORT=env["HILO_KAFKA_PORT"],
                                  HILO_KAFKA_DIR=env["HILO_KAFKA_DIR"])
     assert rc != 0
     assert r0 and r1, out[-6000:]  # each rank wrote its report (one killed by torchrun writes none)
