@@ -292,6 +292,7 @@ REGIONS = {
     "quality-scale": Region(scale_table, (QUALITY, H512)),
     "serve": Region(serve_table, (f"{RESULTS}/serve.json",)),
     "faults": Region(faults_table, (f"{RESULTS}/faults.json",)),
+    "fuzz": _bench("fuzz", "table", f"{RESULTS}/fuzz.json"),
     "fanout": _bench("fanout", "table", f"{RESULTS}/fanout.json"),
     "rl": _bench("rl", "table", f"{RESULTS}/rl.json"),
     "audit": _bench("audit", "table", f"{RESULTS}/audit.json"),
@@ -353,7 +354,7 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve",
-              "faults",
+              "faults", "fuzz",
               "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "trainer",
               "trainer-qwen3", "trainer-wan", "scrape",
               "startup", "measured-on")

@@ -37,6 +37,12 @@ def faults(a):
     return main(a.json, a.log, a.kills, a.trainer_kills, a.out, a.seed)
 
 
+def fuzz(a):
+    """Mutated inputs through every decoder: each refused by name or accepted as the original."""
+    from hilo.ops.bench.fuzz import FuzzConfig, main
+    return main(config_from_args(FuzzConfig, a), a.json, a.out)
+
+
 def publish(a):
     """Publish time, plain append vs transaction."""
     from hilo.ops.bench.publish import main
@@ -195,6 +201,15 @@ def register(sub):
     f.add_argument("--kills", type=at_least(1), default=200, help="site SIGKILLs (default: %(default)s)")
     f.add_argument("--trainer-kills", type=at_least(0), default=20, help="trainer SIGKILLs (default: %(default)s)")
     f.add_argument("--seed", type=int, default=0, help="which crash counts and instants (default: %(default)s)")
+    import hilo.ops.bench.fuzz as fuzz_bench
+    from hilo.ops.bench.fuzz import FuzzConfig
+    fz = bsub.add_parser("fuzz", help="mutated update messages, checkpoints, snapshots and chunk headers: each refused "
+                         "by a HiloError naming it or accepted as the original; nothing changed, memory bounded",
+                         description=fuzz_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_options(fz, FuzzConfig, ("scale", "seed"))
+    fz.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/fuzz-TIME)")
+    fz.add_argument("--json", action="store_true", help="print the results object (with `kinds` and `ok`)")
+    fz.set_defaults(fn=fuzz)
     b = kafka_bench("publish", "per-version publish time on Kafka: plain append vs in a transaction", publish)
     b.add_argument("--bytes", type=at_least(1), default=100_000, help="record size (default: %(default)s)")
     b.add_argument("--rounds", type=at_least(1), default=6, help="rounds of 8 versions each (default: %(default)s)")
