@@ -19,6 +19,10 @@ lowest=$("$HILO_VENV/bin/python" -c 'import re, tomllib; print(re.search(r"3\.\d
 ops/pythons.sh >/dev/null
 # toxiproxy (Go, cached in $HILO_CACHE/bin): the delayed link of `hilo bench trainer --rtt-ms` and its test.
 ops/wan/toxiproxy.sh install >/dev/null
+# Every Kafka JVM of the suite (the main broker, those the tests start, their tools, MirrorMaker) compiles with C1
+# only: it starts and settles on less of the CPU the tests share (a broker's start and first 20 s: 2.8 CPU-s against
+# 4.8). Benchmarks run outside the suite keep the full JIT.
+export HILO_KAFKA_JVM_OPTS=${HILO_KAFKA_JVM_OPTS:--XX:TieredStopAtLevel=1}
 started=0
 served=()  # PORT:DIR of each vLLM server this script started (stopped on exit)
 stop_served() { for s in "${served[@]}"; do HILO_VLLM_PORT=${s%%:*} HILO_VLLM_DIR=${s#*:} ops/vllm/stop.sh || true; done; }

@@ -66,7 +66,7 @@ status.storage.replication.factor = 1
 config.storage.replication.factor = 1
 PROPS
     : > "$MIRROR_DIR/mirror.log"
-    setsid nohup java ${HILO_MIRROR_HEAP:--Xms128m -Xmx512m} -Djava.awt.headless=true \
+    setsid nohup java ${HILO_MIRROR_HEAP:--Xms128m -Xmx512m} $KAFKA_JVM_OPTS -Djava.awt.headless=true \
       -Dlog4j2.configurationFile="$KAFKA_SCRIPTS/log4j2.properties" -Dhilo.kafka.log="$MIRROR_DIR/mirror.log" \
       -cp "$MIRROR_LIBS/*" org.apache.kafka.connect.mirror.MirrorMaker "$MIRROR_DIR/mirror.properties" \
       >"$MIRROR_DIR/stdout.log" 2>&1 < /dev/null &

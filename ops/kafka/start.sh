@@ -35,7 +35,7 @@ voters=""
 for n in $(seq 1 "$NODES"); do voters="$voters${voters:+,}$n@$KAFKA_HOST:$((KAFKA_PORT + 2*n - 1))"; done
 mkdir -p "$KAFKA_HOME_DIR"
 cluster_file=$KAFKA_HOME_DIR/cluster-$NODES.id
-[ -f "$cluster_file" ] || java -cp "$CP" kafka.tools.StorageTool random-uuid > "$cluster_file"
+[ -f "$cluster_file" ] || java $KAFKA_JVM_OPTS -cp "$CP" kafka.tools.StorageTool random-uuid > "$cluster_file"
 rf=$(( NODES < 3 ? NODES : 3 ))
 SEC=$KAFKA_HOME_DIR/security
 if [ "${HILO_KAFKA_SECURE:-0}" = 1 ]; then
@@ -113,13 +113,13 @@ PROPS
     done
   fi
   if [ ! -f "$dir/data/meta.properties" ]; then
-    java -cp "$CP" -Dlog4j2.configurationFile="$KAFKA_SCRIPTS/log4j2.properties" -Dhilo.kafka.log="$dir/format.log" \
+    java $KAFKA_JVM_OPTS -cp "$CP" -Dlog4j2.configurationFile="$KAFKA_SCRIPTS/log4j2.properties" -Dhilo.kafka.log="$dir/format.log" \
       kafka.tools.StorageTool format -t "$(cat "$cluster_file")" -c "$dir/server.properties" "${scram[@]}" >"$dir/format.out" 2>&1 \
       || { echo "start.sh: formatting node $n failed:" >&2; tail -n 20 "$dir/format.out" >&2; exit 1; }
   fi
   : > "$dir/server.log"
   # setsid: the broker outlives this script and the shell that ran it.
-  setsid nohup java $KAFKA_HEAP -XX:+UseG1GC -Djava.awt.headless=true \
+  setsid nohup java $KAFKA_HEAP $KAFKA_JVM_OPTS -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$KAFKA_SCRIPTS/log4j2.properties" -Dhilo.kafka.log="$dir/server.log" \
     -cp "$CP" kafka.Kafka "$dir/server.properties" >"$dir/stdout.log" 2>&1 < /dev/null &
   echo $! > "$dir/pid"
