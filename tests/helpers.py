@@ -9,14 +9,17 @@ import sys
 import time
 
 
-def wait_until(cond, timeout_s: float, what: str, every_s: float = 0.05):
+def wait_until(cond, timeout_s: float, what: str, every_s: float = 0.05, max_every_s: float = 0.5):
     """Poll `cond` (another thread's or process's progress) until it is true; AssertionError naming `what` after
     `timeout_s`. Waiting on the condition itself, never a fixed sleep; `timeout_s` comes from the configured
-    timeouts of what is awaited, so a slow machine only waits longer."""
+    timeouts of what is awaited, so a slow machine only waits longer. The interval grows from `every_s` to
+    `max_every_s`: a short wait ends at once, and a long one does not spend the CPU its processes need on polls
+    (a scrape of a site's /metrics, a fresh Kafka client) every 50 ms."""
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, f"not reached within {timeout_s:.0f}s: {what}"
         time.sleep(every_s)
+        every_s = min(max_every_s, every_s * 1.5)
 
 
 PIPED = {"stderr": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
