@@ -46,7 +46,6 @@ from hilo.schemas.options import opt
 from hilo.schemas.rollouts import Sampling
 
 REWARD = "hilo.ops.digit_task:reward"
-STALL_S = 300.0  # no complete group for this long: the sites are not answering (their logs say why)
 
 
 @dataclass(frozen=True)
@@ -84,12 +83,14 @@ class RLConfig:
     trainer_threads: int = opt(1, "torch threads of the trainer. On one machine it shares the cores with the sites and "
                                "vLLM, and OpenMP threads that outnumber free cores spin: on 2 cores, 2 threads made a "
                                "run 1.6x slower")
+    stall_s: float = opt(300.0, "stop (exit 1, saying what was in flight and dropped) when no complete group came for "
+                         "this many seconds: the sites are not answering, or only a quarantined one is")
     audit: AuditConfig = opt(help="how the trainer audits the sites' rollouts (producer/rollout_audit.py): the share, "
                              "the tolerance, the quarantine threshold", factory=AuditConfig)
 
     def __post_init__(self):
         for name, lo in (("sites", 0), ("prompt_partitions", 1), ("steps", 1), ("batch_prompts", 1), ("samples", 2),
-                         ("staleness", 0), ("trainer_threads", 1)):
+                         ("staleness", 0), ("trainer_threads", 1), ("stall_s", 1)):
             if getattr(self, name) < lo:
                 raise ConfigError(f"RLConfig.{name} = {getattr(self, name)}: must be >= {lo}")
         if self.vllm is None and self.sites == 0:
@@ -182,6 +183,16 @@ def _site(cfg, vllm, url, run, name, work):
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
+def stall_state(exchange, auditor) -> str:
+    """What a stalled run knows: prompts in flight, rollouts dropped by reason, each audited site's verdict."""
+    dropped = ", ".join(f"{k} {n}" for k, n in sorted(exchange.book.dropped.items()) if n) or "none"
+    verdicts = auditor.verdicts.values() if auditor is not None else ()
+    sites = "".join(f"; site {v.site}: {v.audited} audited, {v.refused} refused, {v.failed} failed"
+                    + (", quarantined" if v.quarantined else "") for v in verdicts)
+    flight = f"{len(exchange.book.in_flight)} prompts in flight of {exchange.issued} issued"
+    return f"{flight}; rollouts dropped: {dropped}{sites}"
+
+
 def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
     """Run it; the exit code (0: every site's digest equals the trainer's)."""
     load_reward(cfg.reward)  # a reward that does not import fails here, before anything starts
@@ -243,9 +254,9 @@ def run_rl(cfg: RLConfig, as_json: bool = False, out=sys.stdout) -> int:
                         f"take its prompts (its log: {work}/{n}.log){last_words(f'{work}/{n}.log')}")
                 if procs and len(dead) == len(procs):
                     raise HiloError(f"every site exited (see {work}/site-*.log)")
-                if time.monotonic() - waited > STALL_S:
-                    raise HiloError(f"no complete group for {STALL_S:.0f} s at step {producer.version + 1}; the sites' "
-                                    f"logs are in {work}")
+                if time.monotonic() - waited > cfg.stall_s:
+                    raise HiloError(f"no complete group for {cfg.stall_s:g} s at step {producer.version + 1} "
+                                    f"({stall_state(exchange, auditor)}); the sites' logs are in {work}")
             audited_s = auditor.seconds if auditor else 0.0
             groups = gather(exchange, source, producer.version, ready, cfg.batch_prompts, going)  # waits out outages
             wait_s = time.monotonic() - waited

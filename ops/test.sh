@@ -35,11 +35,11 @@ fi
 source ops/vllm/env.sh
 HILO_VLLM_BASE=${HILO_VLLM_BASE:-$HILO_CACHE/vllm-base/tiny-qwen3-s0-h256-l4}
 [ -f "$HILO_VLLM_BASE/config.json" ] || "$HILO_VENV/bin/python" -m hilo.ops.tiny_trainer "$HILO_VLLM_BASE" >/dev/null
-serve() {  # serve PORT DIR [start.sh flags]: a server of the base on PORT (its pid and log in DIR), unless one answers
-  local port=$1 dir=$2; shift 2
+serve() {  # serve PORT DIR [start.sh flags]: start a server of the base on PORT (its pid and log in DIR), unless one
+  local port=$1 dir=$2; shift 2  # answers; the servers boot side by side (one core each), waited for below
   HILO_VLLM_PORT=$port HILO_VLLM_DIR=$dir ops/vllm/wait.sh --timeout 1 >/dev/null 2>&1 && return 0
   served+=("$port:$dir")
-  HILO_VLLM_PORT=$port HILO_VLLM_DIR=$dir ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16 "$@"
+  HILO_VLLM_PORT=$port HILO_VLLM_DIR=$dir ops/vllm/start.sh "$HILO_VLLM_BASE" --max-lora-rank 16 --no-wait "$@"
 }
 # fp32 on $VLLM_PORT (8011): the "vllm" test group's. fp32 on 8013: the "vllm-b" group's, so that two chains of
 # vLLM tests run side by side (each group's tests share its server's two LoRA slots). bf16 on 8015, as GPU sites
@@ -48,6 +48,7 @@ B_PORT=${HILO_VLLM_B_PORT:-8013} BF16_PORT=${HILO_VLLM_BF16_PORT:-8015}
 serve "$VLLM_PORT" "$VLLM_RUN_DIR"
 serve "$B_PORT" "$HILO_CACHE/vllm-run-b"
 serve "$BF16_PORT" "$HILO_CACHE/vllm-run-bf16" --dtype bfloat16
+for s in "${served[@]}"; do HILO_VLLM_PORT=${s%%:*} HILO_VLLM_DIR=${s#*:} ops/vllm/wait.sh --timeout 600; done
 export HILO_VLLM_B=http://$VLLM_HOST:$B_PORT HILO_VLLM_BF16=http://$VLLM_HOST:$BF16_PORT
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
 export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE

@@ -114,7 +114,7 @@ def table(res: dict) -> str:
     """One line per job kind (medians over its rounds): its step, the publishing rank's, the other rank's apply, the
     overhead."""
     out = [f"| {res['shape']} r64, {res['codec']}, 1 thread per rank | job's step s | publishing rank's step s | "
-           f"other rank's apply s | over 1 rank |", "|---|---:|---:|---:|---:|"]
+           f"other ranks' apply s | over 1 rank |", "|---|---:|---:|---:|---:|"]
     lone = res["rows"][0]["period_s"]
     for r in res["rows"]:
         apply = ", ".join(f"{x:.3f}" for x in r["apply_s_other_ranks"]) or "-"
@@ -123,16 +123,31 @@ def table(res: dict) -> str:
     return "\n".join(out)
 
 
+def _ranks(text: str) -> tuple:
+    """--ranks: "1,2,4" -> (1, 2, 4); 1 first (the others are measured against it)."""
+    try:
+        worlds = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ranks {text!r}: rank counts separated by commas (1,2,4)") from None
+    if not worlds or worlds[0] != 1 or any(w < 1 for w in worlds) or len(set(worlds)) != len(worlds):
+        raise argparse.ArgumentTypeError(f"--ranks {text!r}: distinct counts >= 1, the first 1 (the lone rank the "
+                                         f"others are measured against)")
+    return worlds
+
+
 def main(argv=None) -> int:
-    """`hilo bench ranks`: the 1-rank and 2-rank jobs, and the overhead."""
+    """`hilo bench ranks`: the 1-rank job and the multi-rank ones (2 by default), and each one's overhead."""
     ap = argparse.ArgumentParser(prog="hilo bench ranks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(QWEN3), default="qwen3-1.7b", help="adapter shape (default: %(default)s)")
     ap.add_argument("--codec", default="spar4", help="the run's codec (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=5,
                     help="timed steps per job, after one warm-up (default: %(default)s)")
-    ap.add_argument("--rounds", type=int, default=2, help="1-rank and 2-rank jobs, alternating, this many times each "
+    ap.add_argument("--rounds", type=int, default=2, help="every job, alternating, this many times each "
                     "(default: %(default)s)")
+    ap.add_argument("--ranks", type=_ranks, default=(1, 2), metavar="N,N",
+                    help="the jobs' rank counts, 1 first (default: 1,2; ranks beyond the machine's cores share them: "
+                         "the JSON says how many there were)")
     ap.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     ap.add_argument("--json", action="store_true", help="print the JSON")
     # one rank of a job (this module, relaunched)
@@ -142,13 +157,13 @@ def main(argv=None) -> int:
     if a.rank_job:
         rank_main(a.shape, a.codec, a.steps, a.log_dir, a.out)
         return 0
-    reports = {1: [], 2: []}  # world -> every round's reports; the rounds alternate, so a busier minute hits both
+    reports = {world: [] for world in a.ranks}  # every round's reports; the rounds alternate (a busier minute hits all)
     for n in range(a.rounds):
-        for world in (1, 2):
+        for world in a.ranks:
             print(f"bench ranks: round {n + 1}/{a.rounds}, {world} rank(s), {a.shape}, {a.codec}, {a.steps} steps",
                   file=sys.stderr, flush=True)
             reports[world].append(_job(world, a.shape, a.codec, a.steps))
-    digests = {r["digest"] for job in reports[1] + reports[2] for r in job}
+    digests = {r["digest"] for jobs in reports.values() for job in jobs for r in job}
     rows = {}
     for world, jobs in reports.items():
         lead = [x for job in jobs for x in job[0]["period_s"]]
@@ -157,10 +172,14 @@ def main(argv=None) -> int:
                        "apply_s_other_ranks": [statistics.median([x for job in jobs for x in job[r]["apply_s"]])
                                                for r in range(1, world)],
                        "period_s_per_round": [statistics.median(job[0]["period_s"]) for job in jobs]}
-    per_round = [b / a for a, b in zip(rows[1]["period_s_per_round"], rows[2]["period_s_per_round"])]
+    over = {w: rows[w]["period_s"] / rows[1]["period_s"] for w in rows if w > 1}
+    per_round = {w: [b / a for a, b in zip(rows[1]["period_s_per_round"], rows[w]["period_s_per_round"])]
+                 for w in over}
     res = {"shape": a.shape, "codec": a.codec, "steps": a.steps, "rounds": a.rounds, "threads_per_rank": 1,
-           "rows": list(rows.values()), "overhead_x": rows[2]["period_s"] / rows[1]["period_s"],
-           "overhead_x_per_round": per_round, "same_digest": len(digests) == 1}
+           "cores": os.cpu_count(), "rows": list(rows.values()), "overhead_x": over.get(2),
+           "overhead_x_per_round": per_round.get(2), "overhead_x_by_ranks": {str(w): x for w, x in over.items()},
+           "overhead_x_per_round_by_ranks": {str(w): x for w, x in per_round.items()},
+           "same_digest": len(digests) == 1}
     out = results_dir("ranks", a.out)
     if not save(res, out, "ranks", a.json):
         print(table(res))

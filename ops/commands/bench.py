@@ -95,9 +95,10 @@ def snapshot(a):
 
 
 def ranks(a):
-    """A 2-rank trainer's step against a lone one's: the broadcast and the other rank's apply."""
+    """A multi-rank trainer's step against a lone one's: the broadcast and the other ranks' apply."""
     from hilo.ops.bench.ranks import main
-    return main(["--shape", a.shape, "--codec", a.codec, "--steps", str(a.steps), "--rounds", str(a.rounds)]
+    return main(["--shape", a.shape, "--codec", a.codec, "--steps", str(a.steps), "--rounds", str(a.rounds),
+                 "--ranks", a.ranks]
                 + (["--out", a.out] if a.out else [])
                 + (["--json"] if a.json else []))
 
@@ -273,6 +274,9 @@ def register(sub):
                     help="timed steps per job, after a warm-up (default: %(default)s)")
     rk.add_argument("--rounds", type=at_least(1), default=2,
                     help="each job this many times, alternating (default: %(default)s)")
+    rk.add_argument("--ranks", default="1,2", metavar="N,N",
+                    help="the jobs' rank counts, 1 first (default: %(default)s; ranks beyond the machine's cores share "
+                         "them: the JSON says how many there were)")
     rk.add_argument("--json", action="store_true", help="print the JSON")
     rk.add_argument("--out", metavar="DIR", help="results folder (default: ~/.cache/hilo-sync/bench/ranks-TIME)")
     rk.set_defaults(fn=ranks)

@@ -5,7 +5,7 @@ from .args import config_from_args, config_options
 
 FIELDS = ("vllm", "base", "log", "run", "state_dir", "sites", "prompt_partitions", "staleness", "steps",
           "batch_prompts", "samples",
-          "lr", "codec", "budget", "seed", "reward", "trainer_threads")
+          "lr", "codec", "budget", "seed", "reward", "trainer_threads", "stall_s")
 AUDIT_FIELDS = ("share", "tolerance", "quarantine_after", "served_dtype", "noise_z_limit", "noise_headroom",
                 "noise_min_tokens",
                 "sampling_z_limit", "sampling_min_tokens", "release_after", "probe_share")

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Start a vLLM OpenAI server (CPU build, own venv) on a base model directory, with runtime LoRA updating, and wait.
-#   ops/vllm/start.sh MODEL_DIR [--max-lora-rank R] [--dtype float32] [--no-lora-updating]
+#   ops/vllm/start.sh MODEL_DIR [--max-lora-rank R] [--dtype float32] [--no-lora-updating] [--no-wait]
 # Serves on $HILO_VLLM_HOST:$HILO_VLLM_PORT (default 127.0.0.1:8011). --no-lora-updating starts it without runtime
-# LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING unset): a server a site must refuse, for tests.
+# LoRA loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING unset): a server a site must refuse, for tests. --no-wait returns once
+# the server is started (ops/vllm/wait.sh waits for it): several servers boot side by side.
 # Idempotent: a server already running from this run dir is left alone. Log: $HILO_CACHE/vllm-run/server.log
 # The hilo-sync plugin (ops/vllm/plugin/) is installed into the venv first: it makes in-place adapter loads
 # read the adapter once (see docs/operations.md, "Serving with vLLM").
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 MODEL=${1:?usage: start.sh MODEL_DIR [--max-lora-rank R] [--dtype DTYPE]}; shift
-RANK=64; DTYPE=float32; UPDATING=True
+RANK=64; DTYPE=float32; UPDATING=True; WAIT=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --max-lora-rank) RANK=$2; shift 2 ;;
     --dtype) DTYPE=$2; shift 2 ;;
     --no-lora-updating) UPDATING=False; shift ;;
+    --no-wait) WAIT=0; shift ;;
     *) echo "start.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -25,7 +27,8 @@ done
 mkdir -p "$VLLM_RUN_DIR"
 if [ -f "$VLLM_RUN_DIR/pid" ] && kill -0 "$(cat "$VLLM_RUN_DIR/pid")" 2>/dev/null; then
   echo "start.sh: vLLM already running (pid $(cat "$VLLM_RUN_DIR/pid"))" >&2
-  exec "$VLLM_SCRIPTS/wait.sh"
+  [ $WAIT = 1 ] && exec "$VLLM_SCRIPTS/wait.sh"
+  exit 0
 fi
 : > "$VLLM_RUN_DIR/server.log"
 # setsid: the server (and the engine process it spawns) is its own process group, which stop.sh signals.
@@ -36,4 +39,5 @@ VLLM_TARGET_DEVICE=${VLLM_TARGET_DEVICE:-cpu} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_
   > "$VLLM_RUN_DIR/server.log" 2>&1 < /dev/null &
 echo $! > "$VLLM_RUN_DIR/pid"
 echo "start.sh: vLLM starting on $VLLM_HOST:$VLLM_PORT (pid $!, model $MODEL)" >&2
-exec "$VLLM_SCRIPTS/wait.sh"
+[ $WAIT = 1 ] && exec "$VLLM_SCRIPTS/wait.sh"
+exit 0

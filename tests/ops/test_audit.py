@@ -42,6 +42,13 @@ def _site(log, run, name, tmp_path, vllm_url, steps, *extra, lie=None, dtype="fl
                      stderr=stderr)
 
 
+def _said(err: str, tmp_path) -> str:
+    """A failed trainer's stderr tail and each site's (the sites' logs go with the test's tmp_path, which pytest
+    keeps for the last three runs only)."""
+    return err[-3000:] + "".join(f"\n--- {log.name} ---\n{log.read_text()[-2000:]}"
+                                 for log in sorted(tmp_path.glob("*.log")))
+
+
 def _liar_then_honest(log, run, tmp_path, url, steps, trainer_args, lie, *extra, until=None, honest_dtype="float32"):
     """(trainer, {"honest", "liar"}): the liar and the trainer first, the honest site once the liar serves v0, so the
     liar answers prompts however slowly the machine starts processes (the honest site alone once took every prompt).
@@ -99,7 +106,7 @@ def test_a_lying_site_is_quarantined_and_the_honest_site_carries_the_run(vllm, t
                                        *extra)
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
-        assert trainer.returncode == 0, err[-3000:]
+        assert trainer.returncode == 0, _said(err, tmp_path)
         digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "")
                    for n, s in sites.items()}
     res = json.loads(out)
@@ -129,7 +136,7 @@ def test_a_site_whose_self_check_fails_generates_nothing_and_says_so(vllm, tmp_p
                    *RL)
     with reaped(trainer, site, honest):
         out, err = trainer.communicate(timeout=900)
-        assert trainer.returncode == 0, err[-3000:]
+        assert trainer.returncode == 0, _said(err, tmp_path)
         for p in (site, honest):
             p.communicate(timeout=300)
     res = json.loads(out)
@@ -155,7 +162,7 @@ def test_a_site_sampling_from_a_sharper_policy_with_the_right_logprobs_is_caught
         *RL), "sharpen")
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
-        assert trainer.returncode == 0, err[-3000:]
+        assert trainer.returncode == 0, _said(err, tmp_path)
         for s in sites.values():
             s.communicate(timeout=300)
     res = json.loads(out)
@@ -180,11 +187,11 @@ def test_a_spanning_stamp_liar_is_quarantined_and_stays_so_after_a_restart_and_a
                                        honest_dtype="bfloat16")
     with reaped(trainer, sites):
         out, err = trainer.communicate(timeout=900)
-        assert trainer.returncode == 0, err[-3000:]
+        assert trainer.returncode == 0, _said(err, tmp_path)
         again = hilo("rl", "--vllm", url, "--steps", str(steps), *args)
         with reaped(again):
             out2, err2 = again.communicate(timeout=900)
-        assert again.returncode == 0, err2[-3000:]
+        assert again.returncode == 0, _said(err2, tmp_path)
         digests = {n: re.search(r"digest ([0-9a-f]{32})", s.communicate(timeout=300)[0] or "")
                    for n, s in sites.items()}
     first, second = json.loads(out), json.loads(out2)
@@ -236,7 +243,7 @@ def test_a_site_that_stops_lying_is_released_by_the_default_probe_within_its_tim
         sites["honest"] = _site(log, run, "s", tmp_path, url, steps)  # the operator fixed it: same site, same state dir
         out, _ = trainer.communicate(timeout=900)
         err = (tmp_path / "trainer.log").read_text()
-        assert trainer.returncode == 0, err[-3000:]
+        assert trainer.returncode == 0, _said(err, tmp_path)
         sites["honest"].communicate(timeout=300)
     res = json.loads(out)
     audit, v = res["audit"], res["audit"]["sites"]["s"]

@@ -89,6 +89,14 @@ def test_bench_ranks_times_both_jobs_and_they_end_at_one_digest(capsys, tmp_path
     assert len(res["rows"][1]["apply_s_other_ranks"]) == 1 and res["overhead_x"] > 0
 
 
+@pytest.mark.parametrize("ranks", ["2,4", "1,x", "1,2,2", "1,0"])
+def test_bench_ranks_refuses_rank_counts_that_do_not_start_at_one_lone_rank(capsys, ranks):
+    from hilo.ops.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "ranks", "--ranks", ranks, "--shape", "tiny"])
+    assert e.value.code == 2 and f"--ranks {ranks!r}" in capsys.readouterr().err
+
+
 def test_bench_pace_follows_a_run_on_schedule_to_the_trainers_digest_and_times_its_snapshots(capsys, tmp_path):
     """The CI-sized pace bench: a `hilo consume` process follows 14 tiny versions, one per 0.2 s; it ends at the
     trainer's digest (the bench raises otherwise), its v10 snapshot is in the history, and the lag is counted."""

@@ -5,6 +5,7 @@ The loop's parts (ops/rl.gather, staleness_row) run against the real embedded lo
 which answers RUN.prompts as `hilo consume --generate` would (the real one needs a vLLM server)."""
 import itertools
 import json
+import re
 import logging
 
 from hilo.log.base import prompts_topic, rollouts_topic
@@ -113,3 +114,14 @@ def test_a_restarted_trainer_trains_no_sample_more_than_s_behind_and_reports_wha
     assert {v: ledger_lines[v]["trained"] for v in trained} == {1: ["p-0", "p-1"], 2: ["p-2", "p-3"], 3: ["p-4", "p-5"]}
     refusals = [r.getMessage() for r in caplog.records if r.name == "hilo.producer.rollout_exchange"]
     assert dict(again.exchange.book.dropped) == {} and not refusals, refusals  # nothing wasted: the oldest went first
+
+
+def test_a_run_that_no_site_answers_stops_after_stall_s_saying_what_is_in_flight(tmp_path, capsys):
+    """`hilo rl --stall-s`: no site answers, so no group completes; the trainer stops with one line naming the step,
+    the prompts in flight and what was dropped (a quarantined site that answers everything shows there too)."""
+    from hilo.ops.cli import main
+    assert main(["rl", "--sites", "0", "--log", f"file://{tmp_path}/log", "--steps", "1", "--batch-prompts", "1",
+                 "--samples", "2", "--stall-s", "1"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(r"no complete group for 1 s at step 1 \((\d+) prompts in flight of \1 issued; rollouts dropped: "
+                     r"none\); the sites' logs are in ", line), line
