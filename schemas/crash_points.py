@@ -1,6 +1,7 @@
 """Named crash points for fault tests (as etcd's gofail): the process SIGKILLs itself at the Nth pass of a point.
 
     HILO_CRASH_AT=follower.applying:3 hilo consume ...   # dies the 3rd time a version is about to be applied
+    HILO_PAUSE_AT=trainer.encoded:2 hilo produce ...     # stops (SIGSTOP) at its 2nd proposal until sent SIGCONT
 
 Unset (the normal case) every `reach` is one dict lookup. The points are a table, so the fault tests and
 `hilo bench faults` iterate the same names the code passes. It lives in schemas/, the lowest layer, so every layer
@@ -42,25 +43,30 @@ GENERATE_POINTS = tuple(p for p in POINTS if p.startswith("generate."))
 TRAINER_POINTS = tuple(p for p in POINTS if p.startswith("trainer."))
 
 
-def _armed():
-    """(point, pass count) from HILO_CRASH_AT, or None."""
-    spec = os.environ.get("HILO_CRASH_AT")
+def _armed(variable: str):
+    """(point, pass count) from the environment variable `variable` (HILO_CRASH_AT, HILO_PAUSE_AT), or None."""
+    spec = os.environ.get(variable)
     if not spec:
         return None
     point, _, count = spec.partition(":")
     if point not in POINTS or not count.isdigit() or int(count) < 1:
-        raise ConfigError(f"HILO_CRASH_AT={spec!r}: expected POINT:N with N >= 1 and POINT one of {', '.join(POINTS)}")
+        raise ConfigError(f"{variable}={spec!r}: expected POINT:N with N >= 1 and POINT one of {', '.join(POINTS)}")
     return point, int(count)
 
 
-_ARMED = _armed()
+# what each variable does at its point's Nth pass: die as a crash does, or stop until SIGCONT (a test acts on the
+# world while the process is held exactly there, as gofail's "pause")
+_ARMED = [(armed, sig) for armed, sig in ((_armed("HILO_CRASH_AT"), signal.SIGKILL),
+                                          (_armed("HILO_PAUSE_AT"), signal.SIGSTOP)) if armed is not None]
 _passes = {}
 
 
 def reach(point: str) -> None:
-    """Pass a named point; SIGKILL this process if HILO_CRASH_AT names it and this is the Nth pass."""
-    if _ARMED is None or _ARMED[0] != point:
+    """Pass a named point; SIGKILL this process if HILO_CRASH_AT names it and this is the Nth pass (SIGSTOP it for
+    HILO_PAUSE_AT: it goes on when continued)."""
+    if not _ARMED or all(armed[0] != point for armed, _ in _ARMED):
         return
     _passes[point] = _passes.get(point, 0) + 1
-    if _passes[point] == _ARMED[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    for (name, count), sig in _ARMED:
+        if name == point and _passes[point] == count:
+            os.kill(os.getpid(), sig)

@@ -2,6 +2,7 @@
 import collections
 import contextlib
 import os
+import pathlib
 import re
 import selectors
 import subprocess
@@ -33,6 +34,12 @@ def hilo(*args, **kw) -> subprocess.Popen:
 def lying_site(lie: str, *args, **kw) -> subprocess.Popen:
     """`hilo consume ARGS` telling the lie `lie` (ops/faults/lies.py) as a separate process, piped as `hilo`'s."""
     return subprocess.Popen([sys.executable, "-m", "hilo.ops.faults.lying_site", lie, *args], **(PIPED | kw))
+
+
+def held(proc) -> bool:
+    """Whether `proc` is stopped (SIGSTOP: it reached its HILO_PAUSE_AT point, schemas/crash_points.py)."""
+    stat = pathlib.Path(f"/proc/{proc.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def wait_for_line(proc, pattern, timeout_s=120):

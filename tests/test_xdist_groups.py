@@ -74,3 +74,41 @@ def test_a_group_the_source_does_not_show_fails_the_test(tmp_path):
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and ("test_x.py::test_x: marked for xdist group 'hidden', its source says "
                                   "None") in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("selected", ["all", "no waits"])
+def test_the_wait_lane_runs_the_waits_modules_and_nothing_else(tmp_path, selected):
+    """HILO_TEST_WAIT_LANE=1 with 3 workers: every test of a `waits` module (its own group or none) runs on gw2, and
+    no other test does. With no `waits` test selected, the lane's worker ends and the others run everything."""
+    pytest.importorskip("xdist")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.xdist_groups"]\n'
+                                          'def pytest_configure(config):\n'
+                                          '    config.addinivalue_line("markers", "waits: mostly waits")\n')
+    body = textwrap.dedent("""
+        import os, pathlib, time, pytest
+        {marks}
+        @pytest.mark.parametrize("i", range(6))
+        def test_one(i):
+            time.sleep(0.1)  # long enough for every worker to take work
+            with open(pathlib.Path(__file__).parent / "ran", "a") as f:
+                f.write(f"{{__name__}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+    """)
+    (tmp_path / "test_w1.py").write_text(body.format(marks='pytestmark = [pytest.mark.waits, '
+                                                           'pytest.mark.xdist_group("ports")]'))
+    (tmp_path / "test_w2.py").write_text(body.format(marks="pytestmark = pytest.mark.waits"))
+    (tmp_path / "test_c.py").write_text(body.format(marks=""))
+    (tmp_path / "test_d.py").write_text(body.format(marks=""))
+    env = dict(os.environ, HILO_TEST_WAIT_LANE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "3", "--dist",
+                        "loadgroup", *(["-k", "test_c or test_d"] if selected == "no waits" else []), str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ran = collections.Counter(tuple(line.split()) for line in (tmp_path / "ran").read_text().splitlines())
+    by_module = collections.defaultdict(set)
+    for module, worker in ran:
+        by_module[module].add(worker)
+    assert sum(ran.values()) == (24 if selected == "all" else 12), ran
+    if selected == "all":
+        assert by_module["test_w1"] == by_module["test_w2"] == {"gw2"}, by_module
+    assert "gw2" not in by_module["test_c"] | by_module["test_d"], by_module

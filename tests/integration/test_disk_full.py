@@ -21,7 +21,7 @@ from hilo.replay.snapshot import SnapshotStore
 from hilo.schemas import headers as H
 from hilo.schemas.errors import LogUnavailable, NoSuchTopic
 from tests.conftest import new_run, producer_config, publish_random, small_model
-from tests.helpers import hilo, reaped, wait_for_line, wait_until, with_log
+from tests.helpers import held, hilo, reaped, wait_for_line, wait_until, with_log
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
 GROWN = "size=64m,nr_inodes=4096"
@@ -199,12 +199,16 @@ def test_a_trainer_whose_state_dir_is_full_stops_with_one_line_and_a_restart_res
 def test_a_trainer_whose_log_disk_is_full_waits_says_why_and_goes_on_when_it_has_room(tmpfs):
     disk = tmpfs("log")
     url, run = f"file://{disk}/log", new_run("full")
+    # each trainer is held where it has proposed its second version (HILO_PAUSE_AT): the disk fills between its
+    # steps, however fast they go (a poll of the head that missed v1 waited for it forever)
     trainer = hilo("produce", "--log", url, "--run", run, "--steps", "3", "--checkpoint-every", "1000",
-                   "--publish-deadline-s", "300",
+                   "--publish-deadline-s", "300", env=os.environ | {"HILO_PAUSE_AT": "trainer.encoded:2"},
                    stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=False)
     with reaped(trainer):
-        wait_until(lambda: head_version(url, run) == 1, 300, "the trainer publishes v1")
+        wait_until(lambda: held(trainer) or trainer.poll() is not None, 300, "the trainer proposes v2")
+        assert trainer.poll() is None and head_version(url, run) == 1
         fill(disk)
+        trainer.send_signal(signal.SIGCONT)
         wait_for_line(trainer, r"the log is unreachable \(.*(no space left on device|short write).*nothing appended\); "
                                r"waiting", 120)
         assert trainer.poll() is None
@@ -214,10 +218,12 @@ def test_a_trainer_whose_log_disk_is_full_waits_says_why_and_goes_on_when_it_has
         assert head_version(url, run) == 3
         os.remove(disk / "filler")
         late = hilo("produce", "--log", url, "--run", run, "--steps", "2", "--publish-deadline-s", "2",
-                    "--checkpoint-every", "1000")
+                    "--checkpoint-every", "1000", env=os.environ | {"HILO_PAUSE_AT": "trainer.encoded:2"})
         with reaped(late):
-            wait_until(lambda: head_version(url, run) == 4, 300, "the restarted trainer publishes v4")
-            fill(disk)  # while it computes v5
+            wait_until(lambda: held(late) or late.poll() is not None, 300, "the restarted trainer proposes v5")
+            assert late.poll() is None and head_version(url, run) == 4
+            fill(disk)
+            late.send_signal(signal.SIGCONT)
             _, err = late.communicate(timeout=300)
     assert "the log is back after" in rest and "Traceback" not in rest, rest[-3000:]
     assert late.returncode == 1 and "Traceback" not in err, err[-3000:]
