@@ -55,11 +55,6 @@ export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
 # Parallel workers (HILO_TEST_WORKERS, default 3; 0: one process) with --dist loadgroup: the tests of one xdist_group
 # (a module's fixed-port brokers; every test of the vLLM server) run on one worker, one after another. The groups are
 # read from the test modules' marks by tests/xdist_groups.py (xdist 3.8's own grouping does nothing under pytest 9).
-# One worker more runs the modules marked `waits` and nothing else (the wait lane, HILO_TEST_WAIT_LANE): they spend
-# minutes on a fault's clock (a broker down 45 s) using a tenth of a core, so they take no worker from the others.
 par=()
-if [ "${HILO_TEST_WORKERS:-3}" != 0 ]; then
-  par=(-n $(( ${HILO_TEST_WORKERS:-3} + 1 )) --dist loadgroup)
-  export HILO_TEST_WAIT_LANE=1
-fi
+[ "${HILO_TEST_WORKERS:-3}" != 0 ] && par=(-n "${HILO_TEST_WORKERS:-3}" --dist loadgroup)
 "$HILO_VENV/bin/python" -m pytest -p no:cacheprovider "${par[@]}" "$@"

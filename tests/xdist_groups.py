@@ -11,16 +11,9 @@ itself, from the source of its module (read once per module, with `ast`):
 Tests without a group are spread one by one (xdist's `load`). Each worker checks, after collection, that every
 test's marks give the group this reading gives (a group set some other way, say by a fixture or a hook, is an
 error at collection, not a silent collision).
-
-The wait lane (HILO_TEST_WAIT_LANE=1, set by ops/test.sh, which then starts one worker more than the cores it was
-given): a module marked `waits` mostly waits on a fault's clock (a broker down 45 s, a mirror stopped a minute, a
-coordinator frozen) while its brokers and processes idle. Its tests run on the last worker and only there, and that
-worker runs nothing else: on the others, a test that waits held a worker (and with it a core's share of the work) for
-minutes while using a tenth of a core.
 """
 import ast
 import functools
-import os
 import pathlib
 
 import pytest
@@ -48,49 +41,35 @@ def _vllm(marks: list) -> bool:
     return any(name == "vllm" for name, _ in marks)
 
 
-def _waits(marks: list) -> bool:
-    return any(name == "waits" for name, _ in marks)
-
-
 @functools.cache
 def groups_in(path: pathlib.Path) -> tuple:
     """(the group the module's pytestmark names, whether it marks vllm, {test function or class name: the group its own
-    marks name}, {names whose own marks say vllm}, whether the module is marked `waits`) read from the source at
-    `path`."""
+    marks name}, {names whose own marks say vllm}) read from the source at `path`."""
     try:
         tree = ast.parse(path.read_text(), str(path))
     except (OSError, SyntaxError):
-        return None, False, {}, set(), False
-    module, module_vllm, own, own_vllm, waits = None, False, {}, set(), False
+        return None, False, {}, set()
+    module, module_vllm, own, own_vllm = None, False, {}, set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
             marks = _marks(node.value)
-            module, module_vllm, waits = _named(marks), _vllm(marks), _waits(marks)
+            module, module_vllm = _named(marks), _vllm(marks)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             marks = [m for d in node.decorator_list for m in _marks(d)]
             if _named(marks) is not None:
                 own[node.name] = _named(marks)
             if _vllm(marks):
                 own_vllm.add(node.name)
-    return module, module_vllm, own, own_vllm, waits
+    return module, module_vllm, own, own_vllm
 
 
 def group_of(rootpath: pathlib.Path, nodeid: str) -> str | None:
     """The xdist group of the test `nodeid` (None: none): the group its own marks name, else its module's, else "vllm"
     for a test marked vllm. An `@GROUP` suffix (xdist's rename, where it works) is dropped."""
     path, _, rest = nodeid.rsplit("@", 1)[0].partition("::")
-    module, module_vllm, own, own_vllm, _ = groups_in(rootpath / path)
+    module, module_vllm, own, own_vllm = groups_in(rootpath / path)
     name = rest.split("::", 1)[0].split("[", 1)[0]
     return own.get(name) or module or ("vllm" if module_vllm or name in own_vllm else None)
-
-
-def waits(rootpath: pathlib.Path, nodeid: str) -> bool:
-    """Whether the test `nodeid` is in a module marked `waits` (the wait lane's), unless its own group says
-    otherwise (a test of such a module that names another group runs with that group)."""
-    path, _, rest = nodeid.rsplit("@", 1)[0].partition("::")
-    module, _, own, _, module_waits = groups_in(rootpath / path)
-    name = rest.split("::", 1)[0].split("[", 1)[0]
-    return module_waits and own.get(name, module) == module
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -100,43 +79,12 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    workers = config.getvalue("numprocesses")
-    lane = os.environ.get("HILO_TEST_WAIT_LANE") == "1" and isinstance(workers, int) and workers > 1
-    last = f"gw{workers - 1}" if lane else None  # the wait lane's worker
-
     class SourceGroups(LoadScopeScheduling):
-        """A unit of work per group, and per ungrouped test; the biggest groups are handed out first. With the wait
-        lane, the last worker takes the units of `waits` modules and nothing else, and the others never take one."""
+        """A unit of work per group, and per ungrouped test; the biggest groups are handed out first."""
 
         def _split_scope(self, nodeid: str) -> str:
             group = group_of(config.rootpath, nodeid)
             return f"group {group}" if group is not None else nodeid
-
-        def _lanes(self) -> bool:
-            """Whether the lanes apply: asked for, and the last worker is there (not shut down as one more worker than
-            units of work, nor lost: then every worker takes everything)."""
-            return lane and any(node.gateway.id == last for node in self.assigned_work)
-
-        def _units_for(self, node) -> list:
-            """The queued scopes this node may take, in queue order."""
-            if not self._lanes():
-                return list(self.workqueue)
-            want = node.gateway.id == last
-            return [scope for scope, unit in self.workqueue.items()
-                    if any(waits(config.rootpath, nodeid) for nodeid in unit) == want]
-
-        def _assign_work_unit(self, node) -> None:
-            units = self._units_for(node)
-            if not units:
-                return
-            self.workqueue.move_to_end(units[0], last=False)  # the parent takes the queue's first unit
-            super()._assign_work_unit(node)
-
-        def _reschedule(self, node) -> None:
-            if self._lanes() and not node.shutting_down and self.workqueue and not self._units_for(node):
-                node.shutdown()  # nothing left for its lane: it ends with what it holds
-                return
-            super()._reschedule(node)
 
     return SourceGroups(config, log)
 

@@ -19,7 +19,7 @@ from hilo.replay.history import check, log_versions, read_history
 from tests.conftest import new_run, producer_config, publish_random, small_model
 from tests.helpers import site_of, wait_until, with_log
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.waits,
+pytestmark = [pytest.mark.kafka, pytest.mark.slow,
               pytest.mark.xdist_group("cluster")]  # one worker: the module's cluster and ports 19092-19097, 19192-19193
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 19092

@@ -19,7 +19,7 @@ from tests.conftest import KAFKA_URL, new_run, producer_config, publish_random, 
 from tests.helpers import hilo, open_site, opened, wait_until
 
 # one worker: cluster B, port 19392
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.waits, pytest.mark.xdist_group("mirror")]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("mirror")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT_B = int(os.environ.get("HILO_KAFKA_MIRROR_PORT", "19392"))
 MIRROR_S = 120  # MirrorMaker picks a new run's topics up within seconds (refresh.topics.interval 2 s), then copies

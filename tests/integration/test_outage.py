@@ -23,7 +23,7 @@ from tests.helpers import hilo, wait_until
 
 # One worker for the module (its broker is on port 19292), except the `hilo rl` test, which runs on the worker of every
 # test of the vLLM server, with a broker of its own on 19294: the two sets run at once without sharing a port
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.waits, pytest.mark.xdist_group("outage")]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.xdist_group("outage")]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = 19292
 RL_PORT = 19294  # each broker takes its port and the next (the controller)
