@@ -303,8 +303,10 @@ REGIONS = {
     "snapshot": _bench("snapshot", "table", f"{RESULTS}/snapshot.json"),
     "pace": _bench("pace", "table", f"{RESULTS}/pace.json"),
     "ranks": _bench("ranks", "table", f"{RESULTS}/ranks.json"),
+    "ranks-4": _bench("ranks", "table", f"{RESULTS}/ranks-qwen3-0.6b/ranks.json"),
     "trainer": _bench("trainer", "table", f"{RESULTS}/trainer.json"),
     "trainer-qwen3": _bench("trainer", "table", TRAINER_17B),
+    "trainer-qwen3-8b": _bench("trainer", "table", f"{RESULTS}/trainer-qwen3-8b/trainer.json"),
     "trainer-wan": _bench("trainer", "table", f"{RESULTS}/trainer-wan/trainer.json"),
     "startup": Region(startup_table, (f"{RESULTS}/startup.json",)),
     "measured-on": Region(measured_on_table),  # reads every file the other regions read
@@ -355,8 +357,8 @@ def regions(page: str, *names: str) -> Callable[[pathlib.Path], str]:
 BENCHMARKS = ("codecs", "codecs-compressed-budget", "signing", "quality-summary", "quality-fidelity", "quality-probe",
               "quality-cells", "protocol1-summary", "protocol1-fidelity", "protocol1-cells", "quality-scale", "serve",
               "faults", "fuzz",
-              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "trainer",
-              "trainer-qwen3", "trainer-wan", "scrape",
+              "fanout", "rl", "audit", "audit-served", "replay", "snapshot", "pace", "wan", "ranks", "ranks-4",
+              "trainer", "trainer-qwen3", "trainer-qwen3-8b", "trainer-wan", "scrape",
               "startup", "measured-on")
 
 # page -> render(root) -> text. A generated page of its own (docs/cli.md, say) is one more entry whose renderer
