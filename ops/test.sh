@@ -44,6 +44,9 @@ serve() {  # serve PORT DIR [start.sh flags]: start a server of the base on PORT
 # fp32 on $VLLM_PORT (8011): the "vllm" test group's. fp32 on 8013: the "vllm-b" group's, so that two chains of
 # vLLM tests run side by side (each group's tests share its server's two LoRA slots). bf16 on 8015, as GPU sites
 # serve it: the audit's bf16 tests. (8012 is the refused-server test's own.)
+# vLLM spins 1 s on its shared-memory queue after every message (about a CPU-second a request, on cores the tests
+# share); the plugin (ops/vllm/plugin/) bounds that spin for the servers started here.
+export HILO_VLLM_SPIN_S=${HILO_VLLM_SPIN_S:-0}
 B_PORT=${HILO_VLLM_B_PORT:-8013} BF16_PORT=${HILO_VLLM_BF16_PORT:-8015}
 serve "$VLLM_PORT" "$VLLM_RUN_DIR"
 serve "$B_PORT" "$HILO_CACHE/vllm-run-b"

@@ -1,6 +1,7 @@
 """Where a PEFT LoRA model keeps its adapter: the manifest, and its parameters in manifest order."""
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hilo.schemas.errors import ConfigError, TrainerError
 from hilo.schemas.records import BlockSpec, Manifest
@@ -62,7 +63,9 @@ def lora_gradients(grads: list, manifest: Manifest, run: str, adapter: str) -> l
 
 
 def _sharded(t) -> bool:
-    return isinstance(t, DTensor)
+    # torch.distributed.tensor costs about a CPU-second to import (sympy): only a job that made a DTensor has loaded it
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
 
 
 class LoraWeights:
@@ -101,6 +104,7 @@ class LoraWeights:
         with torch.no_grad():
             for p, v in zip(self.params, values, strict=True):
                 if _sharded(p):
+                    from torch.distributed.tensor import distribute_tensor
                     v = distribute_tensor(v.to(device=p.device, dtype=p.dtype), p.device_mesh, p.placements,
                                           src_data_rank=None)
                     p.to_local().copy_(v.to_local())

@@ -21,7 +21,7 @@ from hilo.replica.replica import PolicyReplica
 
 # Every test (and module) must stop what it starts: threads, child processes, Kafka clients (tests/leakcheck.py).
 # xdist groups that group; heavy tests one at a time
-pytest_plugins = ["tests.leakcheck", "tests.xdist_groups", "tests.heavy"]
+pytest_plugins = ["tests.leakcheck", "tests.xdist_groups", "tests.heavy", "tests.cpu_account"]
 
 CODECS = tuple(CODEC_REGISTRY)
 LOSSY = tuple(name for name, c in CODEC_REGISTRY.items() if c.lossy)
