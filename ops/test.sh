@@ -54,7 +54,7 @@ serve "$BF16_PORT" "$HILO_CACHE/vllm-run-bf16" --dtype bfloat16
 for s in "${served[@]}"; do HILO_VLLM_PORT=${s%%:*} HILO_VLLM_DIR=${s#*:} ops/vllm/wait.sh --timeout 600; done
 export HILO_VLLM_B=http://$VLLM_HOST:$B_PORT HILO_VLLM_BF16=http://$VLLM_HOST:$BF16_PORT
 export HILO_KAFKA=kafka://${HILO_KAFKA_HOST:-127.0.0.1}:${HILO_KAFKA_PORT:-9092}
-export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE
+export HILO_VLLM=http://$VLLM_HOST:$VLLM_PORT HILO_VLLM_BASE HILO_VLLM_VENV
 # Parallel workers (HILO_TEST_WORKERS, default 3; 0: one process) with --dist loadgroup: the tests of one xdist_group
 # (a module's fixed-port brokers; every test of the vLLM server) run on one worker, one after another. The groups are
 # read from the test modules' marks by tests/xdist_groups.py (xdist 3.8's own grouping does nothing under pytest 9).

@@ -7,6 +7,8 @@
 # Idempotent: a server already running from this run dir is left alone. Log: $HILO_CACHE/vllm-run/server.log
 # The hilo-sync plugin (ops/vllm/plugin/) is installed into the venv first: it makes in-place adapter loads
 # read the adapter once (see docs/operations.md, "Serving with vLLM").
+# HILO_VLLM_SPIN_S=S in the environment: the plugin bounds vLLM's 1-s spin after each queue message to S seconds
+# (0 on a CPU host whose cores the server shares; same section).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 MODEL=${1:?usage: start.sh MODEL_DIR [--max-lora-rank R] [--dtype DTYPE]}; shift
