@@ -101,6 +101,10 @@ class SweepConfig:
         if self.budgets is not None and (not self.budgets or not all(0 < b <= 4 for b in self.budgets)):
             raise ConfigError(f"quality: budgets {list(self.budgets)} must be fractions of the adapter in (0, 4]")
 
+    def shape(self) -> str:
+        """The student's key in pretrain.STUDENTS."""
+        return self.student or ("smoke" if self.quick else "h256-l4")
+
     def cells(self) -> list:
         """(sync, budget) pairs to run, in PRIORITY order of budget (full sync's budget is None)."""
         syncs = self.syncs or (QUICK_SYNCS if self.quick else tuple(PLAN))
@@ -148,10 +152,32 @@ def _run_one(cfg: RunConfig) -> dict:
     return run(cfg, *_MODELS)
 
 
-def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, compute: bool = True,
+class Workers:
+    """The sweep's pool of `n` spawned processes, started at its first run and kept for every stage and tuning round
+    after: each worker imports torch and loads the student and teacher, CPU-seconds that a pool per stage paid
+    again (the quick sweep's 3 stages of 2 runs each started 6 workers for 6 runs)."""
+
+    def __init__(self, n: int, student):
+        self.n, self.student, self._pool = n, student, None
+
+    def pool(self) -> ProcessPoolExecutor:
+        """The pool (started on first use; it spawns a worker per submitted run up to n)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.n, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                             initargs=(self.student,))
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the workers (runs not started are cancelled)."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def run_all(cfgs: list, runs: RunStore, workers: Workers, label: str, bases: dict, compute: bool = True,
             student=STUDENTS["h256-l4"]) -> list:
-    """Results of `cfgs` in order: read from `runs` where a finished run is saved, the rest computed in a pool
-    and saved as each finishes (or None where compute is False)."""
+    """Results of `cfgs` in order: read from `runs` where a finished run is saved, the rest computed in `workers`'
+    pool and saved as each finishes (or None where compute is False)."""
     ids = [_run_id(c, bases, student) for c in cfgs]
     results = {i: runs.get(r) for i, r in enumerate(ids) if runs.get(r) is not None}
     todo = [i for i in range(len(cfgs)) if i not in results]
@@ -160,16 +186,15 @@ def run_all(cfgs: list, runs: RunStore, workers: int, label: str, bases: dict, c
     if not compute:
         return [results.get(i) for i in range(len(cfgs))]
     t0 = time.time()
-    with ProcessPoolExecutor(min(workers, len(todo)) or 1, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                             initargs=(student,)) as pool:
-        futures = {pool.submit(_run_one, cfgs[i]): i for i in todo}
-        for n, fut in enumerate(as_completed(futures), 1):
-            i = futures[fut]
-            results[i] = fut.result()
-            runs.put(ids[i], results[i])
-            c, el = cfgs[i], time.time() - t0
-            _say(f"  {label} [{n}/{len(todo)}] {c.task}/{c.optimizer}/{c.sync} lr={c.lr:g} seed={c.seed}: "
-                 f"pass@4 {results[i]['pass4']:.3f} ({el / 60:.1f} min, ~{el / n * (len(todo) - n) / 60:.0f} min left)")
+    pool = workers.pool()
+    futures = {pool.submit(_run_one, cfgs[i]): i for i in todo}
+    for n, fut in enumerate(as_completed(futures), 1):
+        i = futures[fut]
+        results[i] = fut.result()
+        runs.put(ids[i], results[i])
+        c, el = cfgs[i], time.time() - t0
+        _say(f"  {label} [{n}/{len(todo)}] {c.task}/{c.optimizer}/{c.sync} lr={c.lr:g} seed={c.seed}: "
+             f"pass@4 {results[i]['pass4']:.3f} ({el / 60:.1f} min, ~{el / n * (len(todo) - n) / 60:.0f} min left)")
     return [results[i] for i in range(len(cfgs))]
 
 
@@ -305,11 +330,20 @@ def sweep(cfg: SweepConfig, out: pathlib.Path) -> dict:
     sweep stopped early has every cell at the same number of seeds, give or take one). With saved_only, a cell's
     `seeds` counts the runs it has so far, and a cell whose tuning is unfinished is left out (named in `unfinished`).
     """
+    workers = Workers(cfg.workers, STUDENTS[cfg.shape()])
+    try:
+        return _sweep(cfg, out, workers)
+    finally:
+        workers.close()
+
+
+def _sweep(cfg: SweepConfig, out: pathlib.Path, workers: Workers) -> dict:
+    """`sweep` with its pool."""
     t0 = time.time()
-    quick, saved_only, workers, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.workers, cfg.tasks, cfg.optimizers
+    quick, saved_only, tasks, optimizers = cfg.quick, cfg.saved_only, cfg.tasks, cfg.optimizers
     evals = QUICK_EVAL_SAMPLES if quick else RunConfig.eval_samples
     problems = cfg.eval_problems or (QUICK_EVAL_PROBLEMS if quick else None)
-    shape = cfg.student or ("smoke" if quick else "h256-l4")
+    shape = cfg.shape()
     spec = STUDENTS[shape]
     student, teacher = pretrained(spec, _say), pretrained(teacher_of(spec), _say)
     base = {"student": shape, "student_greedy_test_acc": greedy_accuracy(student),
