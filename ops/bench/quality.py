@@ -174,11 +174,10 @@ class Workers:
             self._pool = None
 
 
-def run_all(cfgs: list, runs: RunStore, workers: Workers, label: str, bases: dict, compute: bool = True,
-            student=STUDENTS["h256-l4"]) -> list:
+def run_all(cfgs: list, runs: RunStore, workers: Workers, label: str, bases: dict, compute: bool = True) -> list:
     """Results of `cfgs` in order: read from `runs` where a finished run is saved, the rest computed in `workers`'
     pool and saved as each finishes (or None where compute is False)."""
-    ids = [_run_id(c, bases, student) for c in cfgs]
+    ids = [_run_id(c, bases, workers.student) for c in cfgs]
     results = {i: runs.get(r) for i, r in enumerate(ids) if runs.get(r) is not None}
     todo = [i for i in range(len(cfgs)) if i not in results]
     if results:
@@ -230,7 +229,7 @@ def choose_rate(scores: dict, floor: float, grid_min: float) -> tuple:
     return None, LADDER[i - 1]
 
 
-def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases: dict, student) -> tuple:
+def _tune(cells: dict, runs, workers: Workers, compute, label_: str, floor: float, bases: dict) -> tuple:
     """({cell key: chosen rate}, tuning rows, [why each unfinished cell is]) for {cell key: (RunConfig of the cell,
     starting rates)}: every rate on every TUNE_SEED, then round by round the rates `choose_rate` asks for, each
     round's runs in one pool. Without `compute`, a cell missing a saved run is unfinished (left out)."""
@@ -240,7 +239,7 @@ def _tune(cells: dict, runs, workers, compute, label_: str, floor: float, bases:
     while todo:
         flat = [(key, lr, replace(cells[key][0], lr=lr, seed=s)) for key, lrs in todo.items() for lr in lrs
                 for s in TUNE_SEEDS]
-        got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute, student)
+        got = run_all([c for *_, c in flat], runs, workers, label_, bases, compute)
         for (key, lr, c), r in zip(flat, got):
             if r is None:
                 unfinished.setdefault(key, f"quality: {runs.path} lacks the tuning run "
@@ -381,7 +380,7 @@ def _sweep(cfg: SweepConfig, out: pathlib.Path, workers: Workers) -> dict:
                                         LR_GRID[o] if sync == "full" else lossy_grid(full_lr[(t, o)]))
                          for t in tasks for o in optimizers for sync in stage}
                 lrs, rows, unfinished = _tune(grids, runs, workers, not saved_only, f"tune {sync_}@{budget}",
-                                              base["untrained_val"]["pass1"], bases, spec)
+                                              base["untrained_val"]["pass1"], bases)
                 tuning += rows
                 missing += unfinished
                 full_lr.update({(t, o): lr for (t, o, sync), lr in lrs.items() if sync == "full"})
@@ -398,7 +397,7 @@ def _sweep(cfg: SweepConfig, out: pathlib.Path, workers: Workers) -> dict:
         if not cellcfgs:
             continue
         flat = [replace(c, seed=i) for i in range(seeds) for c in cellcfgs]
-        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", bases, not saved_only, spec)
+        results = run_all(flat, runs, workers, f"test {sync_}@{budget}", bases, not saved_only)
         for j, rc in enumerate(cellcfgs):
             got = [(i, r) for i, r in enumerate(results[j::len(cellcfgs)]) if r is not None]
             if got:

@@ -278,7 +278,7 @@ def test_a_report_of_saved_runs_leaves_out_only_the_cells_whose_tuning_is_unfini
 
     from hilo.ops.bench.onpolicy import RunConfig
     from hilo.ops.pretrain import STUDENTS
-    from hilo.ops.bench.quality import TUNE_SEEDS, _run_id, _tune
+    from hilo.ops.bench.quality import TUNE_SEEDS, Workers, _run_id, _tune
     from hilo.ops.bench.runstore import RunStore
     store, bases = RunStore(tmp_path), {"student": "s", "teacher": "t"}
     done, half = RunConfig("rl", "muon", "spar4", 1e-3, eval_split="val"), RunConfig("rl", "adamw", "spar4", 1e-3,
@@ -292,7 +292,7 @@ def test_a_report_of_saved_runs_leaves_out_only_the_cells_whose_tuning_is_unfini
             if lr != 3e-3:
                 store.put(_run_id(replace(half, lr=lr, seed=s), bases, STUDENTS["h256-l4"]),
                           {"pass1": score[lr], "pass4": 0.6})
-    best, rows, unfinished = _tune({"done": (done, grid), "half": (half, grid)}, store, 1, False, "t", 0.2, bases,
-                                   STUDENTS["h256-l4"])
+    best, rows, unfinished = _tune({"done": (done, grid), "half": (half, grid)}, store,
+                                   Workers(1, STUDENTS["h256-l4"]), False, "t", 0.2, bases)
     assert best == {"done": 1e-3} and [r["lr"] for r in rows if r["chosen"]] == [1e-3]
     assert len(unfinished) == 1 and "rl/adamw/spar4@0.016 lr=0.003" in unfinished[0]
